@@ -1,0 +1,317 @@
+//! Request and response bodies of [`IdGuard`](crate::IdGuard).
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use pin_project::pin_project;
+
+use crate::envelope::splice;
+use crate::rewrite::restore_edits;
+use crate::sse::SseRewriter;
+use crate::table::InFlight;
+
+/// The request body the inner service receives: the client's body untouched,
+/// or, for a POST the guard had to read, the bytes it read (rewritten only
+/// where an id was remapped) with the client's trailers.
+#[pin_project]
+#[derive(Debug)]
+pub struct RequestBody<B> {
+    #[pin]
+    kind: RequestKind<B>,
+}
+
+#[pin_project(project = RequestKindProj)]
+#[derive(Debug)]
+enum RequestKind<B> {
+    Original(#[pin] B),
+    Buffered {
+        data: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+    },
+}
+
+impl<B> RequestBody<B> {
+    /// Wraps a body that passes through untouched.
+    pub fn new(body: B) -> Self {
+        Self {
+            kind: RequestKind::Original(body),
+        }
+    }
+
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        Self {
+            kind: RequestKind::Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            },
+        }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            RequestKindProj::Original(body) => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map(into_bytes_frame))),
+            RequestKindProj::Buffered { data, trailers } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(
+                    trailers
+                        .take()
+                        .map(|trailers| Ok(Frame::trailers(trailers))),
+                )
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            RequestKind::Original(body) => body.is_end_stream(),
+            RequestKind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            RequestKind::Original(body) => body.size_hint(),
+            RequestKind::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |data| data.len() as u64))
+            }
+        }
+    }
+}
+
+fn into_bytes_frame<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+}
+
+/// The response body of [`IdGuard`](crate::IdGuard).
+///
+/// It carries the registration of the request's ids and releases it when the
+/// body ends or is dropped, whichever comes first. Responses the guard gives
+/// itself (rejections, 413, 429) use the same type, so the inner body's error
+/// type is kept.
+#[pin_project]
+#[derive(Debug)]
+pub struct ResponseBody<B> {
+    #[pin]
+    kind: ResponseKind<B>,
+}
+
+#[pin_project(project = ResponseKindProj)]
+#[derive(Debug)]
+enum ResponseKind<B> {
+    /// The inner body, unchanged.
+    Inner {
+        #[pin]
+        body: B,
+        in_flight: Option<InFlight>,
+    },
+    /// An `application/json` body that carries a server-side id: read whole,
+    /// then emitted with the client's id restored.
+    RestoreJson {
+        #[pin]
+        body: B,
+        in_flight: Option<InFlight>,
+        buffer: BytesMut,
+        trailers: Option<HeaderMap>,
+        restored: Option<Bytes>,
+        finished: bool,
+    },
+    /// A `text/event-stream` body, rewritten event by event.
+    RestoreSse {
+        #[pin]
+        body: B,
+        in_flight: Option<InFlight>,
+        rewriter: SseRewriter,
+        trailers: Option<HeaderMap>,
+        finished: bool,
+    },
+    /// A response the guard produced itself.
+    Guard { body: Full<Bytes> },
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn inner(body: B, in_flight: Option<InFlight>) -> Self {
+        Self {
+            kind: ResponseKind::Inner { body, in_flight },
+        }
+    }
+
+    pub(crate) fn restore_json(body: B, in_flight: Option<InFlight>) -> Self {
+        Self {
+            kind: ResponseKind::RestoreJson {
+                body,
+                in_flight,
+                buffer: BytesMut::new(),
+                trailers: None,
+                restored: None,
+                finished: false,
+            },
+        }
+    }
+
+    pub(crate) fn restore_sse(body: B, in_flight: Option<InFlight>) -> Self {
+        Self {
+            kind: ResponseKind::RestoreSse {
+                body,
+                in_flight,
+                rewriter: SseRewriter::default(),
+                trailers: None,
+                finished: false,
+            },
+        }
+    }
+
+    pub(crate) fn guard(body: Full<Bytes>) -> Self {
+        Self {
+            kind: ResponseKind::Guard { body },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            ResponseKindProj::Inner { body, in_flight } => {
+                let frame = ready!(body.poll_frame(cx));
+                if frame.is_none() {
+                    // The exchange is over: free the ids now rather than when
+                    // the server gets round to dropping the body.
+                    in_flight.take();
+                }
+                Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
+            }
+            ResponseKindProj::RestoreJson {
+                mut body,
+                in_flight,
+                buffer,
+                trailers,
+                restored,
+                finished,
+            } => {
+                while !*finished {
+                    match ready!(body.as_mut().poll_frame(cx)) {
+                        Some(Ok(frame)) => match frame.into_data() {
+                            Ok(mut data) => {
+                                buffer.extend_from_slice(&data.copy_to_bytes(data.remaining()))
+                            }
+                            Err(frame) => *trailers = frame.into_trailers().ok(),
+                        },
+                        Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                        None => {
+                            *finished = true;
+                            let whole = std::mem::take(buffer).freeze();
+                            let edits = restore_edits(&whole);
+                            *restored = Some(if edits.is_empty() {
+                                whole
+                            } else {
+                                Bytes::from(splice(&whole, &edits))
+                            });
+                            // Released before the client can see the response,
+                            // so an immediate reuse of the id never collides.
+                            in_flight.take();
+                        }
+                    }
+                }
+                if let Some(data) = restored.take().filter(|data| !data.is_empty()) {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(
+                    trailers
+                        .take()
+                        .map(|trailers| Ok(Frame::trailers(trailers))),
+                )
+            }
+            ResponseKindProj::RestoreSse {
+                mut body,
+                in_flight,
+                rewriter,
+                trailers,
+                finished,
+            } => loop {
+                if *finished {
+                    return Poll::Ready(
+                        trailers
+                            .take()
+                            .map(|trailers| Ok(Frame::trailers(trailers))),
+                    );
+                }
+                match ready!(body.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(mut data) => {
+                            if let Some(out) = rewriter.push(data.copy_to_bytes(data.remaining())) {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                        }
+                        // Trailers come last; held until the held-back bytes are out.
+                        Err(frame) => *trailers = frame.into_trailers().ok(),
+                    },
+                    Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                    None => {
+                        *finished = true;
+                        in_flight.take();
+                        if let Some(rest) = rewriter.finish() {
+                            return Poll::Ready(Some(Ok(Frame::data(rest))));
+                        }
+                    }
+                }
+            },
+            ResponseKindProj::Guard { body } => Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            ResponseKind::Inner { body, .. } => body.is_end_stream(),
+            ResponseKind::RestoreJson {
+                finished,
+                restored,
+                trailers,
+                ..
+            } => *finished && restored.is_none() && trailers.is_none(),
+            ResponseKind::RestoreSse {
+                finished, trailers, ..
+            } => *finished && trailers.is_none(),
+            ResponseKind::Guard { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            ResponseKind::Inner { body, .. } => body.size_hint(),
+            // The restored length is known only once rewritten.
+            ResponseKind::RestoreJson { .. } | ResponseKind::RestoreSse { .. } => {
+                SizeHint::default()
+            }
+            ResponseKind::Guard { body } => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+use std::sync::Arc;
+
+use http::StatusCode;
+use tower_layer::Layer;
+
+use crate::service::IdGuard;
+use crate::stats::Stats;
+use crate::table::Table;
+
+/// What the guard does with a request whose id is already in flight in its
+/// session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnDuplicate {
+    /// Forward it with a fresh server-side id and restore the client's id in
+    /// the response. Every caller gets its own result. The default.
+    #[default]
+    Remap,
+    /// Answer it at once with [`IdGuardLayer::reject_status`] (400 by default)
+    /// and a JSON-RPC `-32600` error carrying the offending id; it never
+    /// reaches the inner service.
+    Reject,
+}
+
+/// The guard's settings, copied into every service.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Config {
+    pub(crate) on_duplicate: OnDuplicate,
+    pub(crate) reject_status: StatusCode,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) max_in_flight_per_session: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            on_duplicate: OnDuplicate::Remap,
+            reject_status: StatusCode::BAD_REQUEST,
+            max_body_bytes: 4 * 1024 * 1024,
+            max_in_flight_per_session: 1024,
+        }
+    }
+}
+
+/// Applies [`IdGuard`] to a service.
+///
+/// Every service built from one layer, and every clone of it, shares one
+/// session table, so [`stats`](Self::stats) sees all of them.
+///
+/// ```
+/// use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+///
+/// let layer = IdGuardLayer::new()
+///     .on_duplicate(OnDuplicate::Reject)
+///     .reject_status(http::StatusCode::CONFLICT)
+///     .max_body_bytes(4 * 1024 * 1024)
+///     .max_in_flight_per_session(1024);
+/// assert_eq!(layer.stats().in_flight_requests, 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct IdGuardLayer {
+    config: Config,
+    table: Arc<Table>,
+}
+
+impl Default for IdGuardLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IdGuardLayer {
+    /// A layer with the defaults: [`OnDuplicate::Remap`], reject status 400,
+    /// 4 MiB body limit, 1024 requests in flight per session.
+    pub fn new() -> Self {
+        Self {
+            config: Config::default(),
+            table: Arc::new(Table::new()),
+        }
+    }
+
+    /// Sets what happens to a request whose id is already in flight.
+    pub fn on_duplicate(mut self, policy: OnDuplicate) -> Self {
+        self.config.on_duplicate = policy;
+        self
+    }
+
+    /// Sets the HTTP status of rejections under [`OnDuplicate::Reject`]
+    /// (default `400 Bad Request`, as the Go SDK answers; some servers prefer
+    /// `409 Conflict`).
+    pub fn reject_status(mut self, status: StatusCode) -> Self {
+        self.config.reject_status = status;
+        self
+    }
+
+    /// Sets the largest tracked POST body the guard reads (default 4 MiB).
+    /// A larger one gets `413 Payload Too Large` and never reaches the inner
+    /// service.
+    pub fn max_body_bytes(mut self, limit: usize) -> Self {
+        self.config.max_body_bytes = limit;
+        self
+    }
+
+    /// Sets how many requests one session may have in flight (default 1024).
+    /// Past it, requests get `429 Too Many Requests` and a JSON-RPC `-32000`
+    /// error carrying their id.
+    pub fn max_in_flight_per_session(mut self, limit: usize) -> Self {
+        self.config.max_in_flight_per_session = limit;
+        self
+    }
+
+    /// A snapshot of the counters shared by every service built from this
+    /// layer.
+    pub fn stats(&self) -> Stats {
+        self.table.stats()
+    }
+}
+
+impl<S> Layer<S> for IdGuardLayer {
+    type Service = IdGuard<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdGuard::from_parts(inner, self.config, Arc::clone(&self.table))
+    }
+}

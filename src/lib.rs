@@ -1,0 +1,88 @@
+//! Tower middleware that stops MCP servers from delivering one caller's
+//! response to another.
+//!
+//! # The problem
+//! In the stateful streamable-HTTP transport of MCP (protocol revisions
+//! 2025-03-26 to 2025-11-25), a server routes each response back to the POST
+//! that asked for it by JSON-RPC request id alone. When two POSTs in one
+//! `Mcp-Session-Id` carry the same id at the same time, the later one receives
+//! the earlier one's result, its own result is dropped, and the earlier one
+//! hangs. The spec forbids reusing an id in flight, but widely used clients send
+//! every request with `id: 1` and share one session across conversations.
+//!
+//! # The fix
+//! [`IdGuardLayer`] wraps any HTTP service (an rmcp `StreamableHttpService`, an
+//! axum `Router`, a reverse proxy). It reads tracked POST bodies, registers each
+//! request's id in its session before calling the inner service, and on a
+//! duplicate either remaps it ([`OnDuplicate::Remap`], the default: the inner
+//! server sees a unique id and the client's id is restored in the response) or
+//! rejects it ([`OnDuplicate::Reject`]: HTTP 400 and JSON-RPC `-32600` carrying
+//! the id). An id is free again as soon as its exchange ends, however it ends.
+//!
+//! ```
+//! use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+//! # async fn mcp(_: axum::extract::Request) -> &'static str { "" }
+//!
+//! let guard = IdGuardLayer::new(); // OnDuplicate::Remap
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/mcp", axum::routing::any(mcp))
+//!     .layer(guard.clone());
+//! assert_eq!(guard.stats().in_flight_requests, 0);
+//! ```
+//!
+//! # What is tracked
+//! A `POST` with `Content-Type: application/json` (parameters and case
+//! ignored), an `Mcp-Session-Id` header, no `MCP-Protocol-Version` of
+//! 2026-07-28 or later (that revision has no sessions), and a body that is a
+//! JSON-RPC request (an object with a string `method` and a non-null `id`) or a
+//! batch containing requests. Everything else passes through byte-identical and
+//! untracked: `initialize` (no session yet), notifications, client responses to
+//! server requests, GET and DELETE, other content types, bodies that are not
+//! JSON (the inner server reports its own parse error).
+//!
+//! # When ids collide
+//! Ids collide when their decoded values are equal, and an integer `n` also
+//! collides with the string `"n"` (the Python SDK routes by `str(id)`): `1`,
+//! `"1"` and `"\u0031"` are one id. `-0` is `0`; an id that is neither a string
+//! nor an integer is compared by its exact JSON text. A request collides with
+//! any in-flight request of its session that was forwarded with its own id, and
+//! with an earlier request of its own batch. Sequential reuse is always allowed.
+//!
+//! # Remapped ids
+//! A remapped request goes to the inner service with the id
+//! `"mcp-id-guard:<instance tag>:<counter>:<original id JSON>"`. The top-level
+//! `id` of every JSON-RPC response (an object with `result` or `error`) that
+//! carries such an id is replaced by the original, byte for byte, in
+//! `application/json` and `text/event-stream` responses; nothing else in the
+//! response changes. A client id that already starts with `mcp-id-guard:` is
+//! always remapped, so restoring unwraps exactly one level.
+//!
+//! # Answers the guard gives itself
+//! | case | status | JSON-RPC error |
+//! |---|---|---|
+//! | duplicate under `Reject` | `reject_status` (400) | `-32600`, the offending `id` |
+//! | batch with a duplicate under `Reject` | `reject_status` | an array: one error per request of the batch, each with its `id` |
+//! | body over `max_body_bytes` | 413 | `-32600`, `id: null` |
+//! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
+//! | tracked body failed while being read | 400 | `-32600`, `id: null` |
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![deny(unreachable_pub)]
+
+mod body;
+mod envelope;
+mod future;
+mod id;
+mod layer;
+mod reply;
+mod rewrite;
+mod service;
+mod sse;
+mod stats;
+mod table;
+
+pub use body::{RequestBody, ResponseBody};
+pub use future::ResponseFuture;
+pub use layer::{IdGuardLayer, OnDuplicate};
+pub use service::IdGuard;
+pub use stats::Stats;

@@ -1,0 +1,123 @@
+//! The HTTP responses the guard gives itself, each with a JSON-RPC error body.
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+/// JSON-RPC "Invalid Request".
+pub(crate) const INVALID_REQUEST: i32 = -32600;
+/// JSON-RPC implementation-defined server error.
+pub(crate) const SERVER_ERROR: i32 = -32000;
+
+pub(crate) const DUPLICATE_MESSAGE: &str =
+    "Invalid Request: a request with this id is already in flight in this session";
+pub(crate) const BATCH_SIBLING_MESSAGE: &str =
+    "Invalid Request: not processed, another request in this batch has an id already in flight in this session";
+pub(crate) const OVER_CAPACITY_MESSAGE: &str = "Too many requests in flight in this session";
+
+/// One JSON-RPC error object; `id` is the request's id JSON text, written as
+/// the client sent it (or `null`).
+pub(crate) fn error_object(out: &mut Vec<u8>, id: &str, code: i32, message: &str) {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(br#","error":{"code":"#);
+    out.extend_from_slice(code.to_string().as_bytes());
+    out.extend_from_slice(br#","message":"#);
+    // Messages are ours, but serializing them keeps the body valid JSON if one
+    // ever gains a quote.
+    out.extend_from_slice(
+        serde_json::to_string(message)
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"}}");
+}
+
+/// An error response whose body is one JSON-RPC error object.
+pub(crate) fn single(
+    status: StatusCode,
+    id: &str,
+    code: i32,
+    message: &str,
+) -> Response<Full<Bytes>> {
+    let mut body = Vec::with_capacity(96 + id.len() + message.len());
+    error_object(&mut body, id, code, message);
+    json_response(status, body)
+}
+
+/// An error response whose body is a JSON array of error objects, one per
+/// `(id, message)` entry, in order.
+pub(crate) fn batch<'a>(
+    status: StatusCode,
+    code: i32,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Response<Full<Bytes>> {
+    let mut body = vec![b'['];
+    for (index, (id, message)) in entries.into_iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        error_object(&mut body, id, code, message);
+    }
+    body.push(b']');
+    json_response(status, body)
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn body_json(response: Response<Full<Bytes>>) -> serde_json::Value {
+        let Ok(collected) = block_on_ready(response.into_body().collect());
+        let bytes = collected.to_bytes();
+        serde_json::from_slice(&bytes).expect("valid JSON")
+    }
+
+    fn block_on_ready<F: std::future::Future>(future: F) -> F::Output {
+        // Full bodies are ready at once; a no-op waker suffices.
+        let mut future = std::pin::pin!(future);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => unreachable!("full bodies are always ready"),
+        }
+    }
+
+    #[test]
+    fn single_error_carries_the_exact_id_text() {
+        let response = single(
+            StatusCode::BAD_REQUEST,
+            r#""\u0031""#,
+            INVALID_REQUEST,
+            DUPLICATE_MESSAGE,
+        );
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
+        let value = body_json(response);
+        assert_eq!(value["id"], "1");
+        assert_eq!(value["error"]["code"], INVALID_REQUEST);
+    }
+
+    #[test]
+    fn batch_error_is_an_array() {
+        let response = batch(
+            StatusCode::CONFLICT,
+            INVALID_REQUEST,
+            [("1", "a"), ("2", "b")],
+        );
+        let value = body_json(response);
+        assert_eq!(value[1]["id"], 2);
+        assert_eq!(value[1]["error"]["message"], "b");
+    }
+}

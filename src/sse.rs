@@ -1,0 +1,280 @@
+//! The one incremental SSE rewriter: restores client ids in JSON-RPC responses
+//! carried by `text/event-stream` bodies, however the stream is chunked.
+//!
+//! It works event by event (an event ends at a blank line; lines end with CR,
+//! LF or CRLF, and a CR at the end of one chunk may pair with an LF at the start
+//! of the next). Complete events are emitted as soon as their blank line
+//! arrives; an event's bytes are changed only where a top-level response id is
+//! restored. Comments (keep-alives), `id:`/`event:`/`retry:` lines and priming
+//! events pass byte-for-byte, and a run of events that does not contain the
+//! reserved prefix at all is emitted without being parsed.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use memchr::memmem;
+
+use crate::envelope::splice;
+use crate::id::RESERVED_PREFIX;
+use crate::rewrite::{restore_edits, Edit};
+
+/// Incremental SSE rewriter state.
+#[derive(Debug, Default)]
+pub(crate) struct SseRewriter {
+    /// Bytes of the current, not yet complete event(s).
+    pending: BytesMut,
+    /// How far `pending` has been scanned for line ends.
+    scanned: usize,
+    /// Where the line being scanned starts in `pending`.
+    line_start: usize,
+}
+
+impl SseRewriter {
+    /// Feeds one chunk; returns the bytes of every event it completed, rewritten.
+    pub(crate) fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
+        if self.pending.is_empty() {
+            // Common case: nothing held back, so complete events can be
+            // emitted as slices of the chunk itself, without copying.
+            let end = self.scan(&chunk, false);
+            let complete = chunk.slice(..end);
+            self.pending.extend_from_slice(&chunk[end..]);
+            self.rebase(end);
+            return (!complete.is_empty()).then(|| rewrite_events(complete));
+        }
+        self.pending.extend_from_slice(&chunk);
+        let pending = std::mem::take(&mut self.pending);
+        let end = self.scan(&pending, false);
+        let mut pending = pending;
+        let complete = pending.split_to(end).freeze();
+        self.pending = pending;
+        self.rebase(end);
+        (!complete.is_empty()).then(|| rewrite_events(complete))
+    }
+
+    /// Ends the stream: completes an event whose last terminator was a lone CR,
+    /// and passes on unchanged whatever the server never terminated (a client
+    /// drops such an event anyway).
+    pub(crate) fn finish(&mut self) -> Option<Bytes> {
+        let pending = std::mem::take(&mut self.pending);
+        // At the end of the stream a final CR is a whole line terminator.
+        let end = self.scan(&pending, true);
+        self.scanned = 0;
+        self.line_start = 0;
+        let mut rest = pending;
+        let complete = rest.split_to(end).freeze();
+        let mut out = BytesMut::from(rewrite_events(complete).as_ref());
+        out.extend_from_slice(&rest);
+        (!out.is_empty()).then(|| out.freeze())
+    }
+
+    /// Scans `buffer` from where the last scan stopped; returns the end of the
+    /// last complete event in it (0 when there is none).
+    fn scan(&mut self, buffer: &[u8], at_end: bool) -> usize {
+        let mut last_event_end = 0;
+        let mut position = self.scanned;
+        while let Some(found) = memchr::memchr2(b'\r', b'\n', &buffer[position..]) {
+            let line_end = position + found;
+            let terminator_len = match buffer[line_end] {
+                b'\r' => match buffer.get(line_end + 1) {
+                    None if at_end => 1,
+                    // A CR at the very end: it may be the first half of a CRLF.
+                    None => {
+                        self.scanned = line_end;
+                        return last_event_end;
+                    }
+                    Some(b'\n') => 2,
+                    Some(_) => 1,
+                },
+                _ => 1,
+            };
+            let next = line_end + terminator_len;
+            if line_end == self.line_start {
+                last_event_end = next;
+            }
+            self.line_start = next;
+            position = next;
+        }
+        self.scanned = buffer.len();
+        last_event_end
+    }
+
+    /// Shifts the scan state after the first `consumed` bytes were emitted.
+    fn rebase(&mut self, consumed: usize) {
+        self.scanned -= consumed;
+        self.line_start -= consumed;
+    }
+}
+
+/// Rewrites a run of complete events.
+fn rewrite_events(events: Bytes) -> Bytes {
+    if memmem::find(&events, RESERVED_PREFIX.as_bytes()).is_none() {
+        return events;
+    }
+    let mut edits = Vec::new();
+    for event in event_ranges(&events) {
+        edits.extend(
+            event_edits(&events[event.clone()])
+                .into_iter()
+                .map(|(range, new)| (range.start + event.start..range.end + event.start, new)),
+        );
+    }
+    if edits.is_empty() {
+        return events;
+    }
+    Bytes::from(splice(&events, &edits))
+}
+
+/// The lines of `text` as (content range, range including the terminator).
+/// `text` holds only complete lines, so a trailing CR is a whole terminator.
+fn lines(text: &[u8]) -> impl Iterator<Item = Range<usize>> + '_ {
+    let mut position = 0;
+    std::iter::from_fn(move || {
+        if position >= text.len() {
+            return None;
+        }
+        let start = position;
+        let end =
+            memchr::memchr2(b'\r', b'\n', &text[start..]).map_or(text.len(), |found| start + found);
+        position = match (text.get(end), text.get(end + 1)) {
+            (Some(b'\r'), Some(b'\n')) => end + 2,
+            (Some(_), _) => end + 1,
+            (None, _) => end,
+        };
+        Some(start..end)
+    })
+}
+
+/// Splits a run of complete events into one range per event.
+fn event_ranges(events: &[u8]) -> Vec<Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    let mut line_ends = lines(events).peekable();
+    while let Some(line) = line_ends.next() {
+        if line.is_empty() {
+            let end = line_ends.peek().map_or(events.len(), |next| next.start);
+            ranges.push(start..end);
+            start = end;
+        }
+    }
+    ranges
+}
+
+/// The edits (in event coordinates) that restore the response id carried in
+/// one event's data, if any.
+fn event_edits(event: &[u8]) -> Vec<Edit> {
+    let mut data_values: Vec<Range<usize>> = Vec::new();
+    for line in lines(event) {
+        let content = &event[line.clone()];
+        let (field, value_start) = match memchr::memchr(b':', content) {
+            Some(0) => continue, // a comment
+            Some(colon) => {
+                let after = colon + 1;
+                let skip_space = usize::from(content.get(after) == Some(&b' '));
+                (&content[..colon], line.start + after + skip_space)
+            }
+            None => (content, line.end),
+        };
+        match field {
+            b"data" => data_values.push(value_start..line.end),
+            // Only the default event type carries JSON-RPC messages.
+            b"event" if &event[value_start..line.end] != b"message" => return Vec::new(),
+            _ => {}
+        }
+    }
+    match data_values.as_slice() {
+        [] => Vec::new(),
+        [only] => restore_edits(&event[only.clone()])
+            .into_iter()
+            .map(|(range, new)| (range.start + only.start..range.end + only.start, new))
+            .collect(),
+        several => multi_line_edits(event, several),
+    }
+}
+
+/// Data split over several `data:` lines is one message joined by LF; map the
+/// edits in the joined text back to the lines they came from.
+fn multi_line_edits(event: &[u8], values: &[Range<usize>]) -> Vec<Edit> {
+    let mut joined = Vec::new();
+    let mut segment_starts = Vec::with_capacity(values.len());
+    for (index, value) in values.iter().enumerate() {
+        if index > 0 {
+            joined.push(b'\n');
+        }
+        segment_starts.push(joined.len());
+        joined.extend_from_slice(&event[value.clone()]);
+    }
+    restore_edits(&joined)
+        .into_iter()
+        .filter_map(|(range, new)| {
+            let segment = segment_starts.partition_point(|&start| start <= range.start) - 1;
+            let segment_start = segment_starts[segment];
+            let value = &values[segment];
+            // A JSON token never spans a line break, so it lies in one segment.
+            (range.end - segment_start <= value.len()).then(|| {
+                let start = value.start + range.start - segment_start;
+                (start..start + range.len(), new)
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::IdMinter;
+
+    fn rewrite_in_chunks(input: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut rewriter = SseRewriter::default();
+        let mut out = Vec::new();
+        let mut start = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
+            if let Some(bytes) = rewriter.push(Bytes::copy_from_slice(&input[start..cut])) {
+                out.extend_from_slice(&bytes);
+            }
+            start = cut;
+        }
+        if let Some(bytes) = rewriter.finish() {
+            out.extend_from_slice(&bytes);
+        }
+        out
+    }
+
+    #[test]
+    fn restores_response_and_keeps_everything_else() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("1")).unwrap();
+        let input = format!(
+            ": keep-alive\r\n\r\nid: 0\nretry: 3000\ndata:\n\n\
+             data: {{\"method\":\"notifications/progress\",\"params\":{{\"id\":{server_id}}}}}\n\n\
+             id: 1\rdata: {{\"jsonrpc\":\"2.0\",\r\
+             data: \"id\":{server_id},\"result\":{{}}}}\r\r"
+        );
+        let expected = ": keep-alive\r\n\r\nid: 0\nretry: 3000\ndata:\n\n"
+            .to_string()
+            + &format!("data: {{\"method\":\"notifications/progress\",\"params\":{{\"id\":{server_id}}}}}\n\n")
+            + "id: 1\rdata: {\"jsonrpc\":\"2.0\",\rdata: \"id\":1,\"result\":{}}\r\r";
+        let whole = rewrite_in_chunks(input.as_bytes(), &[]);
+        assert_eq!(String::from_utf8(whole).unwrap(), expected);
+        for cut in 0..=input.len() {
+            assert_eq!(
+                String::from_utf8(rewrite_in_chunks(input.as_bytes(), &[cut])).unwrap(),
+                expected,
+                "split at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_event_types_are_untouched() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("1")).unwrap();
+        let input = format!("event: custom\ndata: {{\"id\":{server_id},\"result\":1}}\n\n");
+        assert_eq!(rewrite_in_chunks(input.as_bytes(), &[]), input.as_bytes());
+    }
+
+    #[test]
+    fn unterminated_event_is_flushed_unchanged() {
+        let input = b"data: {\"id\":1,\"result\":1}\r";
+        assert_eq!(rewrite_in_chunks(input, &[5]), input);
+    }
+}

@@ -1,0 +1,25 @@
+//! A snapshot of the guard's counters.
+
+/// Counters of one [`IdGuardLayer`](crate::IdGuardLayer) and every service built
+/// from it (and their clones), read with [`IdGuardLayer::stats`](crate::IdGuardLayer::stats).
+///
+/// Counts are of JSON-RPC requests: a batch of three requests counts three.
+/// Untracked traffic (no session header, notifications, GET, ...) is not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Requests registered and not yet released (their exchange has not ended).
+    pub in_flight_requests: usize,
+    /// Sessions with at least one request in flight. Idle sessions cost nothing.
+    pub tracked_sessions: usize,
+    /// Requests forwarded with the client's own id.
+    pub passed_total: u64,
+    /// Requests forwarded with a server-side id (duplicates under
+    /// [`OnDuplicate::Remap`](crate::OnDuplicate::Remap), and client ids in the
+    /// reserved namespace under every policy).
+    pub remapped_total: u64,
+    /// Requests answered by the guard itself without reaching the inner service:
+    /// duplicates under [`OnDuplicate::Reject`](crate::OnDuplicate::Reject) and
+    /// requests over the per-session in-flight cap.
+    pub rejected_total: u64,
+}
