@@ -86,3 +86,6 @@ pub use future::ResponseFuture;
 pub use layer::{IdGuardLayer, OnDuplicate};
 pub use service::IdGuard;
 pub use stats::Stats;
+
+#[cfg(feature = "proxy")]
+pub mod proxy;
