@@ -171,16 +171,17 @@ pub(crate) fn prepare<B>(
     let Some(peeked) = peek(&body) else {
         return untracked(parts, body, trailers);
     };
-    let id_ranges: Vec<Range<usize>> = peeked
+    // The peeker only hands out ranges of valid JSON tokens, so they are UTF-8.
+    let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked
         .messages()
         .iter()
         .filter(|message| message.kind == Kind::Request)
-        .filter_map(|message| message.id.clone())
-        .collect();
-    let ids: Vec<&str> = id_ranges
-        .iter()
-        .filter_map(|range| std::str::from_utf8(&body[range.clone()]).ok())
-        .collect();
+        .filter_map(|message| {
+            let range = message.id.clone()?;
+            let text = std::str::from_utf8(&body[range.clone()]).ok()?;
+            Some((range, text))
+        })
+        .unzip();
     let session = parts
         .headers
         .get(&MCP_SESSION_ID)

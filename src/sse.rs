@@ -265,6 +265,38 @@ mod tests {
     }
 
     #[test]
+    fn any_two_cuts_give_the_unsplit_output() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint(r#""a""#)).unwrap();
+        let input =
+            format!(":\r\ndata: {{\"id\":{server_id},\r\ndata: \"result\":1}}\r\n\r\ndata: 2\r\r");
+        let expected = ":\r\ndata: {\"id\":\"a\",\r\ndata: \"result\":1}\r\n\r\ndata: 2\r\r";
+        for first in 0..=input.len() {
+            for second in first..=input.len() {
+                let out = rewrite_in_chunks(input.as_bytes(), &[first, second]);
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    expected,
+                    "cuts {first},{second}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn streams_without_the_prefix_come_back_as_the_same_bytes() {
+        let input = b"retry: 10\n\nid: 7\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\n";
+        let mut rewriter = SseRewriter::default();
+        let out = rewriter.push(Bytes::from_static(input)).unwrap();
+        assert_eq!(
+            out.as_ptr(),
+            input.as_ptr(),
+            "whole events are passed on without copying"
+        );
+        assert_eq!(rewriter.finish(), None);
+    }
+
+    #[test]
     fn other_event_types_are_untouched() {
         let minter = IdMinter::new();
         let server_id = String::from_utf8(minter.mint("1")).unwrap();
