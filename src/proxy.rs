@@ -1,2 +1,585 @@
 //! A reverse proxy service: [`IdGuardLayer`](crate::IdGuardLayer) in front of an
 //! MCP server reached over HTTP, for servers written in any language.
+//!
+//! [`Proxy`] is a [`tower_service::Service`] that forwards every request to an
+//! upstream base URL with hyper-util's pooled client and streams the answer
+//! back. Wrapped in the guard, it is the whole proxy:
+//!
+//! ```
+//! use http_body_util::{BodyExt, Full};
+//! use mcp_id_guard::proxy::Proxy;
+//! use mcp_id_guard::IdGuardLayer;
+//! use tower::ServiceExt;
+//! use tower_layer::Layer;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // Nothing listens on this port, so the proxy answers 502 itself.
+//! let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+//! let guard = IdGuardLayer::new();
+//! let service = guard.layer(Proxy::new(&format!("http://127.0.0.1:{port}/mcp"))?);
+//!
+//! let request = http::Request::post("/mcp")
+//!     .header("content-type", "application/json")
+//!     .header("mcp-session-id", "session-1")
+//!     .body(Full::new(bytes::Bytes::from_static(
+//!         br#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#,
+//!     )))?;
+//! let response = service.oneshot(request).await?; // the error type is Infallible
+//! assert_eq!(response.status(), 502);
+//! let body = response.into_body().collect().await?.to_bytes();
+//! let error: serde_json::Value = serde_json::from_slice(&body)?;
+//! assert_eq!(error["id"], 7);
+//! assert_eq!(error["error"]["code"], -32603);
+//! assert_eq!(guard.stats().in_flight_requests, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The `mcp-id-guard` binary (`cargo install mcp-id-guard --features proxy`)
+//! serves exactly this service; the `embedded_proxy` example serves it from a
+//! program of one's own. Under axum, mount it with `route_service` or
+//! `fallback_service` (`nest_service` strips its prefix from the path before
+//! the proxy sees it):
+//!
+//! ```
+//! use mcp_id_guard::proxy::Proxy;
+//! use mcp_id_guard::IdGuardLayer;
+//! use tower_layer::Layer;
+//!
+//! # fn main() -> Result<(), mcp_id_guard::proxy::InvalidUpstream> {
+//! let guarded = IdGuardLayer::new().layer(Proxy::new("http://127.0.0.1:8000")?);
+//! // A request for /mcp?x=1 goes to http://127.0.0.1:8000/mcp?x=1.
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/healthz", axum::routing::get(|| async { "ok" }))
+//!     .route_service("/mcp", guarded);
+//! # let _ = app;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Forwarding
+//! - **Target.** The request's path and query are appended to the upstream
+//!   base: with upstream `http://127.0.0.1:8000/prefix`, a request for
+//!   `/mcp?x=1` goes to `http://127.0.0.1:8000/prefix/mcp?x=1`. Only plain
+//!   `http` upstreams are supported (run the guard next to the server).
+//! - **Methods and bodies.** Every method passes (POST, GET for standalone and
+//!   resumed SSE streams, DELETE, ...). Request and response bodies stream
+//!   frame by frame: each server-sent event reaches the client as soon as the
+//!   upstream sends it. The one exception is described under *Errors*.
+//! - **End-to-end headers** pass both ways untouched: `Mcp-Session-Id`,
+//!   `MCP-Protocol-Version`, `Last-Event-ID`, `Authorization`, `Accept`,
+//!   `Content-Type`, `Origin`, `WWW-Authenticate`, ...
+//! - **Hop-by-hop headers** are dropped both ways (RFC 9110 §7.6.1):
+//!   `Connection` and every header it names, `Keep-Alive`, `Proxy-Connection`,
+//!   `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-Authenticate` and
+//!   `Proxy-Authorization`; requests also lose `Expect`, which this hop
+//!   answers itself.
+//! - **`Host`** is set to the upstream's authority (`127.0.0.1:8000`), so
+//!   servers that validate it against loopback names (rmcp's default
+//!   `allowed_hosts`, DNS-rebinding protection in other SDKs) accept proxied
+//!   requests. The client's `Host` (or HTTP/2 `:authority`) is kept in
+//!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
+//! - **`X-Forwarded-For`** gets the client's IP appended (after any values
+//!   earlier proxies put there) when the request carries a [`ClientAddr`]
+//!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
+//!   proxy (a TLS terminator) already set it.
+//! - Requests go to the upstream over HTTP/1.1 on pooled keep-alive
+//!   connections, whatever version the client used.
+//!
+//! # Errors
+//! The service never fails (`Error = Infallible`), so it works under axum and
+//! hyper as is. When the upstream cannot be reached, does not accept the
+//! connection within the connect timeout, or closes the connection before
+//! sending response headers, the proxy logs it and answers `502 Bad Gateway`
+//! with a JSON-RPC error, code `-32603`:
+//!
+//! ```json
+//! {"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"Bad Gateway: the upstream MCP server could not be reached"}}
+//! ```
+//!
+//! The `id` is the request's own when the proxy could read it: for a `POST`
+//! with `Content-Type: application/json` whose body length is known in
+//! advance (a `Content-Length`, or a body the guard already read) and at most
+//! 4 MiB, the proxy reads the body whole before forwarding it (MCP POST bodies
+//! are single JSON-RPC messages, which the upstream reads whole anyway). A
+//! batch gets an array with one error per request. Under the guard, a remapped
+//! request's id is restored in this body like in any other response. In every
+//! other case (`GET`, `DELETE`, notifications, bodies of unknown length, which
+//! stream through unread) the `id` is `null`.
+//!
+//! Statuses the upstream answers itself (404 for an unknown session, 500, ...)
+//! pass through unchanged. When the upstream connection breaks after the
+//! response started, the client's response is cut (not ended cleanly) so the
+//! client can tell, and resume an SSE stream with `Last-Event-ID`.
+//!
+//! # Timeouts
+//! Connecting to the upstream times out after
+//! [`connect_timeout`](ProxyBuilder::connect_timeout) (5 s by default). There
+//! is no overall request timeout: SSE streams and slow tool calls last as long
+//! as the upstream keeps them open. A client that disconnects drops the
+//! upstream request, which closes that upstream connection; under the guard,
+//! the request's id is released at the same moment.
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tower_service::Service;
+
+use crate::envelope::{peek, Kind, Peeked};
+use crate::future::media_type;
+use crate::reply;
+
+mod body;
+mod headers;
+mod upstream;
+
+pub use body::ProxyBody;
+pub use upstream::InvalidUpstream;
+
+use upstream::Upstream;
+
+/// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
+/// convert into.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// JSON-RPC "Internal error", the code of the proxy's `502` answers.
+const INTERNAL_ERROR: i32 = -32603;
+
+/// The largest request body the proxy reads whole to learn its JSON-RPC id
+/// (the guard's default body limit).
+const PEEK_LIMIT: u64 = 4 * 1024 * 1024;
+
+/// The default upstream connect timeout.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an idle upstream connection stays in the pool by default.
+const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The body type the upstream client sends.
+type OutBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The address of the client that sent a request, as a request extension.
+///
+/// Insert it into each request's extensions (the `mcp-id-guard` binary does so
+/// for every connection it accepts) and the proxy appends its IP to
+/// `X-Forwarded-For`. Without it, `X-Forwarded-For` goes on as the client sent
+/// it.
+///
+/// ```
+/// use mcp_id_guard::proxy::ClientAddr;
+///
+/// let mut request = http::Request::new(());
+/// request
+///     .extensions_mut()
+///     .insert(ClientAddr("127.0.0.1:50000".parse().unwrap()));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// A [`tower_service::Service`] that forwards requests to an upstream HTTP
+/// server. See the [module docs](self) for what it forwards and how.
+///
+/// Cloning is cheap; clones share one connection pool.
+#[derive(Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, OutBody>,
+    upstream: Arc<Upstream>,
+    connect_timeout: Duration,
+}
+
+impl fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("upstream", &self.upstream.as_str())
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    /// A proxy to `upstream` (such as `http://127.0.0.1:8000/mcp`) with the
+    /// default settings.
+    ///
+    /// ```
+    /// let proxy = mcp_id_guard::proxy::Proxy::new("http://127.0.0.1:8000/mcp")?;
+    /// assert_eq!(proxy.upstream(), "http://127.0.0.1:8000/mcp");
+    /// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+    /// ```
+    ///
+    /// # Errors
+    /// When `upstream` is not an absolute `http` URL, or has credentials or a
+    /// query.
+    pub fn new(upstream: &str) -> Result<Self, InvalidUpstream> {
+        Self::builder().build(upstream)
+    }
+
+    /// A builder for a proxy with other settings.
+    pub fn builder() -> ProxyBuilder {
+        ProxyBuilder::default()
+    }
+
+    /// The upstream base URL, normalised (without a trailing slash).
+    pub fn upstream(&self) -> &str {
+        self.upstream.as_str()
+    }
+}
+
+/// Settings of a [`Proxy`].
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_id_guard::proxy::Proxy;
+///
+/// let proxy = Proxy::builder()
+///     .connect_timeout(Duration::from_secs(2))
+///     .pool_idle_timeout(Duration::from_secs(30))
+///     .build("http://localhost:3000/mcp")?;
+/// # let _ = proxy;
+/// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ProxyBuilder {
+    connect_timeout: Duration,
+    pool_idle_timeout: Duration,
+}
+
+impl Default for ProxyBuilder {
+    fn default() -> Self {
+        Self {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl ProxyBuilder {
+    /// How long to wait for the upstream to accept a connection before
+    /// answering `502` (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long an idle upstream connection stays in the pool (default 90 s).
+    pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// The proxy to `upstream`. Needs no runtime; requests must be sent from
+    /// within a Tokio runtime.
+    ///
+    /// # Errors
+    /// When `upstream` is not an absolute `http` URL, or has credentials or a
+    /// query.
+    pub fn build(self, upstream: &str) -> Result<Proxy, InvalidUpstream> {
+        let upstream = Upstream::parse(upstream)?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(self.connect_timeout));
+        // Small SSE events and JSON bodies must not wait for Nagle.
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(self.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Ok(Proxy {
+            client,
+            upstream: Arc::new(upstream),
+            connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+/// Response future of [`Proxy`].
+pub struct ProxyFuture {
+    inner: Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>,
+}
+
+impl fmt::Debug for ProxyFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for ProxyFuture {
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<B> Service<Request<B>> for Proxy
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = ProxyFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The client queues on its pool; it is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let proxy = self.clone();
+        ProxyFuture {
+            inner: Box::pin(async move { Ok(proxy.forward(request).await) }),
+        }
+    }
+}
+
+impl Proxy {
+    async fn forward<B>(self, request: Request<B>) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = request.into_parts();
+        let (body, ids) = if is_peekable(&parts, &body) {
+            match read_whole(body).await {
+                Ok((body, ids)) => (body, ids),
+                Err(error) => {
+                    tracing::debug!(error = %error, "request body failed while being read");
+                    return local(
+                        StatusCode::BAD_REQUEST,
+                        &ErrorIds::Null,
+                        reply::INVALID_REQUEST,
+                        "Invalid Request: the request body could not be read",
+                    );
+                }
+            }
+        } else {
+            (body.map_err(Into::into).boxed_unsync(), ErrorIds::Null)
+        };
+
+        let client_host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        });
+        let client_ip = parts
+            .extensions
+            .get::<ClientAddr>()
+            .map(|ClientAddr(addr)| addr.ip());
+        headers::prepare_request(
+            &mut parts.headers,
+            self.upstream.host(),
+            client_host,
+            client_ip,
+        );
+        parts.uri = self.upstream.join(parts.uri.path_and_query());
+        parts.version = Version::HTTP_11;
+        let method = parts.method.clone();
+        let uri = parts.uri.clone();
+
+        match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                headers::remove_hop_by_hop(&mut parts.headers);
+                tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
+                Response::from_parts(parts, ProxyBody::upstream(body))
+            }
+            Err(error) => {
+                let message = if !error.is_connect() {
+                    "Bad Gateway: the upstream MCP server closed the connection before responding"
+                } else if is_timeout(&error) {
+                    "Bad Gateway: the upstream MCP server did not accept the connection in time"
+                } else {
+                    "Bad Gateway: the upstream MCP server could not be reached"
+                };
+                tracing::warn!(
+                    %method,
+                    %uri,
+                    error = %error_chain(&error),
+                    connect_timeout = ?self.connect_timeout,
+                    "upstream request failed; answered 502"
+                );
+                local(StatusCode::BAD_GATEWAY, &ids, INTERNAL_ERROR, message)
+            }
+        }
+    }
+}
+
+/// Whether the proxy reads a request's body whole before forwarding it, to
+/// have its JSON-RPC id for a `502`: a JSON POST of known length within
+/// [`PEEK_LIMIT`].
+fn is_peekable<B: Body>(parts: &http::request::Parts, body: &B) -> bool {
+    parts.method == Method::POST
+        && parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| media_type(value).eq_ignore_ascii_case("application/json"))
+        && body
+            .size_hint()
+            .upper()
+            .is_some_and(|upper| upper <= PEEK_LIMIT)
+}
+
+/// Reads a body whole; returns it again (trailers included) with the ids an
+/// error answer to it would carry.
+async fn read_whole<B>(body: B) -> Result<(OutBody, ErrorIds), BoxError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let collected = Limited::new(body, PEEK_LIMIT as usize).collect().await?;
+    let trailers = collected.trailers().cloned();
+    let bytes = collected.to_bytes();
+    let ids = ErrorIds::of(&bytes);
+    let body = Full::new(bytes).map_err(|never| match never {});
+    let body = match trailers {
+        Some(trailers) => body
+            .with_trailers(async move { Some(Ok(trailers)) })
+            .boxed_unsync(),
+        None => body.boxed_unsync(),
+    };
+    Ok((body, ids))
+}
+
+/// The ids of the requests in a body, as JSON text, for an error answer.
+#[derive(Debug, PartialEq, Eq)]
+enum ErrorIds {
+    Null,
+    Single(String),
+    Batch(Vec<String>),
+}
+
+impl ErrorIds {
+    fn of(body: &[u8]) -> Self {
+        let id_text = |message: &crate::envelope::Message| {
+            (message.kind == Kind::Request)
+                .then(|| message.id.clone())
+                .flatten()
+                .and_then(|range| std::str::from_utf8(&body[range]).ok())
+                .map(str::to_owned)
+        };
+        match peek(body) {
+            Some(Peeked::Single(message)) => id_text(&message).map_or(Self::Null, Self::Single),
+            Some(Peeked::Batch(messages)) => {
+                let ids: Vec<String> = messages.iter().filter_map(id_text).collect();
+                if ids.is_empty() {
+                    Self::Null
+                } else {
+                    Self::Batch(ids)
+                }
+            }
+            None => Self::Null,
+        }
+    }
+}
+
+/// An answer the proxy gives itself: a JSON-RPC error per id.
+fn local(status: StatusCode, ids: &ErrorIds, code: i32, message: &str) -> Response<ProxyBody> {
+    let response = match ids {
+        ErrorIds::Null => reply::single(status, "null", code, message),
+        ErrorIds::Single(id) => reply::single(status, id, code, message),
+        ErrorIds::Batch(ids) => {
+            reply::batch(status, code, ids.iter().map(|id| (id.as_str(), message)))
+        }
+    };
+    response.map(ProxyBody::local)
+}
+
+/// Whether an upstream error was a connect timeout.
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// An error and its sources, `: `-separated, for one log line.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(error) = source {
+        let next = error.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = error.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_ids() {
+        assert_eq!(
+            ErrorIds::of(br#"{"jsonrpc":"2.0","id":"a","method":"m"}"#),
+            ErrorIds::Single(r#""a""#.into())
+        );
+        assert_eq!(
+            ErrorIds::of(br#"{"jsonrpc":"2.0","method":"notifications/x"}"#),
+            ErrorIds::Null
+        );
+        assert_eq!(
+            ErrorIds::of(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#),
+            ErrorIds::Null
+        );
+        assert_eq!(
+            ErrorIds::of(br#"[{"id":1,"method":"a"},{"method":"n"},{"id":2,"method":"b"}]"#),
+            ErrorIds::Batch(vec!["1".into(), "2".into()])
+        );
+        assert_eq!(ErrorIds::of(b"not json"), ErrorIds::Null);
+    }
+
+    #[test]
+    fn timeouts_are_found_in_the_chain() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("tcp connect error")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let timed_out = Outer(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connect timed out",
+        ));
+        assert!(is_timeout(&timed_out));
+        assert_eq!(
+            error_chain(&timed_out),
+            "tcp connect error: connect timed out"
+        );
+        let refused = Outer(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(!is_timeout(&refused));
+    }
+}

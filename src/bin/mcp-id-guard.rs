@@ -1,0 +1,324 @@
+//! `mcp-id-guard`: a reverse proxy that puts the id guard in front of an MCP
+//! server written in any language.
+//!
+//! ```text
+//! mcp-id-guard --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000
+//! ```
+
+use std::future::poll_fn;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use hyper::body::Incoming;
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use mcp_id_guard::proxy::{ClientAddr, Proxy};
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+use tokio::net::TcpListener;
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing_subscriber::EnvFilter;
+
+/// Guards an MCP streamable-HTTP server against concurrent requests that
+/// reuse a JSON-RPC id in one session: a reverse proxy that gives every
+/// duplicate a unique id (or rejects it) and streams everything else through.
+///
+/// Point MCP clients at http://<listen>/<the server's path>. Logs go to
+/// stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change how much is logged.
+#[derive(Debug, Parser)]
+#[command(name = "mcp-id-guard", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "MCP_ID_GUARD_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+
+    /// Base URL of the MCP server to protect, such as http://127.0.0.1:8000.
+    /// A request for /mcp?x=1 goes to <upstream>/mcp?x=1.
+    #[arg(long, env = "MCP_ID_GUARD_UPSTREAM")]
+    upstream: String,
+
+    /// What to do with a request whose id is already in flight in its
+    /// session: give it a unique id and restore the client's in the response
+    /// (remap), or answer it with an error (reject).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ON_DUPLICATE",
+        value_enum,
+        default_value_t = Policy::Remap
+    )]
+    on_duplicate: Policy,
+
+    /// HTTP status of rejections under --on-duplicate reject.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_REJECT_STATUS",
+        default_value = "400",
+        value_parser = ["400", "409"]
+    )]
+    reject_status: String,
+
+    /// Largest JSON POST body the guard reads; larger ones get 413.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+
+    /// Requests one session may have in flight; more get 429.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_IN_FLIGHT_PER_SESSION",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_in_flight_per_session: u32,
+
+    /// How long to wait for the upstream to accept a connection before
+    /// answering 502 (e.g. 5s, 500ms).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_CONNECT_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    connect_timeout: Duration,
+
+    /// On SIGINT/SIGTERM, how long open requests and streams may go on
+    /// before they are cut (e.g. 10s).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_GRACE_PERIOD",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    grace_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Policy {
+    Remap,
+    Reject,
+}
+
+/// `5`, `5s`, `500ms`, `2m`: a whole number with an optional unit (seconds
+/// when none is given).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 5s or 500ms"))?;
+    match unit.trim() {
+        "" | "s" => Ok(Duration::from_secs(number)),
+        "ms" => Ok(Duration::from_millis(number)),
+        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
+        _ => Err(format!(
+            "{text:?}: unknown unit (use ms, s or m, e.g. 5s or 500ms)"
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "could not start the Tokio runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // Connections still open after the grace period are cut here.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let proxy = Proxy::builder()
+        .connect_timeout(args.connect_timeout)
+        .build(&args.upstream)
+        .map_err(|error| error.to_string())?;
+    let policy = match args.on_duplicate {
+        Policy::Remap => OnDuplicate::Remap,
+        Policy::Reject => OnDuplicate::Reject,
+    };
+    let reject_status = if args.reject_status == "409" {
+        http::StatusCode::CONFLICT
+    } else {
+        http::StatusCode::BAD_REQUEST
+    };
+    let guard = IdGuardLayer::new()
+        .on_duplicate(policy)
+        .reject_status(reject_status)
+        .max_body_bytes(args.max_body_bytes)
+        .max_in_flight_per_session(args.max_in_flight_per_session as usize);
+    let upstream = proxy.upstream().to_owned();
+    let service = guard.layer(proxy);
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
+    let local = listener
+        .local_addr()
+        .map_err(|error| format!("cannot read the listening address: {error}"))?;
+    let policy_name = match policy {
+        OnDuplicate::Reject => format!("reject with {reject_status}"),
+        _ => "remap".to_owned(),
+    };
+    tracing::info!(
+        "mcp-id-guard {} listening on http://{local}, forwarding to {upstream} (duplicate ids: {policy_name})",
+        env!("CARGO_PKG_VERSION"),
+    );
+
+    let mut server = auto::Builder::new(TokioExecutor::new());
+    server.http1().timer(TokioTimer::new());
+    server.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off a
+                        // little instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                }
+                let service = service.clone();
+                let per_connection = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                    request.extensions_mut().insert(ClientAddr(peer));
+                    let mut service = service.clone();
+                    async move {
+                        poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(&mut service, cx)).await?;
+                        service.call(request).await
+                    }
+                });
+                let connection = server
+                    .serve_connection(TokioIo::new(stream), per_connection)
+                    .into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%peer, error = %error, "connection ended with an error");
+                    }
+                });
+            }
+            signal = &mut shutdown => {
+                tracing::info!("{signal} received; no longer accepting connections");
+                break;
+            }
+        }
+    }
+    drop(listener);
+
+    let open = graceful.count();
+    if open > 0 {
+        tracing::info!(
+            "waiting up to {:?} for {open} open connection(s) to finish",
+            args.grace_period
+        );
+    }
+    match tokio::time::timeout(args.grace_period, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("shut down"),
+        Err(_) => tracing::warn!(
+            "grace period of {:?} over; cutting the connections still open",
+            args.grace_period
+        ),
+    }
+    Ok(())
+}
+
+/// Resolves with the signal's name on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            },
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the proxy");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn arguments() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://127.0.0.1:8000/mcp",
+            "--on-duplicate",
+            "reject",
+            "--reject-status",
+            "409",
+        ])
+        .unwrap();
+        assert_eq!(args.on_duplicate, Policy::Reject);
+        assert_eq!(args.reject_status, "409");
+        assert!(Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--reject-status",
+            "418"
+        ])
+        .is_err());
+    }
+}

@@ -1,0 +1,481 @@
+//! End-to-end tests against a real rmcp 3.11 streamable-HTTP server (stateful
+//! mode) over loopback, with a real HTTP client, one session per test.
+//!
+//! The bare-server tests are controls: they show the harness can see the bug
+//! (a cross-wired result or a hung call). The guarded tests show the layer
+//! removes it under both policies. Ordering between client and server uses the
+//! echo tool's started signals and hold gates, never sleeps; every wait is
+//! bounded.
+
+mod common;
+
+use common::{
+    burst, drained_stats, pair, serve, CallReport, Client, EchoCall, Outcome, Tally, HANG_TIMEOUT,
+    OK_TIMEOUT, WAIT_TIMEOUT,
+};
+use http::StatusCode;
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+
+const BURST: usize = 12;
+
+/// Asserts that a call got its own result, with exactly the id text it sent,
+/// and that its response stream ended.
+#[track_caller]
+fn assert_own(report: &CallReport) {
+    assert_eq!(
+        report.outcome,
+        Outcome::Own,
+        "{}: expected its own result: {report:#?}",
+        report.sentinel
+    );
+    assert_eq!(
+        report.answered_id.as_deref(),
+        Some(report.sent_id.as_str()),
+        "{}: the id must come back byte for byte",
+        report.sentinel
+    );
+    assert!(
+        report.exchange.ended,
+        "{}: the response stream must end after the response: {report:#?}",
+        report.sentinel
+    );
+}
+
+/// Asserts that a call was answered by the guard with `status`,
+/// `Content-Type: application/json` and a JSON-RPC `-32600` error carrying
+/// exactly the id text it sent.
+#[track_caller]
+fn assert_rejected(report: &CallReport, expected_status: StatusCode) {
+    let Outcome::Rejected {
+        status,
+        content_type,
+        body,
+    } = &report.outcome
+    else {
+        panic!("{}: expected a rejection, got {report:#?}", report.sentinel);
+    };
+    assert_eq!(*status, expected_status.as_u16(), "{report:#?}");
+    assert_eq!(content_type.as_deref(), Some("application/json"));
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    assert_eq!(
+        common::raw_id(&report.exchange.body).as_deref(),
+        Some(report.sent_id.as_str()),
+        "the rejection carries exactly the id sent: {}",
+        report.exchange.body
+    );
+}
+
+/// Whether a call was answered by the guard with `400` and a well-formed
+/// `-32600` error carrying the id sent.
+fn is_clean_rejection(report: &CallReport) -> bool {
+    matches!(
+        &report.outcome,
+        Outcome::Rejected { status: 400, content_type: Some(ct), body }
+            if ct == "application/json"
+                && body["error"]["code"] == -32600
+                && common::raw_id(&report.exchange.body).as_deref() == Some(report.sent_id.as_str())
+    )
+}
+
+/// Asserts every request has been released and returns the final counters.
+async fn assert_drained(layer: &IdGuardLayer) -> mcp_id_guard::Stats {
+    let stats = drained_stats(layer, WAIT_TIMEOUT).await;
+    assert_eq!(
+        (stats.in_flight_requests, stats.tracked_sessions),
+        (0, 0),
+        "every request must be released once its response has ended: {stats:?}"
+    );
+    stats
+}
+
+// ---------------------------------------------------------------------------
+// (a) Controls: the bare server shows the bug
+// ---------------------------------------------------------------------------
+
+/// Control: on a bare rmcp server, 12 concurrent `tools/call` with `id: 1` in
+/// one session do not all get their own result: at least one call receives
+/// another call's result or no answer within the hang timeout. Proves the
+/// harness can see the bug the guard exists for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_burst_with_duplicate_ids_cross_wires_or_hangs() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let client = Client::connect(&server.url).await?;
+    let reports = burst(&client, "bare-burst", "1", BURST, HANG_TIMEOUT).await;
+    let tally = Tally::of(&reports);
+    eprintln!("bare burst, 12 x id 1: {tally}");
+    assert!(
+        tally.wrong + tally.hung >= 1,
+        "the bare server should cross-wire or hang duplicates: {reports:#?}"
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// Control of the control: the same bare burst with distinct ids is clean, so
+/// the failures above come from the duplicate ids, not from the harness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_burst_with_unique_ids_is_clean() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let client = Client::connect(&server.url).await?;
+    let calls: Vec<(String, EchoCall)> = (0..BURST)
+        .map(|i| {
+            let call = EchoCall::new(format!("unique-{i:02}"), common::burst_delay(i, BURST));
+            ((100 + i).to_string(), call)
+        })
+        .collect();
+    let reports = futures::future::join_all(
+        calls
+            .iter()
+            .map(|(id, call)| client.call_echo(id, call, OK_TIMEOUT)),
+    )
+    .await;
+    reports.iter().for_each(assert_own);
+    server.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (b) Remap
+// ---------------------------------------------------------------------------
+
+/// With the layer (Remap, the default), 12 concurrent calls with `id: 1` each
+/// get their own result with exactly `1` as id; afterwards nothing is in
+/// flight, no session is tracked, and the counters add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remap_burst_every_call_gets_its_own_result() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new();
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let reports = burst(&client, "remap-burst", "1", BURST, OK_TIMEOUT).await;
+    reports.iter().for_each(assert_own);
+    let stats = assert_drained(&layer).await;
+    assert_eq!(stats.passed_total + stats.remapped_total, BURST as u64);
+    assert!(stats.remapped_total >= 1, "calls overlapped: {stats:?}");
+    assert_eq!(stats.rejected_total, 0);
+    server.stop().await;
+    Ok(())
+}
+
+/// Remap with all 12 calls provably in flight at the server at once (each
+/// holds until all have started): exactly one passes with the client's id and
+/// eleven are remapped, and every caller still gets its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remap_fully_overlapping_burst_remaps_eleven() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new();
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let calls: Vec<EchoCall> = (0..BURST)
+        .map(|i| EchoCall::held(format!("overlap-{i:02}")))
+        .collect();
+    let tasks: Vec<_> = calls
+        .iter()
+        .map(|call| {
+            let (client, call) = (client.clone(), call.clone());
+            tokio::spawn(async move { client.call_echo("1", &call, OK_TIMEOUT).await })
+        })
+        .collect();
+    let sentinels: Vec<&str> = calls.iter().map(|call| call.sentinel.as_str()).collect();
+    server
+        .started
+        .wait_for_all(&sentinels, WAIT_TIMEOUT)
+        .await?;
+    let during = layer.stats();
+    assert_eq!(during.in_flight_requests, BURST, "{during:?}");
+    assert_eq!(during.tracked_sessions, 1, "{during:?}");
+    for sentinel in &sentinels {
+        server.gates.release(sentinel);
+    }
+    for task in tasks {
+        assert_own(&task.await?);
+    }
+    let stats = assert_drained(&layer).await;
+    assert_eq!((stats.passed_total, stats.remapped_total), (1, 11));
+    server.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (c) Reject
+// ---------------------------------------------------------------------------
+
+/// Reject, deterministic: while call 0 (`id: 1`) is held in the tool, 11 more
+/// calls with `id: 1` each get `400`, `application/json` and
+/// `{"jsonrpc":"2.0","id":1,"error":{"code":-32600,..}}` without reaching the
+/// server; once released, call 0 gets its own result. Nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_duplicates_of_a_held_call() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let first = EchoCall::held("reject-held-00");
+    let first_task = tokio::spawn({
+        let (client, first) = (client.clone(), first.clone());
+        async move { client.call_echo("1", &first, OK_TIMEOUT).await }
+    });
+    server
+        .started
+        .wait_for(&first.sentinel, WAIT_TIMEOUT)
+        .await?;
+
+    let others: Vec<EchoCall> = (1..BURST)
+        .map(|i| EchoCall::new(format!("reject-held-{i:02}"), 0))
+        .collect();
+    let reports = futures::future::join_all(
+        others
+            .iter()
+            .map(|call| client.call_echo("1", call, OK_TIMEOUT)),
+    )
+    .await;
+    for report in &reports {
+        assert_rejected(report, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(
+        server.started.seen().await,
+        [first.sentinel.as_str()],
+        "rejected calls never reach the server"
+    );
+
+    server.gates.release(&first.sentinel);
+    assert_own(&first_task.await?);
+    let stats = assert_drained(&layer).await;
+    assert_eq!(
+        (
+            stats.passed_total,
+            stats.remapped_total,
+            stats.rejected_total
+        ),
+        (1, 0, 11)
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// Reject, unsynchronised burst: 12 concurrent calls with `id: 1`; every call
+/// gets either its own result or a clean `400`/`-32600` carrying `1`, never
+/// another call's result and never silence, and the counters match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_burst_is_own_result_or_clean_rejection() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let reports = burst(&client, "reject-burst", "1", BURST, OK_TIMEOUT).await;
+    for report in &reports {
+        assert!(
+            report.is_clean_own() || is_clean_rejection(report),
+            "own result or clean rejection expected: {report:#?}"
+        );
+    }
+    let tally = Tally::of(&reports);
+    assert!(tally.own >= 1, "{tally}");
+    let stats = assert_drained(&layer).await;
+    assert_eq!(stats.passed_total, tally.own as u64, "{stats:?}");
+    assert_eq!(stats.rejected_total, tally.rejected as u64, "{stats:?}");
+    assert_eq!(stats.remapped_total, 0);
+    server.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (d) The pair case: A held, B sent once A has started, both `id: 1`
+// ---------------------------------------------------------------------------
+
+/// Control: on the bare server, B (sent while A is in the tool, same id)
+/// receives A's result or A never gets an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_pair_cross_wires() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(
+        &server,
+        &client,
+        "bare-pair",
+        ("1", "1"),
+        true,
+        HANG_TIMEOUT,
+    )
+    .await?;
+    eprintln!("bare pair: A {:?}, B {:?}", a.outcome, b.outcome);
+    let b_got_a = b.outcome
+        == Outcome::Wrong {
+            got: a.sentinel.clone(),
+        };
+    assert!(
+        b_got_a || a.outcome == Outcome::Hung,
+        "the bare server should cross-wire the pair: A {a:#?}\nB {b:#?}"
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// Remap: A and B both get their own results, both with id `1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remap_pair_both_get_their_own_results() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new();
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(&server, &client, "remap-pair", ("1", "1"), true, OK_TIMEOUT).await?;
+    assert_own(&a);
+    assert_own(&b);
+    let stats = assert_drained(&layer).await;
+    assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
+    server.stop().await;
+    Ok(())
+}
+
+/// Reject: B gets `400` with `-32600` and id `1` and never reaches the
+/// server; A gets its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_pair_rejects_the_second() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(
+        &server,
+        &client,
+        "reject-pair",
+        ("1", "1"),
+        false,
+        OK_TIMEOUT,
+    )
+    .await?;
+    assert_own(&a);
+    assert_rejected(&b, StatusCode::BAD_REQUEST);
+    assert_eq!(server.started.seen().await, [a.sentinel.as_str()]);
+    let stats = assert_drained(&layer).await;
+    assert_eq!((stats.passed_total, stats.rejected_total), (1, 1));
+    server.stop().await;
+    Ok(())
+}
+
+/// `.reject_status(409)`: the duplicate in the pair case gets `409 Conflict`
+/// (same JSON-RPC body); A is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_pair_with_conflict_status() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new()
+        .on_duplicate(OnDuplicate::Reject)
+        .reject_status(StatusCode::CONFLICT);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(
+        &server,
+        &client,
+        "conflict-pair",
+        ("1", "1"),
+        false,
+        OK_TIMEOUT,
+    )
+    .await?;
+    assert_own(&a);
+    assert_rejected(&b, StatusCode::CONFLICT);
+    assert_drained(&layer).await;
+    server.stop().await;
+    Ok(())
+}
+
+/// Remap, ids `1` and `"1"` (in both orders): they collide under the crate's
+/// equivalence rule, so the second is remapped, and each client gets back
+/// exactly the id text it sent (`1` or `"1"`) with its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remap_pair_number_and_string_ids() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new();
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(
+        &server,
+        &client,
+        "mixed-1",
+        ("1", r#""1""#),
+        true,
+        OK_TIMEOUT,
+    )
+    .await?;
+    assert_own(&a);
+    assert_own(&b);
+    assert_eq!(b.answered_id.as_deref(), Some(r#""1""#));
+    let (c, d) = pair(
+        &server,
+        &client,
+        "mixed-2",
+        (r#""1""#, "1"),
+        true,
+        OK_TIMEOUT,
+    )
+    .await?;
+    assert_own(&c);
+    assert_own(&d);
+    assert_eq!(c.answered_id.as_deref(), Some(r#""1""#));
+    assert_eq!(d.answered_id.as_deref(), Some("1"));
+    let stats = assert_drained(&layer).await;
+    assert_eq!(
+        (stats.passed_total, stats.remapped_total),
+        (2, 2),
+        "1 and \"1\" collide: {stats:?}"
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// rmcp 3.11 itself keys ids by `NumberOrString`, so on the bare server `1`
+/// and `"1"` in flight together do not collide: both get their own result.
+/// (The guard's wider equivalence is for servers that route by `str(id)`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_pair_number_and_string_ids_do_not_collide_in_rmcp() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let client = Client::connect(&server.url).await?;
+    let (a, b) = pair(
+        &server,
+        &client,
+        "bare-mixed",
+        ("1", r#""1""#),
+        true,
+        OK_TIMEOUT,
+    )
+    .await?;
+    assert_own(&a);
+    assert_own(&b);
+    server.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (e) Sequential reuse
+// ---------------------------------------------------------------------------
+
+/// Reject allows sequential reuse: five calls with `id: 1`, each sent after
+/// the previous response has ended, all get their own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_allows_sequential_reuse() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    for i in 0..5 {
+        let call = EchoCall::new(format!("sequential-{i}"), 0);
+        assert_own(&client.call_echo("1", &call, OK_TIMEOUT).await);
+    }
+    let stats = assert_drained(&layer).await;
+    assert_eq!((stats.passed_total, stats.rejected_total), (5, 0));
+    server.stop().await;
+    Ok(())
+}
+
+/// Reject allows reuse by a client that moves on as soon as it has its
+/// response event, without waiting for the SSE stream to end (and drops the
+/// connection): the id is free again by then, so none of 50 back-to-back calls
+/// with `id: 1` is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<()> {
+    let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
+    let server = serve(Some(layer.clone())).await?;
+    let client = Client::connect(&server.url).await?;
+    for i in 0..50 {
+        let call = EchoCall::new(format!("eager-{i:02}"), 0);
+        let report = client.call_echo_eager("1", &call, OK_TIMEOUT).await;
+        assert_eq!(report.outcome, Outcome::Own, "call {i}: {report:#?}");
+    }
+    let stats = assert_drained(&layer).await;
+    assert_eq!((stats.passed_total, stats.rejected_total), (50, 0));
+    server.stop().await;
+    Ok(())
+}
