@@ -1,6 +1,7 @@
 //! Request and response bodies of [`IdGuard`](crate::IdGuard).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -12,7 +13,7 @@ use pin_project::pin_project;
 use crate::envelope::splice;
 use crate::rewrite::restore_edits;
 use crate::sse::SseRewriter;
-use crate::table::InFlight;
+use crate::table::{InFlight, Table};
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only
@@ -97,6 +98,13 @@ where
     }
 }
 
+fn note_restored(table: &Table, count: usize) {
+    if count > 0 {
+        table.note_restored(count);
+        tracing::debug!(count, "restored client ids in a response");
+    }
+}
+
 fn into_bytes_frame<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
 }
@@ -129,6 +137,7 @@ enum ResponseKind<B> {
         #[pin]
         body: B,
         in_flight: Option<InFlight>,
+        table: Arc<Table>,
         buffer: BytesMut,
         trailers: Option<HeaderMap>,
         restored: Option<Bytes>,
@@ -139,6 +148,7 @@ enum ResponseKind<B> {
         #[pin]
         body: B,
         in_flight: Option<InFlight>,
+        table: Arc<Table>,
         rewriter: SseRewriter,
         trailers: Option<HeaderMap>,
         finished: bool,
@@ -154,11 +164,12 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn restore_json(body: B, in_flight: Option<InFlight>) -> Self {
+    pub(crate) fn restore_json(body: B, in_flight: Option<InFlight>, table: Arc<Table>) -> Self {
         Self {
             kind: ResponseKind::RestoreJson {
                 body,
                 in_flight,
+                table,
                 buffer: BytesMut::new(),
                 trailers: None,
                 restored: None,
@@ -167,11 +178,12 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn restore_sse(body: B, in_flight: Option<InFlight>) -> Self {
+    pub(crate) fn restore_sse(body: B, in_flight: Option<InFlight>, table: Arc<Table>) -> Self {
         Self {
             kind: ResponseKind::RestoreSse {
                 body,
                 in_flight,
+                table,
                 rewriter: SseRewriter::default(),
                 trailers: None,
                 finished: false,
@@ -210,6 +222,7 @@ where
             ResponseKindProj::RestoreJson {
                 mut body,
                 in_flight,
+                table,
                 buffer,
                 trailers,
                 restored,
@@ -228,6 +241,7 @@ where
                             *finished = true;
                             let whole = std::mem::take(buffer).freeze();
                             let edits = restore_edits(&whole);
+                            note_restored(table, edits.len());
                             *restored = Some(if edits.is_empty() {
                                 whole
                             } else {
@@ -251,6 +265,7 @@ where
             ResponseKindProj::RestoreSse {
                 mut body,
                 in_flight,
+                table,
                 rewriter,
                 trailers,
                 finished,
@@ -265,7 +280,9 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            if let Some(out) = rewriter.push(data.copy_to_bytes(data.remaining())) {
+                            let out = rewriter.push(data.copy_to_bytes(data.remaining()));
+                            note_restored(table, rewriter.take_restored());
+                            if let Some(out) = out {
                                 return Poll::Ready(Some(Ok(Frame::data(out))));
                             }
                         }
@@ -276,7 +293,9 @@ where
                     None => {
                         *finished = true;
                         in_flight.take();
-                        if let Some(rest) = rewriter.finish() {
+                        let rest = rewriter.finish();
+                        note_restored(table, rewriter.take_restored());
+                        if let Some(rest) = rest {
                             return Poll::Ready(Some(Ok(Frame::data(rest))));
                         }
                     }

@@ -30,6 +30,9 @@ pub(crate) struct Message {
     /// Byte range of the `id` value's JSON text inside the peeked input,
     /// `None` when the message has no id or `id` is `null`.
     pub(crate) id: Option<Range<usize>>,
+    /// For a `notifications/cancelled`, the byte range of `params.requestId`
+    /// (absent or `null`: `None`).
+    pub(crate) cancels: Option<Range<usize>>,
 }
 
 /// The shape of a peeked body.
@@ -59,11 +62,23 @@ struct RawEnvelope<'a> {
     id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     method: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
     #[serde(default)]
     result: Option<IgnoredAny>,
     #[serde(default)]
     error: Option<IgnoredAny>,
 }
+
+/// The part of `notifications/cancelled` params we look at.
+#[derive(Deserialize)]
+struct CancelParams<'a> {
+    #[serde(borrow, default, rename = "requestId")]
+    request_id: Option<&'a RawValue>,
+}
+
+/// The method whose `params.requestId` names a request to cancel.
+const CANCELLED: &str = "\"notifications/cancelled\"";
 
 /// Peeks at a body. Returns `None` when it is not valid JSON, not valid UTF-8,
 /// nested deeper than serde_json's recursion limit, or not an object or array
@@ -98,6 +113,7 @@ fn classify_raw(input: &[u8], element: &RawValue) -> Message {
         None => Message {
             kind: Kind::Other,
             id: None,
+            cancels: None,
         },
     }
 }
@@ -118,7 +134,18 @@ fn classify(input: &[u8], envelope: &RawEnvelope<'_>) -> Message {
         None if envelope.result.is_some() || envelope.error.is_some() => Kind::Response,
         None => Kind::Other,
     };
-    Message { kind, id }
+    // Methods are plain ASCII in practice; an escaped spelling is not a
+    // cancellation we act on (it still reaches the server unchanged).
+    let cancels = match (kind, envelope.method, envelope.params) {
+        (Kind::Notification, Some(method), Some(params)) if method.get() == CANCELLED => {
+            serde_json::from_str::<CancelParams<'_>>(params.get())
+                .ok()
+                .and_then(|params| params.request_id)
+                .map(|request_id| offset_in(input, request_id.get()))
+        }
+        _ => None,
+    };
+    Message { kind, id, cancels }
 }
 
 /// Where `part` (a borrowed sub-slice of `whole`) starts and ends inside `whole`.
@@ -198,6 +225,26 @@ mod tests {
         assert_eq!(messages[1].kind, Kind::Other);
         assert_eq!(messages[2].kind, Kind::Notification);
         assert_eq!(&body[messages[3].id.clone().unwrap()], r#""z""#);
+    }
+
+    #[test]
+    fn finds_the_cancelled_request_id() {
+        let body = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"x","requestId":"a"}}"#;
+        let message = single(body);
+        assert_eq!(message.kind, Kind::Notification);
+        assert_eq!(&body[message.cancels.unwrap()], r#""a""#);
+        assert_eq!(
+            single(r#"{"method":"notifications/cancelled","params":{}}"#).cancels,
+            None
+        );
+        assert_eq!(
+            single(r#"{"method":"other","params":{"requestId":1}}"#).cancels,
+            None
+        );
+        assert_eq!(
+            single(r#"{"method":"notifications/cancelled","params":{"requestId":null}}"#).cancels,
+            None
+        );
     }
 
     #[test]

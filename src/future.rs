@@ -2,6 +2,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
@@ -13,8 +14,10 @@ use tower_service::Service;
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::layer::Config;
-use crate::service::{body_too_large, body_unreadable, prepare, Prepared};
-use crate::table::{InFlight, Table};
+use crate::service::{
+    body_too_large, body_unreadable, prepare, queue_timeout, PendingForward, Prepared,
+};
+use crate::table::{InFlight, Table, Waiter};
 
 /// Response future of [`IdGuard`](crate::IdGuard).
 ///
@@ -45,12 +48,23 @@ where
         body: B,
         read: ReadBody<S>,
     },
+    /// Waiting for the id under `OnDuplicate::Queue`.
+    Queued {
+        service: Option<S>,
+        pending: Option<PendingForward>,
+        in_flight: Option<InFlight>,
+        ticket: Arc<Waiter>,
+        /// Started at the first poll, inside the server's runtime.
+        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+        max_wait: Duration,
+    },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
         future: S::Future,
         in_flight: Option<InFlight>,
-        restore: bool,
+        /// Restore client ids in the response, counting them in this table.
+        restore: Option<Arc<Table>>,
     },
     /// A response the guard gives itself.
     Answered {
@@ -72,12 +86,12 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<RequestBody<B>>>,
 {
-    pub(crate) fn called(future: S::Future) -> Self {
+    pub(crate) fn called(future: S::Future, restore: Option<Arc<Table>>) -> Self {
         Self {
             state: State::Calling {
                 future,
                 in_flight: None,
-                restore: false,
+                restore,
             },
         }
     }
@@ -158,7 +172,19 @@ where
                                 } => State::Calling {
                                     future: service.call(request),
                                     in_flight,
-                                    restore,
+                                    restore: restore.then(|| Arc::clone(&read.table)),
+                                },
+                                Prepared::Queue {
+                                    pending,
+                                    in_flight,
+                                    ticket,
+                                } => State::Queued {
+                                    service: Some(service),
+                                    pending: Some(pending),
+                                    in_flight: Some(in_flight),
+                                    ticket,
+                                    deadline: None,
+                                    max_wait: read.config.max_queue_wait,
                                 },
                                 Prepared::Answer(response) => State::Answered {
                                     response: Some(response),
@@ -173,6 +199,42 @@ where
                         _ => unreachable!("ResponseFuture polled after completion"),
                     }
                 }
+                StateProj::Queued {
+                    service,
+                    pending,
+                    in_flight,
+                    ticket,
+                    deadline,
+                    max_wait,
+                } => match ticket.poll_turn(cx) {
+                    Poll::Ready(server_id) => {
+                        match (service.take(), pending.take(), in_flight.take()) {
+                            (Some(mut service), Some(pending), Some(in_flight)) => {
+                                let restore =
+                                    server_id.is_some().then(|| Arc::clone(in_flight.table()));
+                                State::Calling {
+                                    future: service
+                                        .call(pending.into_request(server_id.as_deref())),
+                                    in_flight: Some(in_flight),
+                                    restore,
+                                }
+                            }
+                            _ => unreachable!("ResponseFuture polled after completion"),
+                        }
+                    }
+                    Poll::Pending => {
+                        let deadline =
+                            deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(*max_wait)));
+                        ready!(deadline.as_mut().poll(cx));
+                        // Leaving the queue: dropping the registration takes
+                        // the request out of line.
+                        in_flight.take();
+                        let id = pending.as_ref().map_or("null", PendingForward::queued_id);
+                        State::Answered {
+                            response: Some(queue_timeout(id)),
+                        }
+                    }
+                },
                 StateProj::Calling {
                     future,
                     in_flight,
@@ -185,7 +247,11 @@ where
                             return Poll::Ready(Err(error));
                         }
                     };
-                    return Poll::Ready(Ok(wrap_response(response, in_flight.take(), *restore)));
+                    return Poll::Ready(Ok(wrap_response(
+                        response,
+                        in_flight.take(),
+                        restore.take(),
+                    )));
                 }
                 StateProj::Answered { response } => {
                     let response = response
@@ -204,7 +270,7 @@ where
 fn wrap_response<B>(
     response: Response<B>,
     in_flight: Option<InFlight>,
-    restore: bool,
+    restore: Option<Arc<Table>>,
 ) -> Response<ResponseBody<B>> {
     let (mut parts, body) = response.into_parts();
     let media_type = parts
@@ -212,14 +278,14 @@ fn wrap_response<B>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .map(media_type);
-    let body = match media_type {
-        Some(media) if restore && media.eq_ignore_ascii_case("application/json") => {
+    let body = match (media_type, restore) {
+        (Some(media), Some(table)) if media.eq_ignore_ascii_case("application/json") => {
             parts.headers.remove(CONTENT_LENGTH);
-            ResponseBody::restore_json(body, in_flight)
+            ResponseBody::restore_json(body, in_flight, table)
         }
-        Some(media) if restore && media.eq_ignore_ascii_case("text/event-stream") => {
+        (Some(media), Some(table)) if media.eq_ignore_ascii_case("text/event-stream") => {
             parts.headers.remove(CONTENT_LENGTH);
-            ResponseBody::restore_sse(body, in_flight)
+            ResponseBody::restore_sse(body, in_flight, table)
         }
         _ => ResponseBody::inner(body, in_flight),
     };

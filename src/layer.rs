@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use tower_layer::Layer;
@@ -20,6 +21,13 @@ pub enum OnDuplicate {
     /// and a JSON-RPC `-32600` error carrying the offending id; it never
     /// reaches the inner service.
     Reject,
+    /// Hold it until the earlier request with that id ends, then forward it
+    /// with its own id: first come, first served per session and id. Costs
+    /// latency (same-id requests of a session run one after another); a request
+    /// that waits longer than [`IdGuardLayer::max_queue_wait`] gets `503` and a
+    /// JSON-RPC `-32000` error carrying its id. A batch containing a duplicate
+    /// is refused as under `Reject`. Waiting uses tokio's timer.
+    Queue,
 }
 
 /// The guard's settings, copied into every service.
@@ -29,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) reject_status: StatusCode,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_in_flight_per_session: usize,
+    pub(crate) max_queue_wait: Duration,
+    pub(crate) rewrite_all_ids: bool,
 }
 
 impl Default for Config {
@@ -38,6 +48,8 @@ impl Default for Config {
             reject_status: StatusCode::BAD_REQUEST,
             max_body_bytes: 4 * 1024 * 1024,
             max_in_flight_per_session: 1024,
+            max_queue_wait: Duration::from_secs(30),
+            rewrite_all_ids: false,
         }
     }
 }
@@ -71,7 +83,8 @@ impl Default for IdGuardLayer {
 
 impl IdGuardLayer {
     /// A layer with the defaults: [`OnDuplicate::Remap`], reject status 400,
-    /// 4 MiB body limit, 1024 requests in flight per session.
+    /// 4 MiB body limit, 1024 requests in flight per session, 30 s queue
+    /// wait, only duplicates rewritten.
     pub fn new() -> Self {
         Self {
             config: Config::default(),
@@ -106,6 +119,23 @@ impl IdGuardLayer {
     /// error carrying their id.
     pub fn max_in_flight_per_session(mut self, limit: usize) -> Self {
         self.config.max_in_flight_per_session = limit;
+        self
+    }
+
+    /// Sets how long a request may wait under [`OnDuplicate::Queue`] (default
+    /// 30 s) before it gets `503 Service Unavailable`.
+    pub fn max_queue_wait(mut self, limit: Duration) -> Self {
+        self.config.max_queue_wait = limit;
+        self
+    }
+
+    /// Gives every tracked request a server-side id, colliding or not
+    /// (default `false`). The server then never sees an id twice in a session
+    /// (the spec's strict rule), and several guard instances in front of one
+    /// server cannot collide without sharing any state: each instance's ids
+    /// carry its own random tag. Duplicates are still handled by the policy.
+    pub fn rewrite_all_ids(mut self, enabled: bool) -> Self {
+        self.config.rewrite_all_ids = enabled;
         self
     }
 

@@ -14,6 +14,8 @@ pub(crate) const DUPLICATE_MESSAGE: &str =
     "Invalid Request: a request with this id is already in flight in this session";
 pub(crate) const BATCH_SIBLING_MESSAGE: &str =
     "Invalid Request: not processed, another request in this batch has an id already in flight in this session";
+pub(crate) const QUEUE_TIMEOUT_MESSAGE: &str =
+    "Timed out waiting for an earlier request with this id in this session to finish";
 pub(crate) const OVER_CAPACITY_MESSAGE: &str = "Too many requests in flight in this session";
 
 /// One JSON-RPC error object; `id` is the request's id JSON text, written as

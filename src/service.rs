@@ -14,8 +14,9 @@ use crate::envelope::{peek, splice, Kind, Peeked};
 use crate::future::{media_type, ResponseFuture};
 use crate::layer::{Config, IdGuardLayer};
 use crate::reply;
+use crate::rewrite::Edit;
 use crate::stats::Stats;
-use crate::table::{Admission, InFlight, Route, Table};
+use crate::table::{Admission, InFlight, Route, Table, Waiter};
 
 /// The session header of the legacy streamable-HTTP revisions (2025-03-26 to
 /// 2025-11-25). Header names are case-insensitive.
@@ -88,41 +89,68 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        if !is_tracked_candidate(&request) {
-            return ResponseFuture::called(self.inner.call(request.map(RequestBody::new)));
+        match handling(&request) {
+            Handling::Untouched => {
+                ResponseFuture::called(self.inner.call(request.map(RequestBody::new)), None)
+            }
+            // A standalone or resumed stream may carry (or replay) responses to
+            // remapped requests; restoring is stateless, by the id encoding.
+            Handling::RestoreStream => ResponseFuture::called(
+                self.inner.call(request.map(RequestBody::new)),
+                Some(Arc::clone(&self.table)),
+            ),
+            Handling::Read => {
+                let limit = self.config.max_body_bytes;
+                let declared_length = request
+                    .headers()
+                    .get(CONTENT_LENGTH)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.parse::<u64>().ok());
+                if declared_length.is_some_and(|length| length > limit as u64) {
+                    return ResponseFuture::answered(body_too_large(limit));
+                }
+                // The body must be read before the inner service is called, so
+                // the service that `poll_ready` readied goes into the future and
+                // a clone stays here for the next request.
+                let clone = self.inner.clone();
+                let readied = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::reading(readied, request, self.config, Arc::clone(&self.table))
+            }
         }
-        let limit = self.config.max_body_bytes;
-        let declared_length = request
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<u64>().ok());
-        if declared_length.is_some_and(|length| length > limit as u64) {
-            return ResponseFuture::answered(body_too_large(limit));
-        }
-        // The body must be read before the inner service is called, so the
-        // service that `poll_ready` readied goes into the future and a clone
-        // stays here for the next request.
-        let clone = self.inner.clone();
-        let readied = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::reading(readied, request, self.config, Arc::clone(&self.table))
     }
 }
 
-/// Whether a request may carry ids that the session's other requests could
-/// collide with: a JSON POST in a legacy session. Everything else passes
-/// untouched, without its body being read.
-fn is_tracked_candidate<B>(request: &Request<B>) -> bool {
+/// What the guard does with a request before calling the inner service.
+#[derive(Debug, PartialEq, Eq)]
+enum Handling {
+    /// Pass it and its response through untouched, body unread.
+    Untouched,
+    /// A GET in a legacy session: pass it through, restore client ids in the
+    /// event stream it opens.
+    RestoreStream,
+    /// A JSON POST in a legacy session: read the body, it may carry ids that
+    /// the session's other requests could collide with.
+    Read,
+}
+
+fn handling<B>(request: &Request<B>) -> Handling {
     let headers = request.headers();
-    request.method() == Method::POST
-        && headers.contains_key(&MCP_SESSION_ID)
-        && headers
+    let in_legacy_session = headers.contains_key(&MCP_SESSION_ID)
+        && !headers
+            .get(&MCP_PROTOCOL_VERSION)
+            .is_some_and(|version| is_sessionless_revision(version.as_bytes()));
+    let is_json = || {
+        headers
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| media_type(value).eq_ignore_ascii_case("application/json"))
-        && !headers
-            .get(&MCP_PROTOCOL_VERSION)
-            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
+    };
+    match *request.method() {
+        _ if !in_legacy_session => Handling::Untouched,
+        Method::POST if is_json() => Handling::Read,
+        Method::GET => Handling::RestoreStream,
+        _ => Handling::Untouched,
+    }
 }
 
 /// Revisions are dates (`YYYY-MM-DD`), which order as strings.
@@ -148,56 +176,107 @@ pub(crate) enum Prepared<B> {
         in_flight: Option<InFlight>,
         restore: bool,
     },
+    /// Wait for the ticket (policy `Queue`), then forward.
+    Queue {
+        pending: PendingForward,
+        in_flight: InFlight,
+        ticket: Arc<Waiter>,
+    },
     /// Answer with this response; the inner service is not called.
     Answer(Response<Full<Bytes>>),
+}
+
+/// A read POST and the byte edits to make before it goes to the inner service.
+pub(crate) struct PendingForward {
+    parts: http::request::Parts,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+    edits: Vec<Edit>,
+    /// A queued request's id: where it is and its text.
+    queued_id: Option<(Range<usize>, Box<str>)>,
+}
+
+impl PendingForward {
+    /// The queued request's id JSON text, for the guard's own answers.
+    pub(crate) fn queued_id(&self) -> &str {
+        self.queued_id.as_ref().map_or("null", |(_, text)| text)
+    }
+
+    /// Builds the request for the inner service. `server_id` replaces the
+    /// queued request's id when its turn came with one (`rewrite_all_ids`).
+    pub(crate) fn into_request<B>(mut self, server_id: Option<&[u8]>) -> Request<RequestBody<B>> {
+        if let (Some(server_id), Some((range, _))) = (server_id, self.queued_id.take()) {
+            self.edits.push((range, server_id.to_vec()));
+        }
+        if self.edits.is_empty() {
+            return Request::from_parts(
+                self.parts,
+                RequestBody::buffered(self.body, self.trailers),
+            );
+        }
+        self.edits.sort_by_key(|(range, _)| range.start);
+        let rewritten = Bytes::from(splice(&self.body, &self.edits));
+        self.parts.headers.remove(TRANSFER_ENCODING);
+        self.parts
+            .headers
+            .insert(CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+        Request::from_parts(self.parts, RequestBody::buffered(rewritten, self.trailers))
+    }
 }
 
 /// Peeks at a tracked POST's body, asks the session table, and builds the
 /// request to forward (with remapped ids spliced in) or the guard's answer.
 pub(crate) fn prepare<B>(
-    mut parts: http::request::Parts,
+    parts: http::request::Parts,
     body: Bytes,
     trailers: Option<HeaderMap>,
     config: &Config,
     table: &Arc<Table>,
 ) -> Prepared<B> {
-    let untracked = |parts, body, trailers| Prepared::Forward {
-        request: Request::from_parts(parts, RequestBody::buffered(body, trailers)),
-        in_flight: None,
-        restore: false,
+    let mut pending = PendingForward {
+        parts,
+        body,
+        trailers,
+        edits: Vec::new(),
+        queued_id: None,
     };
     // Not JSON, or JSON we cannot read as JSON-RPC: the inner server gives its
     // own error for it.
-    let Some(peeked) = peek(&body) else {
-        return untracked(parts, body, trailers);
+    let Some(peeked) = peek(&pending.body) else {
+        return untracked(pending);
     };
+    let Some(session) = pending.parts.headers.get(&MCP_SESSION_ID).cloned() else {
+        return untracked(pending);
+    };
+    let session = session.as_bytes();
+    let body = pending.body.clone();
     // The peeker only hands out ranges of valid JSON tokens, so they are UTF-8.
+    let token = |range: &Range<usize>| std::str::from_utf8(&body[range.clone()]).ok();
     let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked
         .messages()
         .iter()
         .filter(|message| message.kind == Kind::Request)
         .filter_map(|message| {
             let range = message.id.clone()?;
-            let text = std::str::from_utf8(&body[range.clone()]).ok()?;
-            Some((range, text))
+            Some((range.clone(), token(&range)?))
         })
         .unzip();
-    let session = parts
-        .headers
-        .get(&MCP_SESSION_ID)
-        .map(HeaderValue::as_bytes);
-    let (Some(session), false) = (session, ids.is_empty()) else {
-        return untracked(parts, body, trailers);
-    };
+    let cancellations: Vec<(Range<usize>, &str)> = peeked
+        .messages()
+        .iter()
+        .filter_map(|message| {
+            let range = message.cancels.clone()?;
+            Some((range.clone(), token(&range)?))
+        })
+        .collect();
     let is_batch = matches!(peeked, Peeked::Batch(_));
 
-    match table.admit(
-        session,
-        &ids,
-        config.on_duplicate,
-        config.max_in_flight_per_session,
-    ) {
-        Admission::OverCapacity => {
+    // Requests are admitted before the body's cancellations take effect, so a
+    // body the guard refuses cancels nothing.
+    let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, config));
+    let (in_flight, restore, queued) = match admission {
+        None => (None, false, None),
+        Some(Admission::OverCapacity) => {
             tracing::warn!(
                 session = %table.session_tag(session),
                 limit = config.max_in_flight_per_session,
@@ -206,24 +285,19 @@ pub(crate) fn prepare<B>(
             let status = StatusCode::TOO_MANY_REQUESTS;
             let code = reply::SERVER_ERROR;
             let message = reply::OVER_CAPACITY_MESSAGE;
-            Prepared::Answer(if is_batch {
+            return Prepared::Answer(if is_batch {
                 reply::batch(status, code, ids.iter().map(|id| (*id, message)))
             } else {
                 reply::single(status, ids[0], code, message)
-            })
+            });
         }
-        Admission::Duplicate { colliding } => {
+        Some(Admission::Duplicate { colliding }) => {
             for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
-                tracing::warn!(
-                    policy = ?config.on_duplicate,
-                    id = %loggable(id),
-                    session = %table.session_tag(session),
-                    "request id already in flight in this session; rejected"
-                );
+                log_duplicate(config, table, session, id, "rejected");
             }
             let status = config.reject_status;
             let code = reply::INVALID_REQUEST;
-            Prepared::Answer(if is_batch {
+            return Prepared::Answer(if is_batch {
                 let messages = colliding.iter().map(|hit| {
                     if *hit {
                         reply::DUPLICATE_MESSAGE
@@ -234,10 +308,14 @@ pub(crate) fn prepare<B>(
                 reply::batch(status, code, ids.iter().copied().zip(messages))
             } else {
                 reply::single(status, ids[0], code, reply::DUPLICATE_MESSAGE)
-            })
+            });
         }
-        Admission::Admitted { guard, routes } => {
-            let mut edits = Vec::new();
+        Some(Admission::Queued { guard, ticket }) => {
+            log_duplicate(config, table, session, ids[0], "queued");
+            (Some(guard), false, Some(ticket))
+        }
+        Some(Admission::Admitted { guard, routes }) => {
+            let mut remapped = false;
             for ((id, range), route) in ids.iter().zip(&id_ranges).zip(routes) {
                 if let Route::Remapped {
                     server_id,
@@ -245,40 +323,68 @@ pub(crate) fn prepare<B>(
                 } = route
                 {
                     if duplicate {
-                        tracing::warn!(
-                            policy = ?config.on_duplicate,
-                            id = %loggable(id),
-                            session = %table.session_tag(session),
-                            "request id already in flight in this session; remapped"
-                        );
+                        log_duplicate(config, table, session, id, "remapped");
                     }
                     tracing::debug!(
                         id = %loggable(id),
                         server_id = %String::from_utf8_lossy(&server_id),
                         "forwarding with a server-side id"
                     );
-                    edits.push((range.clone(), server_id));
+                    pending.edits.push((range.clone(), server_id.to_vec()));
+                    remapped = true;
                 }
             }
-            if edits.is_empty() {
-                return Prepared::Forward {
-                    request: Request::from_parts(parts, RequestBody::buffered(body, trailers)),
-                    in_flight: Some(guard),
-                    restore: false,
-                };
-            }
-            let rewritten = Bytes::from(splice(&body, &edits));
-            parts.headers.remove(TRANSFER_ENCODING);
-            parts
-                .headers
-                .insert(CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
-            Prepared::Forward {
-                request: Request::from_parts(parts, RequestBody::buffered(rewritten, trailers)),
-                in_flight: Some(guard),
-                restore: true,
-            }
+            (Some(guard), remapped, None)
+        }
+    };
+
+    for (range, request_id) in cancellations {
+        let Some(target) = table.cancel(session, request_id) else {
+            continue;
+        };
+        tracing::debug!(
+            request_id = %loggable(request_id),
+            session = %table.session_tag(session),
+            "cancellation frees an in-flight id"
+        );
+        if let Some(server_id) = target {
+            pending.edits.push((range, server_id.to_vec()));
         }
     }
+
+    match (in_flight, queued) {
+        (Some(in_flight), Some(ticket)) => {
+            pending.queued_id = Some((id_ranges[0].clone(), ids[0].into()));
+            Prepared::Queue {
+                pending,
+                in_flight,
+                ticket,
+            }
+        }
+        (in_flight, _) => Prepared::Forward {
+            request: pending.into_request(None),
+            in_flight,
+            restore,
+        },
+    }
+}
+
+fn untracked<B>(pending: PendingForward) -> Prepared<B> {
+    Prepared::Forward {
+        request: pending.into_request(None),
+        in_flight: None,
+        restore: false,
+    }
+}
+
+fn log_duplicate(config: &Config, table: &Table, session: &[u8], id: &str, outcome: &str) {
+    tracing::warn!(
+        policy = ?config.on_duplicate,
+        id = %loggable(id),
+        session = %table.session_tag(session),
+        outcome,
+        "request id already in flight in this session"
+    );
 }
 
 /// An id's JSON text for a log line, cut short: ids may be megabytes.
@@ -301,6 +407,16 @@ pub(crate) fn body_too_large(limit: usize) -> Response<Full<Bytes>> {
         "null",
         reply::INVALID_REQUEST,
         &format!("Invalid Request: request body exceeds the limit of {limit} bytes"),
+    )
+}
+
+/// `503` for a request that waited too long under `OnDuplicate::Queue`.
+pub(crate) fn queue_timeout(id: &str) -> Response<Full<Bytes>> {
+    reply::single(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        reply::SERVER_ERROR,
+        reply::QUEUE_TIMEOUT_MESSAGE,
     )
 }
 
@@ -327,33 +443,33 @@ mod tests {
     }
 
     #[test]
-    fn candidates() {
+    fn handling_by_method_headers_and_revision() {
         let json_in_session = [
             ("content-type", "Application/JSON; charset=utf-8"),
             ("MCP-Session-Id", "s"),
         ];
-        assert!(is_tracked_candidate(&request(
-            Method::POST,
-            &json_in_session
-        )));
-        assert!(!is_tracked_candidate(&request(
-            Method::GET,
-            &json_in_session
-        )));
-        assert!(!is_tracked_candidate(&request(
-            Method::POST,
-            &[("content-type", "application/json")]
-        )));
-        assert!(!is_tracked_candidate(&request(
-            Method::POST,
-            &[("content-type", "text/plain"), ("mcp-session-id", "s")]
-        )));
+        let of = |method, headers: &[(&str, &str)]| handling(&request(method, headers));
+        assert_eq!(of(Method::POST, &json_in_session), Handling::Read);
+        assert_eq!(of(Method::GET, &json_in_session), Handling::RestoreStream);
+        assert_eq!(of(Method::DELETE, &json_in_session), Handling::Untouched);
+        assert_eq!(
+            of(Method::POST, &[("content-type", "application/json")]),
+            Handling::Untouched
+        );
+        assert_eq!(of(Method::GET, &[]), Handling::Untouched);
+        assert_eq!(
+            of(
+                Method::POST,
+                &[("content-type", "text/plain"), ("mcp-session-id", "s")]
+            ),
+            Handling::Untouched
+        );
         let mut sessionless = json_in_session.to_vec();
         sessionless.push(("mcp-protocol-version", "2026-07-28"));
-        assert!(!is_tracked_candidate(&request(Method::POST, &sessionless)));
+        assert_eq!(of(Method::POST, &sessionless), Handling::Untouched);
         let mut legacy = json_in_session.to_vec();
         legacy.push(("mcp-protocol-version", "2025-11-25"));
-        assert!(is_tracked_candidate(&request(Method::POST, &legacy)));
+        assert_eq!(of(Method::POST, &legacy), Handling::Read);
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub(crate) struct SseRewriter {
     scanned: usize,
     /// Where the line being scanned starts in `pending`.
     line_start: usize,
+    /// Ids restored since the last [`take_restored`](Self::take_restored).
+    restored: usize,
 }
 
 impl SseRewriter {
@@ -39,7 +41,7 @@ impl SseRewriter {
             let complete = chunk.slice(..end);
             self.pending.extend_from_slice(&chunk[end..]);
             self.rebase(end);
-            return (!complete.is_empty()).then(|| rewrite_events(complete));
+            return (!complete.is_empty()).then(|| self.rewrite_events(complete));
         }
         self.pending.extend_from_slice(&chunk);
         let pending = std::mem::take(&mut self.pending);
@@ -48,7 +50,32 @@ impl SseRewriter {
         let complete = pending.split_to(end).freeze();
         self.pending = pending;
         self.rebase(end);
-        (!complete.is_empty()).then(|| rewrite_events(complete))
+        (!complete.is_empty()).then(|| self.rewrite_events(complete))
+    }
+
+    /// How many ids were restored since the last call.
+    pub(crate) fn take_restored(&mut self) -> usize {
+        std::mem::take(&mut self.restored)
+    }
+
+    /// Rewrites a run of complete events.
+    fn rewrite_events(&mut self, events: Bytes) -> Bytes {
+        if memmem::find(&events, RESERVED_PREFIX.as_bytes()).is_none() {
+            return events;
+        }
+        let mut edits = Vec::new();
+        for event in event_ranges(&events) {
+            edits.extend(
+                event_edits(&events[event.clone()])
+                    .into_iter()
+                    .map(|(range, new)| (range.start + event.start..range.end + event.start, new)),
+            );
+        }
+        if edits.is_empty() {
+            return events;
+        }
+        self.restored += edits.len();
+        Bytes::from(splice(&events, &edits))
     }
 
     /// Ends the stream: completes an event whose last terminator was a lone CR,
@@ -62,7 +89,7 @@ impl SseRewriter {
         self.line_start = 0;
         let mut rest = pending;
         let complete = rest.split_to(end).freeze();
-        let mut out = BytesMut::from(rewrite_events(complete).as_ref());
+        let mut out = BytesMut::from(self.rewrite_events(complete).as_ref());
         out.extend_from_slice(&rest);
         (!out.is_empty()).then(|| out.freeze())
     }
@@ -103,25 +130,6 @@ impl SseRewriter {
         self.scanned -= consumed;
         self.line_start -= consumed;
     }
-}
-
-/// Rewrites a run of complete events.
-fn rewrite_events(events: Bytes) -> Bytes {
-    if memmem::find(&events, RESERVED_PREFIX.as_bytes()).is_none() {
-        return events;
-    }
-    let mut edits = Vec::new();
-    for event in event_ranges(&events) {
-        edits.extend(
-            event_edits(&events[event.clone()])
-                .into_iter()
-                .map(|(range, new)| (range.start + event.start..range.end + event.start, new)),
-        );
-    }
-    if edits.is_empty() {
-        return events;
-    }
-    Bytes::from(splice(&events, &edits))
 }
 
 /// The lines of `text` as (content range, range including the terminator).

@@ -20,6 +20,15 @@ pub struct Stats {
     pub remapped_total: u64,
     /// Requests answered by the guard itself without reaching the inner service:
     /// duplicates under [`OnDuplicate::Reject`](crate::OnDuplicate::Reject) and
-    /// requests over the per-session in-flight cap.
+    /// requests over the per-session in-flight cap, and batches refused under
+    /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue).
     pub rejected_total: u64,
+    /// Requests that waited for their id under
+    /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue).
+    pub queued_total: u64,
+    /// `notifications/cancelled` that named a request in flight (and freed
+    /// its id).
+    pub cancelled_total: u64,
+    /// Client ids put back into responses (JSON or SSE, POST or GET streams).
+    pub restored_total: u64,
 }

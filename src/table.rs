@@ -1,13 +1,16 @@
 //! The session table: which ids each session has in flight, the one decision
-//! function over it, and the guard that releases a request's entries.
+//! function over it, cancellation, the queue of waiting duplicates, and the
+//! guard that releases a request's entries.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use crate::id::{id_key, is_reserved, IdKey, IdMinter};
+use crate::layer::Config;
 use crate::stats::Stats;
 use crate::OnDuplicate;
 
@@ -23,23 +26,64 @@ type Shard = Mutex<HashMap<Arc<[u8]>, Session>>;
 pub(crate) struct Table {
     shards: Box<[Shard]>,
     shard_hasher: RandomState,
-    pub(crate) minter: IdMinter,
+    minter: IdMinter,
+    serials: AtomicU64,
     in_flight: AtomicUsize,
     sessions: AtomicUsize,
     passed_total: AtomicU64,
     remapped_total: AtomicU64,
     rejected_total: AtomicU64,
+    queued_total: AtomicU64,
+    cancelled_total: AtomicU64,
+    restored_total: AtomicU64,
 }
 
 /// One session's in-flight requests.
 #[derive(Debug, Default)]
 struct Session {
-    /// Keys of ids that were forwarded unchanged and are still in flight: the
-    /// ids the inner server can see. Remapped ids are unique by construction
-    /// and need no entry.
-    forwarded: HashSet<IdKey>,
-    /// All in-flight requests of the session, remapped ones included.
+    /// Requests in flight (forwarded or queued), by the collision key of the
+    /// client's id.
+    by_key: HashMap<IdKey, KeyState>,
+    /// Requests of the session whose exchange has not ended, queued and
+    /// cancelled ones included: what the per-session cap counts.
     in_flight: usize,
+}
+
+/// The requests of one session that share a client id.
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Forwarded requests, oldest first.
+    entries: VecDeque<Entry>,
+    /// Requests waiting for the id under [`OnDuplicate::Queue`], first come
+    /// first served.
+    waiters: VecDeque<Arc<Waiter>>,
+}
+
+/// One forwarded request.
+#[derive(Debug)]
+struct Entry {
+    serial: u64,
+    /// The id the inner server knows it by: `None` for the client's own id.
+    server_id: Option<Arc<[u8]>>,
+}
+
+impl KeyState {
+    /// Whether a new request with this id must be treated as a duplicate:
+    /// the server already knows a request by this id (or, when every id is
+    /// rewritten, the client has one in flight), or others already wait.
+    fn is_taken(&self, rewrite_all: bool) -> bool {
+        !self.waiters.is_empty() || self.blocks_waiters(rewrite_all)
+    }
+
+    fn blocks_waiters(&self, rewrite_all: bool) -> bool {
+        self.entries
+            .iter()
+            .any(|entry| rewrite_all || entry.server_id.is_none())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.waiters.is_empty()
+    }
 }
 
 /// How one admitted request goes to the inner service.
@@ -48,8 +92,11 @@ pub(crate) enum Route {
     /// With the client's own id.
     AsIs,
     /// With `server_id` (JSON text) instead; `duplicate` tells a collision
-    /// from a client id in the reserved namespace.
-    Remapped { server_id: Vec<u8>, duplicate: bool },
+    /// from a client id in the reserved namespace or `rewrite_all_ids`.
+    Remapped {
+        server_id: Arc<[u8]>,
+        duplicate: bool,
+    },
 }
 
 /// What the decision function says about one POST's requests.
@@ -57,11 +104,57 @@ pub(crate) enum Route {
 pub(crate) enum Admission {
     /// Forward, request `i` as `routes[i]` says.
     Admitted { guard: InFlight, routes: Vec<Route> },
-    /// Policy `Reject` and at least one request collides; `colliding[i]` says
-    /// which. Nothing was registered.
+    /// Policy `Queue`: wait for the ticket, then forward as it says. The
+    /// guard already counts the request.
+    Queued {
+        guard: InFlight,
+        ticket: Arc<Waiter>,
+    },
+    /// A collision the policy refuses (`Reject`, or a batch under `Queue`);
+    /// `colliding[i]` says which. Nothing was registered.
     Duplicate { colliding: Vec<bool> },
     /// The session is at its in-flight cap. Nothing was registered.
     OverCapacity,
+}
+
+/// A queued request's place in line.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    /// The client's id JSON text, to mint a server-side id at grant time.
+    raw_id: Box<str>,
+    rewrite_all: bool,
+    state: Mutex<WaitState>,
+}
+
+#[derive(Debug)]
+enum WaitState {
+    Waiting(Option<Waker>),
+    /// The id is this request's now, as this entry.
+    Granted {
+        serial: u64,
+        server_id: Option<Arc<[u8]>>,
+    },
+}
+
+impl Waiter {
+    fn lock(&self) -> MutexGuard<'_, WaitState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Ready with the server-side id to use (`None`: the client's own) once
+    /// the request's turn has come.
+    pub(crate) fn poll_turn(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<[u8]>>> {
+        let mut state = self.lock();
+        match &mut *state {
+            WaitState::Granted { server_id, .. } => Poll::Ready(server_id.clone()),
+            WaitState::Waiting(waker) => {
+                *waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
 }
 
 impl Table {
@@ -70,11 +163,15 @@ impl Table {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             shard_hasher: RandomState::new(),
             minter: IdMinter::new(),
+            serials: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             sessions: AtomicUsize::new(0),
             passed_total: AtomicU64::new(0),
             remapped_total: AtomicU64::new(0),
             rejected_total: AtomicU64::new(0),
+            queued_total: AtomicU64::new(0),
+            cancelled_total: AtomicU64::new(0),
+            restored_total: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +190,10 @@ impl Table {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn next_serial(&self) -> u64 {
+        self.serials.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// The decision function: checks the ids of one POST's requests (in body
     /// order) against the session's in-flight ids and registers them, all under
     /// one lock with no await point, so two racing POSTs cannot both pass.
@@ -100,31 +201,39 @@ impl Table {
         self: &Arc<Self>,
         session: &[u8],
         ids: &[&str],
-        policy: OnDuplicate,
-        max_in_flight_per_session: usize,
+        config: &Config,
     ) -> Admission {
         let keys: Vec<IdKey> = ids.iter().map(|raw| id_key(raw)).collect();
         let mut shard = self.shard(session);
         let existing = shard.get(session);
         let current = existing.map_or(0, |entry| entry.in_flight);
-        if current + ids.len() > max_in_flight_per_session {
+        if current + ids.len() > config.max_in_flight_per_session {
             drop(shard);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
             return Admission::OverCapacity;
         }
 
-        // A request collides with an unchanged in-flight id of the session or
-        // with an earlier request of the same batch.
+        // A request collides with a request of the session the server knows
+        // by the same id, and with an earlier request of the same batch.
         let colliding: Vec<bool> = keys
             .iter()
             .enumerate()
             .map(|(index, key)| {
-                existing.is_some_and(|entry| entry.forwarded.contains(key))
+                existing
+                    .and_then(|entry| entry.by_key.get(key))
+                    .is_some_and(|state| state.is_taken(config.rewrite_all_ids))
                     || keys[..index].contains(key)
             })
             .collect();
-        if policy == OnDuplicate::Reject && colliding.contains(&true) {
+        let any_collision = colliding.contains(&true);
+        let queue_single = config.on_duplicate == OnDuplicate::Queue && ids.len() == 1;
+        let refuse = match config.on_duplicate {
+            OnDuplicate::Remap => false,
+            OnDuplicate::Queue => !queue_single,
+            OnDuplicate::Reject => true,
+        };
+        if any_collision && refuse {
             drop(shard);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
@@ -140,60 +249,197 @@ impl Table {
             self.sessions.fetch_add(1, Ordering::Relaxed);
             Session::default()
         });
-        let mut released_keys = Vec::with_capacity(keys.len());
+        entry.in_flight += ids.len();
+        self.in_flight.fetch_add(ids.len(), Ordering::Relaxed);
+
+        if any_collision && queue_single {
+            let ticket = Arc::new(Waiter {
+                raw_id: ids[0].into(),
+                rewrite_all: config.rewrite_all_ids,
+                state: Mutex::new(WaitState::Waiting(None)),
+            });
+            let key = keys.into_iter().next().unwrap_or_default();
+            entry
+                .by_key
+                .entry(key.clone())
+                .or_default()
+                .waiters
+                .push_back(Arc::clone(&ticket));
+            drop(shard);
+            self.queued_total.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight {
+                table: Arc::clone(self),
+                session: stored_session,
+                members: Vec::new(),
+                queued: Some((key, Arc::clone(&ticket))),
+                count: 1,
+            };
+            return Admission::Queued { guard, ticket };
+        }
+
+        let mut members = Vec::with_capacity(keys.len());
         let mut routes = Vec::with_capacity(keys.len());
         let (mut passed, mut remapped) = (0u64, 0u64);
         for ((raw, key), duplicate) in ids.iter().zip(keys).zip(colliding) {
-            if duplicate || is_reserved(&key) {
-                routes.push(Route::Remapped {
-                    server_id: self.minter.mint(raw),
-                    duplicate,
-                });
-                remapped += 1;
-            } else {
-                entry.forwarded.insert(key.clone());
-                released_keys.push(key);
-                routes.push(Route::AsIs);
-                passed += 1;
-            }
+            let serial = self.next_serial();
+            let server_id = (duplicate || is_reserved(&key) || config.rewrite_all_ids)
+                .then(|| Arc::from(self.minter.mint(raw)));
+            routes.push(match &server_id {
+                Some(server_id) => {
+                    remapped += 1;
+                    Route::Remapped {
+                        server_id: Arc::clone(server_id),
+                        duplicate,
+                    }
+                }
+                None => {
+                    passed += 1;
+                    Route::AsIs
+                }
+            });
+            entry
+                .by_key
+                .entry(key.clone())
+                .or_default()
+                .entries
+                .push_back(Entry { serial, server_id });
+            members.push((key, serial));
         }
-        entry.in_flight += ids.len();
         drop(shard);
 
-        self.in_flight.fetch_add(ids.len(), Ordering::Relaxed);
         self.passed_total.fetch_add(passed, Ordering::Relaxed);
         self.remapped_total.fetch_add(remapped, Ordering::Relaxed);
         Admission::Admitted {
             guard: InFlight {
                 table: Arc::clone(self),
                 session: stored_session,
-                keys: released_keys,
+                members,
+                queued: None,
                 count: ids.len(),
             },
             routes,
         }
     }
 
-    fn release(&self, session: &[u8], keys: &[IdKey], count: usize) {
+    /// Handles a `notifications/cancelled` naming `request_id` in `session`.
+    ///
+    /// The cancellation goes to the **oldest** forwarded request of the session
+    /// with that id. That is the one the server knows by the client's own id
+    /// (duplicates arriving later were remapped), so it is exactly the request
+    /// an unguarded server would have cancelled; it is also the one most
+    /// likely to still be running. Its id is freed at once, and the next
+    /// queued request with that id, if any, gets it.
+    ///
+    /// Returns `None` when nothing in flight matches (the notification passes
+    /// unchanged), else the server-side id to put in `requestId` (`None`
+    /// inside: the client's own id is right).
+    pub(crate) fn cancel(&self, session: &[u8], request_id: &str) -> Option<Option<Arc<[u8]>>> {
+        let key = id_key(request_id);
         let mut shard = self.shard(session);
-        let emptied = match shard.get_mut(session) {
-            Some(entry) => {
-                for key in keys {
-                    entry.forwarded.remove(key);
+        let entry = shard.get_mut(session)?;
+        let state = entry.by_key.get_mut(&key)?;
+        let cancelled = state.entries.pop_front()?;
+        self.grant_waiters(state);
+        if state.is_empty() {
+            entry.by_key.remove(&key);
+        }
+        drop(shard);
+        self.cancelled_total.fetch_add(1, Ordering::Relaxed);
+        Some(cancelled.server_id)
+    }
+
+    /// Hands the id to waiting requests, first come first served, while the
+    /// server knows no request by it.
+    fn grant_waiters(&self, state: &mut KeyState) {
+        while let Some(waiter) = state.waiters.front() {
+            if state.blocks_waiters(waiter.rewrite_all) {
+                return;
+            }
+            let serial = self.next_serial();
+            let server_id = waiter
+                .rewrite_all
+                .then(|| Arc::from(self.minter.mint(&waiter.raw_id)));
+            let mut wait_state = waiter.lock();
+            if let WaitState::Waiting(waker) = &mut *wait_state {
+                if let Some(waker) = waker.take() {
+                    waker.wake();
                 }
-                entry.in_flight = entry.in_flight.saturating_sub(count);
-                entry.in_flight == 0
+            }
+            *wait_state = WaitState::Granted {
+                serial,
+                server_id: server_id.clone(),
+            };
+            drop(wait_state);
+            state.entries.push_back(Entry { serial, server_id });
+            state.waiters.pop_front();
+        }
+    }
+
+    fn release(&self, guard: &InFlight) {
+        let mut shard = self.shard(&guard.session);
+        let emptied = match shard.get_mut(&*guard.session) {
+            Some(session) => {
+                for (key, serial) in &guard.members {
+                    self.remove_entry(session, key, *serial);
+                }
+                if let Some((key, ticket)) = &guard.queued {
+                    let granted = match &*ticket.lock() {
+                        WaitState::Granted { serial, .. } => Some(*serial),
+                        WaitState::Waiting(_) => None,
+                    };
+                    match granted {
+                        Some(serial) => self.remove_entry(session, key, serial),
+                        None => self.remove_waiter(session, key, ticket),
+                    }
+                }
+                session.in_flight = session.in_flight.saturating_sub(guard.count);
+                session.in_flight == 0
             }
             None => false,
         };
         if emptied {
-            shard.remove(session);
+            shard.remove(&*guard.session);
         }
         drop(shard);
         if emptied {
             self.sessions.fetch_sub(1, Ordering::Relaxed);
         }
-        self.in_flight.fetch_sub(count, Ordering::Relaxed);
+        self.in_flight.fetch_sub(guard.count, Ordering::Relaxed);
+    }
+
+    /// Removes a forwarded request's entry (already gone if it was
+    /// cancelled) and passes the id on to the next waiter.
+    fn remove_entry(&self, session: &mut Session, key: &IdKey, serial: u64) {
+        let Some(state) = session.by_key.get_mut(key) else {
+            return;
+        };
+        if let Some(position) = state
+            .entries
+            .iter()
+            .position(|entry| entry.serial == serial)
+        {
+            state.entries.remove(position);
+            self.grant_waiters(state);
+        }
+        if state.is_empty() {
+            session.by_key.remove(key);
+        }
+    }
+
+    fn remove_waiter(&self, session: &mut Session, key: &IdKey, ticket: &Arc<Waiter>) {
+        let Some(state) = session.by_key.get_mut(key) else {
+            return;
+        };
+        state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
+        if state.is_empty() {
+            session.by_key.remove(key);
+        }
+    }
+
+    /// Counts ids restored in responses.
+    pub(crate) fn note_restored(&self, count: usize) {
+        self.restored_total
+            .fetch_add(count as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -203,6 +449,9 @@ impl Table {
             passed_total: self.passed_total.load(Ordering::Relaxed),
             remapped_total: self.remapped_total.load(Ordering::Relaxed),
             rejected_total: self.rejected_total.load(Ordering::Relaxed),
+            queued_total: self.queued_total.load(Ordering::Relaxed),
+            cancelled_total: self.cancelled_total.load(Ordering::Relaxed),
+            restored_total: self.restored_total.load(Ordering::Relaxed),
         }
     }
 }
@@ -215,13 +464,22 @@ impl Table {
 pub(crate) struct InFlight {
     table: Arc<Table>,
     session: Arc<[u8]>,
-    keys: Vec<IdKey>,
+    /// Forwarded requests: (collision key, entry serial).
+    members: Vec<(IdKey, u64)>,
+    /// A queued request: its key and ticket (granted or not).
+    queued: Option<(IdKey, Arc<Waiter>)>,
     count: usize,
+}
+
+impl InFlight {
+    pub(crate) fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.table.release(&self.session, &self.keys, self.count);
+        self.table.release(self);
         tracing::debug!(
             session = %self.table.session_tag(&self.session),
             requests = self.count,
@@ -233,9 +491,23 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::Waker;
+
+    fn config(on_duplicate: OnDuplicate) -> Config {
+        Config {
+            on_duplicate,
+            max_in_flight_per_session: 8,
+            ..Config::default()
+        }
+    }
 
     fn admit(table: &Arc<Table>, ids: &[&str], policy: OnDuplicate) -> Admission {
-        table.admit(b"session-a", ids, policy, 8)
+        table.admit(b"session-a", ids, &config(policy))
+    }
+
+    fn assert_drained(table: &Table) {
+        let stats = table.stats();
+        assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
     }
 
     #[test]
@@ -265,8 +537,7 @@ mod tests {
             "the unchanged slot is free again"
         );
         drop((second, third));
-        let stats = table.stats();
-        assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
+        assert_drained(&table);
     }
 
     #[test]
@@ -312,8 +583,123 @@ mod tests {
             Admission::Admitted { .. }
         ));
         assert!(matches!(
-            table.admit(b"session-b", &["1"], OnDuplicate::Remap, 8),
+            table.admit(b"session-b", &["1"], &config(OnDuplicate::Remap)),
             Admission::Admitted { .. }
         ));
+    }
+
+    #[test]
+    fn cancel_frees_the_oldest_and_names_its_server_id() {
+        let table = Arc::new(Table::new());
+        let first = admit(&table, &["1"], OnDuplicate::Remap);
+        let second = admit(&table, &["1"], OnDuplicate::Remap);
+        let Admission::Admitted { routes, .. } = &second else {
+            panic!("admitted expected")
+        };
+        let Route::Remapped { server_id, .. } = &routes[0] else {
+            panic!("remapped expected")
+        };
+        assert_eq!(
+            table.cancel(b"session-b", "1"),
+            None,
+            "other sessions are untouched"
+        );
+        assert_eq!(
+            table.cancel(b"session-a", "1"),
+            Some(None),
+            "the oldest went as-is"
+        );
+        assert_eq!(
+            table.cancel(b"session-a", "1"),
+            Some(Some(Arc::clone(server_id)))
+        );
+        assert_eq!(table.cancel(b"session-a", "1"), None);
+        let reuse = admit(&table, &["1"], OnDuplicate::Reject);
+        assert!(matches!(reuse, Admission::Admitted { .. }), "freed at once");
+        assert_eq!(table.stats().cancelled_total, 2);
+        drop((first, second, reuse));
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn queue_hands_the_id_over_in_order() {
+        let table = Arc::new(Table::new());
+        let first = admit(&table, &["1"], OnDuplicate::Queue);
+        let Admission::Queued {
+            guard: second,
+            ticket: second_ticket,
+        } = admit(&table, &["1"], OnDuplicate::Queue)
+        else {
+            panic!("queued expected")
+        };
+        let Admission::Queued {
+            guard: third,
+            ticket: third_ticket,
+        } = admit(&table, &["1"], OnDuplicate::Queue)
+        else {
+            panic!("queued expected")
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(second_ticket.poll_turn(&mut cx).is_pending());
+        drop(first);
+        assert_eq!(second_ticket.poll_turn(&mut cx), Poll::Ready(None));
+        assert!(third_ticket.poll_turn(&mut cx).is_pending());
+        assert_eq!(table.stats().in_flight_requests, 2);
+        drop(second);
+        assert_eq!(third_ticket.poll_turn(&mut cx), Poll::Ready(None));
+        drop(third);
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn a_queued_request_that_leaves_frees_its_place() {
+        let table = Arc::new(Table::new());
+        let first = admit(&table, &["1"], OnDuplicate::Queue);
+        let Admission::Queued { guard: second, .. } = admit(&table, &["1"], OnDuplicate::Queue)
+        else {
+            panic!("queued expected")
+        };
+        let Admission::Queued {
+            guard: third,
+            ticket,
+        } = admit(&table, &["1"], OnDuplicate::Queue)
+        else {
+            panic!("queued expected")
+        };
+        drop(second);
+        drop(first);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(ticket.poll_turn(&mut cx), Poll::Ready(None));
+        drop(third);
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn a_batch_with_a_duplicate_is_refused_under_queue() {
+        let table = Arc::new(Table::new());
+        let _held = admit(&table, &["1"], OnDuplicate::Queue);
+        assert!(matches!(
+            admit(&table, &["1", "2"], OnDuplicate::Queue),
+            Admission::Duplicate { .. }
+        ));
+    }
+
+    #[test]
+    fn rewrite_all_ids_rewrites_unique_ids_too() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            rewrite_all_ids: true,
+            ..config(OnDuplicate::Remap)
+        };
+        let Admission::Admitted { routes, .. } = table.admit(b"s", &["1", "2"], &config) else {
+            panic!("admitted expected")
+        };
+        assert!(routes.iter().all(|route| matches!(
+            route,
+            Route::Remapped {
+                duplicate: false,
+                ..
+            }
+        )));
     }
 }
