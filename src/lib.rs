@@ -17,7 +17,9 @@
 //! duplicate either remaps it ([`OnDuplicate::Remap`], the default: the inner
 //! server sees a unique id and the client's id is restored in the response) or
 //! rejects it ([`OnDuplicate::Reject`]: HTTP 400 and JSON-RPC `-32600` carrying
-//! the id). An id is free again as soon as its exchange ends, however it ends.
+//! the id), or queues it until the earlier request with that id has ended
+//! ([`OnDuplicate::Queue`]). An id is free again as soon as its exchange ends,
+//! however it ends.
 //!
 //! ```
 //! use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -57,6 +59,41 @@
 //! response changes. A client id that already starts with `mcp-id-guard:` is
 //! always remapped, so restoring unwraps exactly one level.
 //!
+//! Responses replayed on a resumed `GET` stream (`Last-Event-ID`) or delivered
+//! on the standalone `GET` stream are restored the same way: the id carries
+//! everything needed, so no state is kept and any guard instance can restore
+//! any other's ids. Event runs that do not contain the prefix are not parsed.
+//!
+//! With [`IdGuardLayer::rewrite_all_ids`] every tracked request gets a
+//! server-side id, colliding or not: the server never sees an id twice in a
+//! session, and several guard replicas in front of one server cannot collide
+//! without sharing state.
+//!
+//! # Cancellation
+//! A `notifications/cancelled` whose `params.requestId` names a request in
+//! flight in the session frees that id at once (a cancelled request gets no
+//! response, and its stream may stay open), and is forwarded with `requestId`
+//! rewritten to the server-side id when the request was remapped. When several
+//! requests in flight share the client's id, the **oldest** is cancelled: it is
+//! the one the server knows by the client's own id (later duplicates were
+//! remapped), so the server sees exactly the cancellation it would have seen
+//! without the guard, and it is the one most likely to be still running. A
+//! `requestId` that matches nothing passes unchanged; a cancellation never
+//! affects another session. In a batch, each cancellation is handled on its own,
+//! after the batch's requests were admitted; a batch the guard refuses cancels
+//! nothing.
+//!
+//! # Queueing
+//! Under [`OnDuplicate::Queue`] a duplicate waits, first come first served per
+//! session and id, until the earlier request's exchange ends, and then goes to
+//! the inner service with its own id. Same-id requests of a session therefore
+//! run one after another: each waits for the whole previous exchange. The wait
+//! is bounded by [`IdGuardLayer::max_queue_wait`] (30 s; then `503` and
+//! `-32000`), queued requests count against the per-session cap, and a request
+//! whose client goes away leaves the queue. A batch containing a duplicate is
+//! refused as under `Reject`: holding a whole batch for one member would delay
+//! its other requests behind unrelated work.
+//!
 //! # Answers the guard gives itself
 //! | case | status | JSON-RPC error |
 //! |---|---|---|
@@ -64,6 +101,7 @@
 //! | batch with a duplicate under `Reject` | `reject_status` | an array: one error per request of the batch, each with its `id` |
 //! | body over `max_body_bytes` | 413 | `-32600`, `id: null` |
 //! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
+//! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
