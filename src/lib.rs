@@ -111,6 +111,8 @@ mod body;
 mod envelope;
 mod future;
 mod id;
+#[doc(hidden)]
+pub mod internals;
 mod layer;
 mod reply;
 mod rewrite;

@@ -1,0 +1,66 @@
+//! Not public API: entry points into the guard's building blocks for the
+//! crate's own benchmarks and fuzz targets. No stability promise.
+
+use bytes::Bytes;
+
+use crate::envelope::{peek, splice, Kind};
+use crate::id::IdMinter;
+use crate::rewrite::restore_edits;
+
+/// Rewrites the id of every request in a JSON-RPC body (single or batch) to a
+/// freshly minted server-side id, as remapping does. `None` when the body is
+/// not JSON-RPC or has no request.
+pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
+    let peeked = peek(body)?;
+    let edits: Vec<_> = peeked
+        .messages()
+        .iter()
+        .filter(|message| message.kind == Kind::Request)
+        .filter_map(|message| {
+            let range = message.id.clone()?;
+            let raw = std::str::from_utf8(&body[range.clone()]).ok()?;
+            Some((range, minter.0.mint(raw)))
+        })
+        .collect();
+    (!edits.is_empty()).then(|| splice(body, &edits))
+}
+
+/// Restores client ids in a JSON-RPC response body (single or batch), as the
+/// response path does. `None` when there was nothing to restore.
+pub fn restore_response_ids(body: &[u8]) -> Option<Vec<u8>> {
+    let edits = restore_edits(body);
+    (!edits.is_empty()).then(|| splice(body, &edits))
+}
+
+/// A server-side id minter (one per guard instance in the real layer).
+#[derive(Debug)]
+pub struct Minter(IdMinter);
+
+impl Default for Minter {
+    fn default() -> Self {
+        Self(IdMinter::new())
+    }
+}
+
+impl Minter {
+    /// The JSON text of a fresh server-side id carrying `original`.
+    pub fn mint(&self, original: &str) -> Vec<u8> {
+        self.0.mint(original)
+    }
+}
+
+/// The incremental SSE rewriter used on `text/event-stream` responses.
+#[derive(Debug, Default)]
+pub struct SseRewriter(crate::sse::SseRewriter);
+
+impl SseRewriter {
+    /// Feeds one chunk; returns the bytes of every event it completed.
+    pub fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
+        self.0.push(chunk)
+    }
+
+    /// Ends the stream; returns whatever was held back.
+    pub fn finish(&mut self) -> Option<Bytes> {
+        self.0.finish()
+    }
+}
