@@ -273,7 +273,7 @@ pub(crate) fn prepare<B>(
 
     // Requests are admitted before the body's cancellations take effect, so a
     // body the guard refuses cancels nothing.
-    let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, config));
+    let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, is_batch, config));
     let (in_flight, restore, queued) = match admission {
         None => (None, false, None),
         Some(Admission::OverCapacity) => {

@@ -201,6 +201,7 @@ impl Table {
         self: &Arc<Self>,
         session: &[u8],
         ids: &[&str],
+        is_batch: bool,
         config: &Config,
     ) -> Admission {
         let keys: Vec<IdKey> = ids.iter().map(|raw| id_key(raw)).collect();
@@ -227,7 +228,9 @@ impl Table {
             })
             .collect();
         let any_collision = colliding.contains(&true);
-        let queue_single = config.on_duplicate == OnDuplicate::Queue && ids.len() == 1;
+        // Only a lone request waits; holding a whole batch for one member
+        // would delay its other requests behind unrelated work.
+        let queue_single = config.on_duplicate == OnDuplicate::Queue && !is_batch;
         let refuse = match config.on_duplicate {
             OnDuplicate::Remap => false,
             OnDuplicate::Queue => !queue_single,
@@ -502,7 +505,7 @@ mod tests {
     }
 
     fn admit(table: &Arc<Table>, ids: &[&str], policy: OnDuplicate) -> Admission {
-        table.admit(b"session-a", ids, &config(policy))
+        table.admit(b"session-a", ids, ids.len() > 1, &config(policy))
     }
 
     fn assert_drained(table: &Table) {
@@ -583,7 +586,7 @@ mod tests {
             Admission::Admitted { .. }
         ));
         assert!(matches!(
-            table.admit(b"session-b", &["1"], &config(OnDuplicate::Remap)),
+            table.admit(b"session-b", &["1"], false, &config(OnDuplicate::Remap)),
             Admission::Admitted { .. }
         ));
     }
@@ -691,7 +694,8 @@ mod tests {
             rewrite_all_ids: true,
             ..config(OnDuplicate::Remap)
         };
-        let Admission::Admitted { routes, .. } = table.admit(b"s", &["1", "2"], &config) else {
+        let Admission::Admitted { routes, .. } = table.admit(b"s", &["1", "2"], true, &config)
+        else {
             panic!("admitted expected")
         };
         assert!(routes.iter().all(|route| matches!(
