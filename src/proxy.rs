@@ -36,8 +36,8 @@
 //! # }
 //! ```
 //!
-//! The `mcp-id-guard` binary (`cargo install mcp-id-guard --features proxy`)
-//! serves exactly this service; the `embedded_proxy` example serves it from a
+//! The `mcp-id-guard` binary (`cargo install --path . --features proxy` from
+//! a checkout) serves exactly this service; the `embedded_proxy` example serves it from a
 //! program of one's own. Under axum, mount it with `route_service` or
 //! `fallback_service` (`nest_service` strips its prefix from the path before
 //! the proxy sees it):
@@ -80,6 +80,10 @@
 //!   `allowed_hosts`, DNS-rebinding protection in other SDKs) accept proxied
 //!   requests. The client's `Host` (or HTTP/2 `:authority`) is kept in
 //!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
+//!   This also means the upstream's own `Host` check no longer sees what the
+//!   browser sent: keep the proxy on loopback (or behind something that
+//!   checks `Host`) if that check is your DNS-rebinding protection. `Origin`
+//!   is forwarded, so Origin allow-lists keep working.
 //! - **`X-Forwarded-For`** gets the client's IP appended (after any values
 //!   earlier proxies put there) when the request carries a [`ClientAddr`]
 //!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
@@ -90,8 +94,8 @@
 //! # Errors
 //! The service never fails (`Error = Infallible`), so it works under axum and
 //! hyper as is. When the upstream cannot be reached, does not accept the
-//! connection within the connect timeout, or closes the connection before
-//! sending response headers, the proxy logs it and answers `502 Bad Gateway`
+//! connection within the connect timeout, or closes the connection (or sends
+//! something that is not HTTP) before its response headers, the proxy logs it and answers `502 Bad Gateway`
 //! with a JSON-RPC error, code `-32603`:
 //!
 //! ```json
@@ -401,7 +405,7 @@ impl Proxy {
             }
             Err(error) => {
                 let message = if !error.is_connect() {
-                    "Bad Gateway: the upstream MCP server closed the connection before responding"
+                    "Bad Gateway: the upstream MCP server failed before answering"
                 } else if is_timeout(&error) {
                     "Bad Gateway: the upstream MCP server did not accept the connection in time"
                 } else {

@@ -265,12 +265,7 @@ async fn sigterm_cuts_open_streams_after_the_grace_period() -> anyhow::Result<()
     );
     guard.wait_for_line("grace period").await?;
     let ended = tokio::time::timeout(OK_TIMEOUT, async {
-        loop {
-            match stream.chunk().await {
-                Ok(Some(_)) => continue,
-                _ => break,
-            }
-        }
+        while let Ok(Some(_)) = stream.chunk().await {}
     })
     .await;
     assert!(ended.is_ok(), "the client's stream did not end");
