@@ -463,3 +463,96 @@ async fn remapped_id_is_restored_in_sse_responses() {
     );
     assert_eq!(in_flight(&layer), 1, "the first request is still in flight");
 }
+
+fn cancellation(request_id: &str) -> Request<ReqBody> {
+    post(full(format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{request_id},"reason":"user"}}}}"#
+    )))
+}
+
+/// The `requestId` of a forwarded `notifications/cancelled`, as JSON text.
+fn cancelled_id(body: &[u8]) -> String {
+    let message: BTreeMap<String, Box<RawValue>> =
+        serde_json::from_slice(body).expect("a JSON object");
+    let params: BTreeMap<String, Box<RawValue>> =
+        serde_json::from_str(message["params"].get()).expect("params");
+    params["requestId"].get().to_owned()
+}
+
+/// Sends a cancellation through the guard and returns the body the inner
+/// service received; the inner service acknowledges it with 202.
+async fn send_cancellation(service: &mut Guarded, handle: &mut Handle, request_id: &str) -> Bytes {
+    let (future, send, body) = send_through(service, handle, cancellation(request_id)).await;
+    send.send_response(
+        Response::builder()
+            .status(StatusCode::ACCEPTED)
+            .body(Full::default())
+            .unwrap(),
+    );
+    let response = within(future).await.unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    body
+}
+
+/// `notifications/cancelled` names requests by the client's id; the guard
+/// forwards it naming the request the way the inner service knows it: the
+/// oldest in-flight request with that id first (forwarded as is), then the
+/// remapped duplicate (its server-side id). Cancelled exchanges stay counted
+/// in flight until they end.
+#[tokio::test]
+async fn cancellation_names_the_request_as_the_inner_service_knows_it() {
+    let (layer, mut service, mut handle) = spawn(OnDuplicate::Remap);
+    let (first, _first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
+    let (second, _second_send, second_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    let server_id = raw_id(&second_body);
+    assert!(server_id.starts_with("\"mcp-id-guard:"), "{server_id}");
+
+    let body = send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(
+        cancelled_id(&body),
+        "1",
+        "the oldest, known by the client's id"
+    );
+    let body = send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(cancelled_id(&body), server_id, "then the remapped one");
+    let body = send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(cancelled_id(&body), "1", "nothing left: passes unchanged");
+
+    let stats = layer.stats();
+    assert_eq!(stats.cancelled_total, 2);
+    assert_eq!(stats.in_flight_requests, 2, "both exchanges are still open");
+    drop((first, second));
+    assert_drained(&layer);
+}
+
+/// A cancelled request whose exchange is still open may still be running in
+/// the inner service and answer under its id: the spec lets a receiver ignore
+/// `notifications/cancelled` (and the Python SDK answers a cancelled request
+/// with an error response carrying its id). So while that exchange is open,
+/// a new request with the same id must not reach the inner service under
+/// that id, or the two cross-wire exactly as without the guard. Under `Remap`
+/// it should be remapped; the guard instead frees the id at the cancellation
+/// and forwards the new request as is.
+#[tokio::test]
+#[ignore = "bug: notifications/cancelled frees an id whose exchange is still open; a new request then reaches the inner service under the same id (see report)"]
+async fn cancelled_but_open_exchange_keeps_its_id_from_the_inner_service() {
+    let (layer, mut service, mut handle) = spawn(OnDuplicate::Remap);
+    let (_first, _first_send, first_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    assert_eq!(raw_id(&first_body), "1");
+    send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(
+        layer.stats().in_flight_requests,
+        1,
+        "the first is still open"
+    );
+
+    let (_second, _second_send, second_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    let seen = raw_id(&second_body);
+    assert_ne!(
+        seen, "1",
+        "the inner service now has two requests with id 1 in flight"
+    );
+}
