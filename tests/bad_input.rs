@@ -832,3 +832,80 @@ async fn reject_status_is_configurable() {
     within(held).await.unwrap();
     assert_drained(&layer);
 }
+
+/// Under `Queue` a duplicate waits without reaching the inner service (it
+/// counts in flight), and goes with its own id once the earlier exchange has
+/// ended.
+#[tokio::test]
+async fn queued_duplicate_waits_then_goes_with_its_own_id() {
+    let (layer, service, mut probe) = guard(OnDuplicate::Queue);
+    let held = spawn_send(&service, post(request_text("1", "hold")));
+    probe.entered().await;
+    let mut queued = answer_of(service.clone(), post(request_text("1", "tools/call")));
+    assert!(futures::poll!(queued.as_mut()).is_pending());
+    let stats = layer.stats();
+    assert_eq!((stats.queued_total, stats.in_flight_requests), (1, 2));
+    assert_eq!(
+        probe.calls(),
+        1,
+        "the duplicate has not reached the inner service"
+    );
+    probe.release(1);
+    assert_eq!(
+        within(held).await.unwrap().body,
+        answer_text("1").as_bytes()
+    );
+    let answer = within(queued).await;
+    assert_eq!(answer.body, answer_text("1").as_bytes());
+    assert_eq!(raw_id(&probe.seen()[1].body), "1", "its own id");
+    assert_drained(&layer);
+}
+
+/// Under `Queue` a request that waits longer than `max_queue_wait` gets 503
+/// and a JSON-RPC `-32000` error carrying its id, leaves the queue, and never
+/// reaches the inner service. (The wait is the guard's own timer; the held
+/// request is simply never released before it fires.)
+#[tokio::test]
+async fn queue_wait_over_the_limit_is_503() {
+    let layer = IdGuardLayer::new()
+        .on_duplicate(OnDuplicate::Queue)
+        .max_queue_wait(Duration::from_millis(100));
+    let (inner, mut probe) = echo();
+    let service = layer.layer(inner);
+    let held = spawn_send(&service, post(request_text("\"q\"", "hold")));
+    probe.entered().await;
+    let answer = send(&service, post(request_text("\"q\"", "tools/call"))).await;
+    assert_eq!(
+        assert_error(&answer, StatusCode::SERVICE_UNAVAILABLE, -32000),
+        "\"q\""
+    );
+    assert_eq!(probe.calls(), 1);
+    assert_eq!(layer.stats().in_flight_requests, 1, "it left the queue");
+    probe.release(1);
+    within(held).await.unwrap();
+    assert_drained(&layer);
+}
+
+/// Under `Queue` a batch with a duplicate is refused as under `Reject`: an
+/// array of `-32600` errors, one per request, with `reject_status`.
+#[tokio::test]
+async fn queue_refuses_a_batch_with_a_duplicate() {
+    let (layer, service, mut probe) = guard(OnDuplicate::Queue);
+    let held = spawn_send(&service, post(request_text("1", "hold")));
+    probe.entered().await;
+    let batch = format!("[{},{}]", request_text("2", "a"), request_text("1", "b"));
+    let answer = send(&service, post(batch)).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    let value = answer.json();
+    let errors = value.as_array().expect("an array");
+    assert_eq!(errors.len(), 2);
+    for (error, id) in errors.iter().zip([2, 1]) {
+        assert_error_object(error, -32600);
+        assert_eq!(error["id"], id);
+    }
+    assert_eq!(probe.calls(), 1);
+    assert_eq!(layer.stats().rejected_total, 2);
+    probe.release(1);
+    within(held).await.unwrap();
+    assert_drained(&layer);
+}
