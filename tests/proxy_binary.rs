@@ -137,6 +137,9 @@ async fn help_lists_every_option() -> anyhow::Result<()> {
         "--max-in-flight-per-session",
         "--connect-timeout",
         "--grace-period",
+        "queue",
+        "--max-queue-wait",
+        "--rewrite-all-ids",
         "MCP_ID_GUARD_UPSTREAM",
         "MCP_ID_GUARD_LISTEN",
     ] {

@@ -294,3 +294,56 @@ async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
     drained(&guard).await?;
     Ok(())
 }
+
+/// A client that goes away while its call still runs at the server, then the
+/// same id again in the session: `B` must get its own result, not `A`'s.
+/// rmcp does not read a disconnect as a cancellation, so `A` keeps running
+/// under id 1 after the guard released it.
+async fn disconnect_then_reuse(guard: IdGuardLayer) -> anyhow::Result<Outcome> {
+    let rmcp = Rmcp::start().await?;
+    let proxy = serve_proxy(&rmcp.base, &guard).await?;
+    let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
+    rmcp.holds.hold("A");
+    rmcp.holds.hold("B");
+    let a = tokio::spawn({
+        let session = session.clone();
+        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
+    });
+    rmcp.wait_started(&["A"]).await?;
+    // A's client goes away: its connection closes mid-response.
+    a.abort();
+    let _ = a.await;
+    drained(&guard).await?;
+
+    let b = tokio::spawn({
+        let session = session.clone();
+        async move { session.echo(json!(1), "B", 0, HANG_TIMEOUT).await }
+    });
+    rmcp.wait_started(&["B"]).await?;
+    rmcp.holds.release("A");
+    rmcp.wait_started(&["A:done"]).await?;
+    rmcp.holds.release("B");
+    let b = b.await?;
+    drained(&guard).await?;
+    Ok(b)
+}
+
+/// With `rewrite_all_ids`, the server never sees an id twice, so an orphaned
+/// call cannot answer a later one.
+#[tokio::test]
+async fn disconnect_then_reuse_with_rewrite_all_ids_is_safe() -> anyhow::Result<()> {
+    let b = disconnect_then_reuse(IdGuardLayer::new().rewrite_all_ids(true)).await?;
+    assert_eq!(b, Outcome::Own);
+    Ok(())
+}
+
+/// Known limitation of the layer (reported, not worked around in the proxy):
+/// with the default settings the released id 1 goes to the server again
+/// while `A` still runs there under id 1, and `B` receives `A`'s result.
+#[tokio::test]
+#[ignore = "layer limitation: an id is released on client disconnect while the server still runs the request"]
+async fn disconnect_then_reuse_with_defaults() -> anyhow::Result<()> {
+    let b = disconnect_then_reuse(IdGuardLayer::new()).await?;
+    assert_eq!(b, Outcome::Own);
+    Ok(())
+}

@@ -44,7 +44,8 @@ struct Args {
 
     /// What to do with a request whose id is already in flight in its
     /// session: give it a unique id and restore the client's in the response
-    /// (remap), or answer it with an error (reject).
+    /// (remap), answer it with an error (reject), or hold it until the earlier
+    /// request with that id has ended (queue).
     #[arg(
         long,
         env = "MCP_ID_GUARD_ON_DUPLICATE",
@@ -61,6 +62,22 @@ struct Args {
         value_parser = ["400", "409"]
     )]
     reject_status: String,
+
+    /// Under --on-duplicate queue, how long a request may wait before it
+    /// gets 503 (e.g. 30s).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_QUEUE_WAIT",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    max_queue_wait: Duration,
+
+    /// Give every tracked request a unique server-side id, not only
+    /// duplicates: the server never sees an id twice in a session, even after
+    /// a client went away while its request was still running there.
+    #[arg(long, env = "MCP_ID_GUARD_REWRITE_ALL_IDS")]
+    rewrite_all_ids: bool,
 
     /// Largest JSON POST body the guard reads; larger ones get 413.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
@@ -100,6 +117,7 @@ struct Args {
 enum Policy {
     Remap,
     Reject,
+    Queue,
 }
 
 /// `5`, `5s`, `500ms`, `2m`: a whole number with an optional unit (seconds
@@ -162,6 +180,7 @@ async fn run(args: Args) -> Result<(), String> {
     let policy = match args.on_duplicate {
         Policy::Remap => OnDuplicate::Remap,
         Policy::Reject => OnDuplicate::Reject,
+        Policy::Queue => OnDuplicate::Queue,
     };
     let reject_status = if args.reject_status == "409" {
         http::StatusCode::CONFLICT
@@ -172,7 +191,9 @@ async fn run(args: Args) -> Result<(), String> {
         .on_duplicate(policy)
         .reject_status(reject_status)
         .max_body_bytes(args.max_body_bytes)
-        .max_in_flight_per_session(args.max_in_flight_per_session as usize);
+        .max_in_flight_per_session(args.max_in_flight_per_session as usize)
+        .max_queue_wait(args.max_queue_wait)
+        .rewrite_all_ids(args.rewrite_all_ids);
     let upstream = proxy.upstream().to_owned();
     let service = guard.layer(proxy);
 
@@ -182,10 +203,14 @@ async fn run(args: Args) -> Result<(), String> {
     let local = listener
         .local_addr()
         .map_err(|error| format!("cannot read the listening address: {error}"))?;
-    let policy_name = match policy {
+    let mut policy_name = match policy {
         OnDuplicate::Reject => format!("reject with {reject_status}"),
+        OnDuplicate::Queue => format!("queue for up to {:?}", args.max_queue_wait),
         _ => "remap".to_owned(),
     };
+    if args.rewrite_all_ids {
+        policy_name.push_str("; every id rewritten");
+    }
     tracing::info!(
         "mcp-id-guard {} listening on http://{local}, forwarding to {upstream} (duplicate ids: {policy_name})",
         env!("CARGO_PKG_VERSION"),
@@ -312,6 +337,21 @@ mod tests {
         .unwrap();
         assert_eq!(args.on_duplicate, Policy::Reject);
         assert_eq!(args.reject_status, "409");
+        assert!(!args.rewrite_all_ids);
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--on-duplicate",
+            "queue",
+            "--max-queue-wait",
+            "2s",
+            "--rewrite-all-ids",
+        ])
+        .unwrap();
+        assert_eq!(args.on_duplicate, Policy::Queue);
+        assert_eq!(args.max_queue_wait, Duration::from_secs(2));
+        assert!(args.rewrite_all_ids);
         assert!(Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

@@ -194,6 +194,7 @@ impl EchoServer {
             // Simulated work (the scenario), not synchronisation.
             tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
         }
+        let _ = self.started.send(format!("{}:done", args.sentinel));
         format!("ECHO:{}", args.sentinel)
     }
 }
@@ -259,7 +260,8 @@ impl Rmcp {
         })
     }
 
-    /// Waits until every call in `sentinels` has entered the tool.
+    /// Waits until every call in `sentinels` has entered the tool (or, for
+    /// `"<sentinel>:done"`, has returned its result to rmcp).
     pub async fn wait_started<S: AsRef<str>>(&self, sentinels: &[S]) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + OK_TIMEOUT;
         let mut guard = self.started.lock().await;
@@ -288,7 +290,10 @@ impl Rmcp {
         while let Ok(sentinel) = rx.try_recv() {
             seen.push(sentinel);
         }
-        seen.clone()
+        seen.iter()
+            .filter(|sentinel| !sentinel.ends_with(":done"))
+            .cloned()
+            .collect()
     }
 }
 
