@@ -603,3 +603,34 @@ async fn id_is_free_once_the_response_event_was_delivered() {
     assert_eq!(layer.stats().rejected_total, 0);
     drop((events, body));
 }
+
+/// The crate docs say a cancellation goes to the oldest in-flight request
+/// with the id because "it is the one the server knows by the client's own
+/// id (later duplicates were remapped), so the server sees exactly the
+/// cancellation it would have seen without the guard". That premise fails
+/// once the first request has ended: with `1` (as is) and a remapped `1` in
+/// flight, the first ends and a third `1` goes as is; the server now knows
+/// that third request by `1`, yet the guard cancels the remapped one.
+#[tokio::test]
+#[ignore = "bug: cancellation names the oldest request even when it is a remapped one and a newer request holds the client's id at the server (see report)"]
+async fn cancellation_names_the_request_the_server_knows_by_the_clients_id() {
+    let (_layer, mut service, mut handle) = spawn(OnDuplicate::Remap);
+    let (first, first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
+    let (_second, _second_send, second_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    assert!(raw_id(&second_body).starts_with("\"mcp-id-guard:"));
+    first_send.send_response(json_response(
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.into(),
+    ));
+    read_response(within(first).await.unwrap()).await;
+    let (_third, _third_send, third_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    assert_eq!(raw_id(&third_body), "1", "the server knows the third by 1");
+
+    let body = send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(
+        cancelled_id(&body),
+        "1",
+        "an unguarded server would have cancelled the request it knows by 1"
+    );
+}
