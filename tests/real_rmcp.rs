@@ -9,9 +9,11 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{
-    burst, drained_stats, pair, serve, CallReport, Client, EchoCall, Outcome, Tally, HANG_TIMEOUT,
-    OK_TIMEOUT, WAIT_TIMEOUT,
+    burst, drained_stats, pair, serve, CallReport, Client, EchoCall, Outcome, Tally, TestServer,
+    HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT,
 };
 use http::StatusCode;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -38,6 +40,12 @@ fn assert_own(report: &CallReport) {
         report.exchange.ended,
         "{}: the response stream must end after the response: {report:#?}",
         report.sentinel
+    );
+    assert!(
+        !report.exchange.body.contains("mcp-id-guard:"),
+        "{}: no server-side id may reach the client: {}",
+        report.sentinel,
+        report.exchange.body
     );
 }
 
@@ -460,22 +468,224 @@ async fn reject_allows_sequential_reuse() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reject allows reuse by a client that moves on as soon as it has its
-/// response event, without waiting for the SSE stream to end (and drops the
-/// connection): the id is free again by then, so none of 50 back-to-back calls
-/// with `id: 1` is rejected.
+/// KNOWN BUG (see the ignore reason): a client may reuse an id once it has
+/// received the response (spec 2026-07-28 wording: ids must not match a
+/// request "not yet received a response for"), but the guard releases an SSE
+/// exchange only when the stream ends, which trails the response event. Six
+/// sessions each make 150 back-to-back `id: 1` calls under Reject, moving on
+/// as soon as the response event arrives; every call should get its own
+/// result. With rmcp 3.11 a few in a thousand get a spurious 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug in the guard: under Reject, reuse right after the response event (before the SSE stream ends) is sometimes rejected"]
 async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
-    for i in 0..50 {
-        let call = EchoCall::new(format!("eager-{i:02}"), 0);
-        let report = client.call_echo_eager("1", &call, OK_TIMEOUT).await;
-        assert_eq!(report.outcome, Outcome::Own, "call {i}: {report:#?}");
+    let mut sessions = Vec::new();
+    for session in 0..6 {
+        let client = Client::connect(&server.url).await?;
+        sessions.push(async move {
+            let mut reports = Vec::new();
+            for i in 0..150 {
+                let call = EchoCall::new(format!("eager-{session}-{i:03}"), 0);
+                reports.push(client.call_echo_eager("1", &call, OK_TIMEOUT).await);
+            }
+            reports
+        });
     }
-    let stats = assert_drained(&layer).await;
-    assert_eq!((stats.passed_total, stats.rejected_total), (50, 0));
+    let reports: Vec<CallReport> = futures::future::join_all(sessions)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let tally = Tally::of(&reports);
+    let first_bad = reports.iter().find(|report| report.outcome != Outcome::Own);
+    assert_eq!(tally.own, reports.len(), "{tally}; first: {first_bad:#?}");
+    assert_drained(&layer).await;
     server.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// (f) Ids the server may still answer: the client gave up on the first call
+// ---------------------------------------------------------------------------
+//
+// rmcp 3.11 keeps running a request whose client disconnected (the spec says
+// a disconnect is not a cancellation), and a cancelled tool that ignores its
+// cancellation token still answers; rmcp routes that late answer by id to
+// whichever request holds the id by then.
+
+/// How long a late answer for an abandoned request gets to be cross-wired onto
+/// a waiting call before that call is let out: only the no-bug path waits it
+/// out; a cross-wire ends the waiting call within milliseconds.
+const CROSS_WIRE_GRACE: Duration = Duration::from_secs(1);
+
+/// How the first call (`id: 1`, held in the tool) is given up on.
+#[derive(Debug, Clone, Copy)]
+enum GiveUp {
+    /// The client drops its POST (closes the connection).
+    Disconnect,
+    /// The client sends `notifications/cancelled` for `1`.
+    Cancel,
+}
+
+/// A (`id: 1`) is held in the tool; the client gives up on it; once the guard
+/// (if any) has let go of A, C (`id: 1`, held) is sent; once C has started,
+/// A's tool finishes, and C's only after A's answer had its chance to land on
+/// C. Returns what C got.
+async fn give_up_then_reuse(
+    server: &TestServer,
+    layer: Option<&IdGuardLayer>,
+    how: GiveUp,
+) -> anyhow::Result<CallReport> {
+    let client = Client::connect(&server.url).await?;
+    let a = EchoCall::held("gave-up-A");
+    let task_a = tokio::spawn({
+        let (client, a) = (client.clone(), a.clone());
+        async move { client.call_echo("1", &a, OK_TIMEOUT).await }
+    });
+    server.started.wait_for(&a.sentinel, WAIT_TIMEOUT).await?;
+    match how {
+        GiveUp::Disconnect => task_a.abort(),
+        GiveUp::Cancel => {
+            let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"gave up"}}"#;
+            let answer = client.post(cancel.to_owned(), OK_TIMEOUT).await;
+            assert_eq!(answer.status, Some(202), "{answer:?}");
+            // rmcp has cancelled A's handler context (the tool goes on).
+            server
+                .started
+                .wait_for(&format!("cancelled:{}", a.sentinel), WAIT_TIMEOUT)
+                .await?;
+        }
+    }
+    if let Some(layer) = layer {
+        // The guard lets go of A when A's response stream ends or is dropped
+        // (or, for a cancel, at once); give it a bounded chance to.
+        let stats = drained_stats(layer, Duration::from_secs(2)).await;
+        eprintln!("{how:?}: guard after giving up on A: {stats:?}");
+    }
+
+    let c = EchoCall::held("reused-C");
+    let mut task_c = tokio::spawn({
+        let (client, c) = (client.clone(), c.clone());
+        async move { client.call_echo("1", &c, OK_TIMEOUT).await }
+    });
+    let report = tokio::select! {
+        started = server.started.wait_for(&c.sentinel, WAIT_TIMEOUT) => {
+            started?;
+            // A's tool finishes first. On a server that routes by id, A's
+            // answer lands on C's stream and ends it within moments; give it
+            // a bounded chance to before C's own answer is let out.
+            server.gates.release(&a.sentinel);
+            server
+                .started
+                .wait_for(&format!("finished:{}", a.sentinel), WAIT_TIMEOUT)
+                .await?;
+            match tokio::time::timeout(CROSS_WIRE_GRACE, &mut task_c).await {
+                Ok(report) => report?,
+                Err(_) => {
+                    server.gates.release(&c.sentinel);
+                    task_c.await?
+                }
+            }
+        }
+        // Answered by the guard without reaching the server.
+        report = &mut task_c => report?,
+    };
+    server.gates.release(&a.sentinel);
+    Ok(report)
+}
+
+/// Control: on the bare server, a call that reuses the id of a call its
+/// client disconnected from receives the abandoned call's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_reuse_after_disconnect_gets_the_abandoned_result() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let c = give_up_then_reuse(&server, None, GiveUp::Disconnect).await?;
+    assert_eq!(
+        c.outcome,
+        Outcome::Wrong {
+            got: "gave-up-A".into()
+        },
+        "{c:#?}"
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// Control: on the bare server (rmcp 3.11), a call that reuses the id of a
+/// cancelled call whose tool still finishes receives the cancelled call's
+/// result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_reuse_after_cancel_gets_the_cancelled_result() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let c = give_up_then_reuse(&server, None, GiveUp::Cancel).await?;
+    assert_eq!(
+        c.outcome,
+        Outcome::Wrong {
+            got: "gave-up-A".into()
+        },
+        "{c:#?}"
+    );
+    server.stop().await;
+    Ok(())
+}
+
+/// Runs [`give_up_then_reuse`] for every combination, each on its own server,
+/// all at once; returns `(how, policy, what C got)`.
+async fn give_up_then_reuse_all(
+    policies: &[OnDuplicate],
+    rewrite_all_ids: bool,
+) -> anyhow::Result<Vec<(GiveUp, OnDuplicate, CallReport)>> {
+    let mut scenarios = Vec::new();
+    for how in [GiveUp::Disconnect, GiveUp::Cancel] {
+        for &policy in policies {
+            scenarios.push(async move {
+                let layer = IdGuardLayer::new()
+                    .on_duplicate(policy)
+                    .rewrite_all_ids(rewrite_all_ids);
+                let server = serve(Some(layer.clone())).await?;
+                let c = give_up_then_reuse(&server, Some(&layer), how).await?;
+                server.stop().await;
+                anyhow::Ok((how, policy, c))
+            });
+        }
+    }
+    futures::future::join_all(scenarios)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// With `rewrite_all_ids`, the server never sees the client's id, so neither
+/// a disconnected nor a cancelled earlier call can take the reused id's
+/// place: C gets its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_all_ids_reuse_after_giving_up_gets_its_own_result() -> anyhow::Result<()> {
+    let results = give_up_then_reuse_all(&[OnDuplicate::Remap, OnDuplicate::Reject], true).await?;
+    for (how, policy, c) in &results {
+        assert_eq!(c.outcome, Outcome::Own, "{how:?} {policy:?}: {c:#?}");
+        assert_own(c);
+    }
+    Ok(())
+}
+
+/// KNOWN BUG (see the ignore reason): with the default settings the guard
+/// frees an id as soon as the client disconnects or cancels, although rmcp
+/// may still answer the earlier request; the reused id then passes unchanged
+/// and is cross-wired. Expected: C gets its own result or a clean rejection,
+/// never A's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug in the guard: an id freed on disconnect/cancel is reused while rmcp still answers the earlier request (C gets A's result)"]
+async fn reuse_after_giving_up_is_not_cross_wired() -> anyhow::Result<()> {
+    let policies = [OnDuplicate::Remap, OnDuplicate::Reject, OnDuplicate::Queue];
+    let failures: Vec<String> = give_up_then_reuse_all(&policies, false)
+        .await?
+        .into_iter()
+        .filter(|(_, _, c)| {
+            !(c.outcome == Outcome::Own || matches!(c.outcome, Outcome::Rejected { .. }))
+        })
+        .map(|(how, policy, c)| format!("{how:?} {policy:?}: C got {:?}", c.outcome))
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
     Ok(())
 }

@@ -104,17 +104,33 @@ pub struct EchoServer {
 #[tool_router]
 impl EchoServer {
     /// Reports `started`, waits for its gate if held, works `delay_ms`, and
-    /// answers `ECHO:<sentinel>`.
+    /// answers `ECHO:<sentinel>`, reporting `finished:<sentinel>` just before.
+    /// Like many real tools it does not stop when cancelled: a cancellation
+    /// while held is only reported (as `cancelled:<sentinel>`), and the call
+    /// still answers once released.
     #[tool(description = "Echo a sentinel back as ECHO:<sentinel>")]
-    async fn echo(&self, Parameters(args): Parameters<EchoArgs>) -> String {
+    async fn echo(
+        &self,
+        Parameters(args): Parameters<EchoArgs>,
+        cancelled: CancellationToken,
+    ) -> String {
         let _ = self.started.send(args.sentinel.clone());
         if args.hold {
-            self.gates.wait(&args.sentinel).await;
+            let gate = self.gates.wait(&args.sentinel);
+            tokio::pin!(gate);
+            tokio::select! {
+                () = &mut gate => {}
+                () = cancelled.cancelled() => {
+                    let _ = self.started.send(format!("cancelled:{}", args.sentinel));
+                    gate.await;
+                }
+            }
         }
         if args.delay_ms > 0 {
             // Simulated work, not synchronisation.
             tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
         }
+        let _ = self.started.send(format!("finished:{}", args.sentinel));
         format!("ECHO:{}", args.sentinel)
     }
 }
@@ -128,7 +144,9 @@ impl ServerHandler for EchoServer {
 }
 
 /// The test's end of the started channel. Remembers every sentinel seen, so
-/// the order in which the test waits does not matter.
+/// the order in which the test waits does not matter. The tool also reports
+/// `finished:<sentinel>` when it returns and `cancelled:<sentinel>` when a
+/// held call is cancelled.
 #[derive(Debug)]
 pub struct Started {
     inner: tokio::sync::Mutex<(mpsc::UnboundedReceiver<String>, Vec<String>)>,
@@ -167,14 +185,18 @@ impl Started {
         }
     }
 
-    /// Every sentinel that has entered the tool so far.
+    /// Every sentinel that has entered the tool so far, in order (without
+    /// the `finished:` and `cancelled:` reports).
     pub async fn seen(&self) -> Vec<String> {
         let mut guard = self.inner.lock().await;
         let (rx, seen) = &mut *guard;
         while let Ok(sentinel) = rx.try_recv() {
             seen.push(sentinel);
         }
-        seen.clone()
+        seen.iter()
+            .filter(|event| !event.starts_with("finished:") && !event.starts_with("cancelled:"))
+            .cloned()
+            .collect()
     }
 }
 
