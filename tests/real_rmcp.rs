@@ -506,6 +506,54 @@ async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<
 }
 
 // ---------------------------------------------------------------------------
+// Resumed streams
+// ---------------------------------------------------------------------------
+
+/// Remap and stream resumption: B (a duplicate of A's id, so remapped) loses
+/// its POST stream after rmcp's priming event; the client resumes it with
+/// `GET` + `Last-Event-ID`, and B's result arrives on the GET stream with
+/// exactly the id B sent (`1`, or `"1"`), no server-side id leaking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remap_restores_the_id_on_a_resumed_get_stream() -> anyhow::Result<()> {
+    for id_b in ["1", r#""1""#] {
+        let layer = IdGuardLayer::new();
+        let server = serve(Some(layer.clone())).await?;
+        let client = Client::connect(&server.url).await?;
+        let a = EchoCall::held("resume-A");
+        let task_a = tokio::spawn({
+            let (client, a) = (client.clone(), a.clone());
+            async move { client.call_echo("1", &a, OK_TIMEOUT).await }
+        });
+        server.started.wait_for(&a.sentinel, WAIT_TIMEOUT).await?;
+
+        let b = EchoCall::held("resume-B");
+        let event_id = client.start_echo_then_drop(id_b, &b, OK_TIMEOUT).await?;
+        server.started.wait_for(&b.sentinel, WAIT_TIMEOUT).await?;
+        // Attach the resumed stream before B answers: rmcp 3.11 does not
+        // replay an answer produced while no stream was attached.
+        let resumed = client.resume(&event_id, OK_TIMEOUT).await;
+        assert_eq!(resumed.status(), Some(200));
+        server.gates.release(&b.sentinel);
+        let report_b = CallReport::classify(id_b, &b.sentinel, resumed.read_response().await);
+        assert_eq!(report_b.outcome, Outcome::Own, "{report_b:#?}");
+        assert_eq!(report_b.answered_id.as_deref(), Some(id_b));
+        assert!(
+            !report_b.exchange.body.contains("mcp-id-guard:"),
+            "{}",
+            report_b.exchange.body
+        );
+
+        server.gates.release(&a.sentinel);
+        assert_own(&task_a.await?);
+        let stats = assert_drained(&layer).await;
+        assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
+        assert!(stats.restored_total >= 1, "{stats:?}");
+        server.stop().await;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
 // (f) Ids the server may still answer: the client gave up on the first call
 // ---------------------------------------------------------------------------
 //

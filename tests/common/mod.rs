@@ -422,6 +422,44 @@ impl Client {
         CallReport::classify(id_json, &call.sentinel, exchange)
     }
 
+    /// Starts an `echo` call and reads its SSE stream only up to the first
+    /// event that carries an `id:` (rmcp's priming event), then drops the
+    /// connection, as a client whose connection broke would. Returns that
+    /// event id, from which the stream can be resumed with [`resume`](Self::resume).
+    pub async fn start_echo_then_drop(
+        &self,
+        id_json: &str,
+        call: &EchoCall,
+        within: Duration,
+    ) -> anyhow::Result<String> {
+        let request = self
+            .http
+            .post(&self.url)
+            .header("accept", ACCEPT)
+            .header("content-type", "application/json")
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("mcp-session-id", &self.session_id)
+            .body(call.request_body(id_json));
+        let exchange = exchange(request, within, Stop::AtFirstEventId).await;
+        first_event_id(&exchange.body)
+            .with_context(|| format!("no SSE event with an id: {exchange:?}"))
+    }
+
+    /// Resumes a stream with `GET` and `Last-Event-ID` and waits for the
+    /// response headers: once they are in, rmcp has attached the stream, so
+    /// events sent from then on arrive on it. Read it with
+    /// [`Opened::read_response`]; `within` bounds the whole exchange.
+    pub async fn resume(&self, last_event_id: &str, within: Duration) -> Opened {
+        let request = self
+            .http
+            .get(&self.url)
+            .header("accept", "text/event-stream")
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("mcp-session-id", &self.session_id)
+            .header("last-event-id", last_event_id);
+        open(request, within).await
+    }
+
     /// Like [`call_echo`](Self::call_echo), but returns as soon as the
     /// response event has arrived, without waiting for the stream to end (as
     /// a client that closes the stream on its response does).
@@ -456,9 +494,6 @@ async fn post(
     within: Duration,
     stop_at_response: bool,
 ) -> Exchange {
-    let begun = Instant::now();
-    let deadline = tokio::time::Instant::now() + within;
-    let mut exchange = Exchange::default();
     let mut request = http
         .post(url)
         .header("accept", ACCEPT)
@@ -468,60 +503,145 @@ async fn post(
     if let Some(session_id) = session_id {
         request = request.header("mcp-session-id", session_id);
     }
-    let mut response = match timeout_at(deadline, request.send()).await {
-        Ok(Ok(response)) => response,
+    let stop = if stop_at_response {
+        Stop::AtResponse
+    } else {
+        Stop::AtEnd
+    };
+    exchange(request, within, stop).await
+}
+
+/// When to stop reading a response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// At its end (or the deadline).
+    AtEnd,
+    /// As soon as a JSON-RPC response has arrived.
+    AtResponse,
+    /// As soon as a complete SSE event with an `id:` line has arrived.
+    AtFirstEventId,
+}
+
+/// The `id:` of the first complete SSE event in `body`.
+fn first_event_id(body: &str) -> Option<String> {
+    let normalized = body.replace("\r\n", "\n").replace('\r', "\n");
+    let mut events: Vec<&str> = normalized.split("\n\n").collect();
+    events.pop();
+    events.into_iter().find_map(|event| {
+        event
+            .lines()
+            .find_map(|line| line.strip_prefix("id:"))
+            .map(|id| id.trim_start().to_owned())
+    })
+}
+
+/// Sends `request` and reads the response as `stop` says, within a
+/// wall-clock deadline over the whole exchange.
+async fn exchange(request: reqwest::RequestBuilder, within: Duration, stop: Stop) -> Exchange {
+    open(request, within).await.read(stop).await
+}
+
+/// Sends `request` and waits (within `within`) for the response headers.
+async fn open(request: reqwest::RequestBuilder, within: Duration) -> Opened {
+    let begun = Instant::now();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut exchange = Exchange::default();
+    let response = match timeout_at(deadline, request.send()).await {
+        Ok(Ok(response)) => Some(response),
         Ok(Err(error)) => {
             exchange.error = Some(error.to_string());
+            None
+        }
+        Err(_) => None,
+    };
+    if let Some(response) = &response {
+        exchange.status = Some(response.status().as_u16());
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        exchange.content_type = header("content-type");
+        exchange.session_id = header("mcp-session-id");
+    }
+    Opened {
+        response,
+        exchange,
+        begun,
+        deadline,
+    }
+}
+
+/// A response whose headers have arrived (or a failed request), with the
+/// deadline of its exchange.
+pub struct Opened {
+    response: Option<reqwest::Response>,
+    exchange: Exchange,
+    begun: Instant,
+    deadline: tokio::time::Instant,
+}
+
+impl Opened {
+    /// The HTTP status, if the headers arrived.
+    pub fn status(&self) -> Option<u16> {
+        self.exchange.status
+    }
+
+    /// Reads the body until a JSON-RPC response has arrived, the body ends,
+    /// or the deadline passes.
+    pub async fn read_response(self) -> Exchange {
+        self.read(Stop::AtResponse).await
+    }
+
+    async fn read(self, stop: Stop) -> Exchange {
+        let Self {
+            response,
+            mut exchange,
+            begun,
+            deadline,
+        } = self;
+        let Some(mut response) = response else {
             exchange.elapsed = begun.elapsed();
             return exchange;
-        }
-        Err(_) => {
-            exchange.elapsed = begun.elapsed();
-            return exchange;
-        }
-    };
-    exchange.status = Some(response.status().as_u16());
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
-    };
-    exchange.content_type = header("content-type");
-    exchange.session_id = header("mcp-session-id");
-    let mut bytes = Vec::new();
-    loop {
-        match timeout_at(deadline, response.chunk()).await {
-            Ok(Ok(Some(chunk))) => {
-                bytes.extend_from_slice(&chunk);
-                exchange.body = String::from_utf8_lossy(&bytes).into_owned();
-                if exchange.response.is_none() && exchange.is_sse() {
-                    exchange.response = sse_response(&exchange.body);
-                    if stop_at_response && exchange.response.is_some() {
+        };
+        let mut bytes = Vec::new();
+        loop {
+            match timeout_at(deadline, response.chunk()).await {
+                Ok(Ok(Some(chunk))) => {
+                    bytes.extend_from_slice(&chunk);
+                    exchange.body = String::from_utf8_lossy(&bytes).into_owned();
+                    if exchange.response.is_none() && exchange.is_sse() {
+                        exchange.response = sse_response(&exchange.body);
+                        if stop == Stop::AtResponse && exchange.response.is_some() {
+                            break;
+                        }
+                    }
+                    if stop == Stop::AtFirstEventId && first_event_id(&exchange.body).is_some() {
                         break;
                     }
                 }
+                Ok(Ok(None)) => {
+                    exchange.ended = true;
+                    break;
+                }
+                Ok(Err(error)) => {
+                    exchange.error = Some(error.to_string());
+                    break;
+                }
+                Err(_) => break,
             }
-            Ok(Ok(None)) => {
-                exchange.ended = true;
-                break;
-            }
-            Ok(Err(error)) => {
-                exchange.error = Some(error.to_string());
-                break;
-            }
-            Err(_) => break,
         }
-    }
-    if exchange.response.is_none() && exchange.ended && !exchange.is_sse() {
-        let body = exchange.body.trim();
-        if is_response(body) {
-            exchange.response = Some(body.to_owned());
+        if exchange.response.is_none() && exchange.ended && !exchange.is_sse() {
+            let body = exchange.body.trim();
+            if is_response(body) {
+                exchange.response = Some(body.to_owned());
+            }
         }
+        exchange.elapsed = begun.elapsed();
+        exchange
     }
-    exchange.elapsed = begun.elapsed();
-    exchange
 }
 
 /// One `echo` call to make.
@@ -609,7 +729,9 @@ pub struct CallReport {
 }
 
 impl CallReport {
-    fn classify(sent_id: &str, sentinel: &str, exchange: Exchange) -> Self {
+    /// Classifies what `exchange` brought back for a call with `sentinel` and
+    /// `sent_id`.
+    pub fn classify(sent_id: &str, sentinel: &str, exchange: Exchange) -> Self {
         let answered_id = exchange.response.as_deref().and_then(raw_id);
         let outcome = match (exchange.status, &exchange.response) {
             (Some(status), _) if !(200..300).contains(&status) => Outcome::Rejected {
