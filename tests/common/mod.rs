@@ -440,7 +440,7 @@ impl Client {
             .header("mcp-protocol-version", PROTOCOL_VERSION)
             .header("mcp-session-id", &self.session_id)
             .body(call.request_body(id_json));
-        let exchange = exchange(request, within, Stop::AtFirstEventId).await;
+        let exchange = exchange(request, within, ReadUntil::FirstEventId).await;
         first_event_id(&exchange.body)
             .with_context(|| format!("no SSE event with an id: {exchange:?}"))
     }
@@ -504,22 +504,22 @@ async fn post(
         request = request.header("mcp-session-id", session_id);
     }
     let stop = if stop_at_response {
-        Stop::AtResponse
+        ReadUntil::Response
     } else {
-        Stop::AtEnd
+        ReadUntil::End
     };
     exchange(request, within, stop).await
 }
 
 /// When to stop reading a response body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
+enum ReadUntil {
     /// At its end (or the deadline).
-    AtEnd,
+    End,
     /// As soon as a JSON-RPC response has arrived.
-    AtResponse,
+    Response,
     /// As soon as a complete SSE event with an `id:` line has arrived.
-    AtFirstEventId,
+    FirstEventId,
 }
 
 /// The `id:` of the first complete SSE event in `body`.
@@ -537,7 +537,7 @@ fn first_event_id(body: &str) -> Option<String> {
 
 /// Sends `request` and reads the response as `stop` says, within a
 /// wall-clock deadline over the whole exchange.
-async fn exchange(request: reqwest::RequestBuilder, within: Duration, stop: Stop) -> Exchange {
+async fn exchange(request: reqwest::RequestBuilder, within: Duration, stop: ReadUntil) -> Exchange {
     open(request, within).await.read(stop).await
 }
 
@@ -592,10 +592,10 @@ impl Opened {
     /// Reads the body until a JSON-RPC response has arrived, the body ends,
     /// or the deadline passes.
     pub async fn read_response(self) -> Exchange {
-        self.read(Stop::AtResponse).await
+        self.read(ReadUntil::Response).await
     }
 
-    async fn read(self, stop: Stop) -> Exchange {
+    async fn read(self, stop: ReadUntil) -> Exchange {
         let Self {
             response,
             mut exchange,
@@ -614,11 +614,11 @@ impl Opened {
                     exchange.body = String::from_utf8_lossy(&bytes).into_owned();
                     if exchange.response.is_none() && exchange.is_sse() {
                         exchange.response = sse_response(&exchange.body);
-                        if stop == Stop::AtResponse && exchange.response.is_some() {
+                        if stop == ReadUntil::Response && exchange.response.is_some() {
                             break;
                         }
                     }
-                    if stop == Stop::AtFirstEventId && first_event_id(&exchange.body).is_some() {
+                    if stop == ReadUntil::FirstEventId && first_event_id(&exchange.body).is_some() {
                         break;
                     }
                 }
