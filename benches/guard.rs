@@ -1,2 +1,612 @@
-//! Placeholder until the benchmark suite lands.
-fn main() {}
+//! The guard's cost, measured in-process with criterion. Method and results
+//! are in `BENCHMARKS.md`.
+//!
+//! ```text
+//! cargo bench --bench guard                     # everything (~10 min)
+//! cargo bench --bench guard -- overhead/        # 1. layer overhead
+//! cargo bench --bench guard -- naive_vs_splice/ # 2. naive Value round trip
+//! cargo bench --bench guard -- sse/             # 3. SSE rewrite throughput
+//! cargo bench --bench guard -- sessions/        # 4. session scaling
+//! python3 benches/summarize.py                  # the tables of BENCHMARKS.md
+//! ```
+//!
+//! Every JSON body is padded to its exact size with the same kind of content:
+//! an `items` array of small objects (numbers, booleans, short strings, a
+//! string with escapes), as a `tools/call` argument or a structured result
+//! would carry, plus a `fill` string that makes up the last bytes.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use mcp_id_guard::{internals, IdGuardLayer, OnDuplicate};
+use serde_json::Value;
+use tower::{Layer, Service, ServiceExt};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * 1024;
+
+/// Request body sizes of the in-process benchmarks.
+const SIZES: [usize; 4] = [256, KIB, 64 * KIB, MIB];
+
+static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+
+/// A server-side id as a guard would mint it, carrying the client id `1`.
+const SERVER_ID: &str = r#""mcp-id-guard:0123456789abcdef:0:1""#;
+
+fn label(size: usize) -> String {
+    match size {
+        size if size >= MIB && size % MIB == 0 => format!("{}MiB", size / MIB),
+        size if size >= KIB && size % KIB == 0 => format!("{}KiB", size / KIB),
+        size => format!("{size}B"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bodies
+// ---------------------------------------------------------------------------
+
+/// The members `"fill":"…","items":[…]` (without braces), exactly `len` bytes.
+fn padding(len: usize) -> String {
+    // `"fill":"` + `",` and `"items":` around the fill and the array.
+    const FRAME: usize = 10 + 8;
+    let mut items = String::from("[");
+    for n in 0.. {
+        let item = format!(
+            r#"{{"n":{n},"name":"item-{n}","ok":true,"score":{}.25,"tags":["alpha","beta"],"text":"line {n}: \"quoted\" words\nand a newline"}}"#,
+            n * 7
+        );
+        let separator = usize::from(n > 0);
+        if FRAME + items.len() + separator + item.len() + 1 > len {
+            break;
+        }
+        if n > 0 {
+            items.push(',');
+        }
+        items.push_str(&item);
+    }
+    items.push(']');
+    let fill = len
+        .checked_sub(FRAME + items.len())
+        .expect("padding too short");
+    format!(r#""fill":"{}","items":{items}"#, "x".repeat(fill))
+}
+
+/// A `tools/call` request with the id JSON text `id`, exactly `size` bytes.
+fn request_json(id: &str, size: usize) -> Bytes {
+    let frame = |pad: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{{pad}}}}}}}"#
+        )
+    };
+    let body = frame(&padding(size - frame("").len()));
+    assert_eq!(body.len(), size);
+    Bytes::from(body)
+}
+
+/// A `tools/call` result with the id JSON text `id`, exactly `size` bytes.
+fn response_json(id: &str, size: usize) -> String {
+    let frame = |pad: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"ok"}}],"structuredContent":{{{pad}}}}}}}"#
+        )
+    };
+    let body = frame(&padding(size - frame("").len()));
+    assert_eq!(body.len(), size);
+    body
+}
+
+/// The fixed answer of the inner service: small, and carrying a server-side
+/// id, so a remapped request's response goes through the JSON restore path.
+fn fixed_response() -> Bytes {
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":{SERVER_ID},"result":{{"content":[{{"type":"text","text":"ECHO:bench"}}],"isError":false}}}}"#
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// The inner service
+// ---------------------------------------------------------------------------
+
+/// A trivial server: reads the request body to its end, as a real server
+/// does, then answers a fixed `application/json` JSON-RPC response.
+#[derive(Clone)]
+struct Fixed {
+    response: Bytes,
+}
+
+impl Fixed {
+    fn new() -> Self {
+        Self {
+            response: fixed_response(),
+        }
+    }
+}
+
+impl<B> Service<Request<B>> for Fixed
+where
+    B: Body + Unpin,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Drain<B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        Drain {
+            body: request.into_body(),
+            response: self.response.clone(),
+            read: 0,
+        }
+    }
+}
+
+/// [`Fixed`]'s response future: drains the body, then answers.
+struct Drain<B> {
+    body: B,
+    response: Bytes,
+    read: usize,
+}
+
+impl<B: Body + Unpin> Future for Drain<B> {
+    type Output = Result<Response<Full<Bytes>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        while let Some(frame) = ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        this.read += data.remaining();
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        black_box(this.read);
+        let mut response = Response::new(Full::new(this.response.clone()));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Poll::Ready(Ok(response))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------
+
+/// The headers and body of one request, built fresh for every call.
+#[derive(Clone)]
+struct Template {
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Template {
+    /// A POST of `body` as an MCP client sends it, in `session` if given.
+    fn new(body: Bytes, session: Option<&str>) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        headers.insert(
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderValue::from_static("2025-06-18"),
+        );
+        if let Some(session) = session {
+            headers.insert(
+                MCP_SESSION_ID.clone(),
+                HeaderValue::from_str(session).expect("session id is a header value"),
+            );
+        }
+        Self {
+            uri: Uri::from_static("/mcp"),
+            headers,
+            body,
+        }
+    }
+
+    fn build(&self) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(self.body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
+        request
+    }
+}
+
+/// A session id shaped like rmcp's (a UUID).
+fn session_id(n: usize) -> String {
+    format!("{:08x}-5c1d-4e2f-8a3b-{:012x}", n, n * 7919)
+}
+
+/// Calls `service` with `request` and reads the response body to its end.
+async fn exchange<S, B>(service: &mut S, request: Request<Full<Bytes>>) -> usize
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    let response = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("response");
+    let body = response.into_body().collect().await.expect("body");
+    body.to_bytes().len()
+}
+
+/// Calls `service` and keeps the response unread: its request stays in
+/// flight until the response is dropped.
+async fn hold<S, B>(service: &mut S, request: Request<Full<Bytes>>) -> Response<B>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("response")
+}
+
+/// Times `iters` exchanges of `service` over `templates` (round robin).
+async fn timed<S, B>(service: &mut S, templates: &[Template], iters: u64) -> Duration
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    let mut next = 0;
+    let start = Instant::now();
+    for _ in 0..iters {
+        let request = templates[next].build();
+        next = if next + 1 == templates.len() {
+            0
+        } else {
+            next + 1
+        };
+        black_box(exchange(service, request).await);
+    }
+    start.elapsed()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+// ---------------------------------------------------------------------------
+// 1. Layer overhead
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+enum Case {
+    /// No session header: the guard looks at the headers only.
+    Untracked,
+    /// Tracked, the id is not in flight: read, peeked, registered, released.
+    PassThrough,
+    /// Tracked, the id is in flight: remapped, and the JSON response restored.
+    Remapped,
+    /// Tracked, the id is in flight, `OnDuplicate::Reject`: answered by the
+    /// guard, the inner service never sees it.
+    Rejected,
+}
+
+impl Case {
+    const ALL: [Case; 4] = [
+        Case::Untracked,
+        Case::PassThrough,
+        Case::Remapped,
+        Case::Rejected,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Case::Untracked => "untracked",
+            Case::PassThrough => "pass_through",
+            Case::Remapped => "remapped",
+            Case::Rejected => "rejected",
+        }
+    }
+}
+
+fn overhead(c: &mut Criterion) {
+    let rt = runtime();
+    let session = session_id(0);
+    for case in Case::ALL {
+        let mut group = c.benchmark_group(format!("overhead/{}", case.name()));
+        for size in SIZES {
+            let body = request_json("1", size);
+            let session = match case {
+                Case::Untracked => None,
+                _ => Some(session.as_str()),
+            };
+            let templates = [Template::new(body, session)];
+
+            group.bench_function(BenchmarkId::new("bare", label(size)), |b| {
+                let bare = Fixed::new();
+                b.to_async(&rt)
+                    .iter_custom(|iters| timed_owned(bare.clone(), &templates, iters));
+            });
+
+            let layer = match case {
+                Case::Rejected => IdGuardLayer::new().on_duplicate(OnDuplicate::Reject),
+                _ => IdGuardLayer::new(),
+            };
+            let mut guarded = layer.layer(Fixed::new());
+            // Remapped and rejected: a request with the same id stays in
+            // flight in the session for the whole benchmark.
+            let held = match case {
+                Case::Remapped | Case::Rejected => {
+                    let holder = Template::new(request_json("1", 256), session);
+                    Some(rt.block_on(hold(&mut guarded, holder.build())))
+                }
+                _ => None,
+            };
+            rt.block_on(check(case, &layer, &mut guarded, &templates[0]));
+            group.bench_function(BenchmarkId::new("guarded", label(size)), |b| {
+                b.to_async(&rt)
+                    .iter_custom(|iters| timed_owned(guarded.clone(), &templates, iters));
+            });
+            assert_eq!(
+                layer.stats().in_flight_requests,
+                usize::from(held.is_some()),
+                "every measured request was released"
+            );
+            drop(held);
+        }
+        group.finish();
+    }
+}
+
+/// Makes one exchange and checks that the guard did what `case` says.
+async fn check<S, B>(case: Case, layer: &IdGuardLayer, guarded: &mut S, template: &Template)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    let before = layer.stats();
+    let response = hold(guarded, template.build()).await;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let after = layer.stats();
+    let passed = after.passed_total - before.passed_total;
+    let remapped = after.remapped_total - before.remapped_total;
+    let restored = after.restored_total - before.restored_total;
+    let rejected = after.rejected_total - before.rejected_total;
+    let id: Value = serde_json::from_slice::<Value>(&body).expect("JSON response")["id"].clone();
+    let outcome = (status.as_u16(), passed, remapped, restored, rejected);
+    match case {
+        Case::Untracked => assert_eq!(outcome, (200, 0, 0, 0, 0)),
+        Case::PassThrough => assert_eq!(outcome, (200, 1, 0, 0, 0)),
+        Case::Remapped => assert_eq!((outcome, id), ((200, 0, 1, 1, 0), Value::from(1))),
+        Case::Rejected => assert_eq!((outcome, id), ((400, 0, 0, 0, 1), Value::from(1))),
+    }
+}
+
+/// [`timed`] on a service the future owns (criterion's closure is `FnMut`).
+async fn timed_owned<S, B>(mut service: S, templates: &[Template], iters: u64) -> Duration
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    timed(&mut service, templates, iters).await
+}
+
+// ---------------------------------------------------------------------------
+// 2. The naive way: a serde_json::Value round trip
+// ---------------------------------------------------------------------------
+
+const TAG: &str = "0123456789abcdef";
+
+/// Remaps a request's id by parsing the whole body into a `Value`.
+fn naive_remap(body: &[u8], counter: u64) -> Vec<u8> {
+    let mut value: Value = serde_json::from_slice(body).expect("request JSON");
+    let original = serde_json::to_string(&value["id"]).expect("id JSON");
+    value["id"] = Value::String(format!("mcp-id-guard:{TAG}:{counter}:{original}"));
+    serde_json::to_vec(&value).expect("serializes")
+}
+
+/// Restores a response's id by parsing the whole body into a `Value`.
+fn naive_restore(body: &[u8]) -> Vec<u8> {
+    let mut value: Value = serde_json::from_slice(body).expect("response JSON");
+    let original = value
+        .get("id")
+        .and_then(Value::as_str)
+        .and_then(|id| id.strip_prefix("mcp-id-guard:"))
+        .and_then(|rest| rest.splitn(3, ':').nth(2))
+        .and_then(|original| serde_json::from_str::<Value>(original).ok());
+    if let Some(original) = original {
+        value["id"] = original;
+    }
+    serde_json::to_vec(&value).expect("serializes")
+}
+
+fn naive_vs_splice(c: &mut Criterion) {
+    let mut group = c.benchmark_group("naive_vs_splice");
+    let minter = internals::Minter::default();
+    for size in SIZES {
+        let request = request_json("1", size);
+        let server_id = String::from_utf8(minter.mint("1")).expect("minted ids are UTF-8");
+        let response = response_json(&server_id, size);
+        // Both ways give the same id back.
+        let restored = internals::restore_response_ids(response.as_bytes()).expect("restored");
+        let value: Value = serde_json::from_slice(&restored).expect("JSON");
+        assert_eq!(value["id"], 1);
+        let naive: Value = serde_json::from_slice(&naive_restore(response.as_bytes())).unwrap();
+        assert_eq!(naive, value);
+
+        // One remapped exchange: the request on the way in, its response on
+        // the way out.
+        group.throughput(Throughput::Bytes(2 * size as u64));
+        group.bench_function(BenchmarkId::new("naive", label(size)), |b| {
+            let mut counter = 0;
+            b.iter(|| {
+                counter += 1;
+                let forwarded = naive_remap(black_box(&request), counter);
+                let answered = naive_restore(black_box(response.as_bytes()));
+                (black_box(forwarded), black_box(answered))
+            });
+        });
+        group.bench_function(BenchmarkId::new("splice", label(size)), |b| {
+            b.iter(|| {
+                let forwarded = internals::remap_request_ids(&minter, black_box(&request));
+                let answered = internals::restore_response_ids(black_box(response.as_bytes()));
+                (black_box(forwarded), black_box(answered))
+            });
+        });
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------
+// 3. SSE rewrite throughput
+// ---------------------------------------------------------------------------
+
+/// How the server's stream arrives.
+const SSE_CHUNK: usize = 8 * KIB;
+/// At least this many bytes per stream, so small events come many at a time.
+const SSE_STREAM: usize = MIB;
+
+/// A stream of `event: message` events of `event_size` bytes each, cut into
+/// `SSE_CHUNK` pieces, with a server-side id in every event or none at all.
+fn sse_stream(event_size: usize, restorable: bool) -> (Vec<Bytes>, usize) {
+    const FRAME: usize = "event: message\ndata: \n\n".len();
+    let id = if restorable {
+        SERVER_ID.to_owned()
+    } else {
+        "1".to_owned()
+    };
+    let events = SSE_STREAM.div_ceil(event_size);
+    let mut stream = Vec::with_capacity(events * event_size);
+    for _ in 0..events {
+        let data = response_json(&id, event_size - FRAME);
+        stream.extend_from_slice(b"event: message\ndata: ");
+        stream.extend_from_slice(data.as_bytes());
+        stream.extend_from_slice(b"\n\n");
+    }
+    let stream = Bytes::from(stream);
+    let chunks = (0..stream.len())
+        .step_by(SSE_CHUNK)
+        .map(|start| stream.slice(start..(start + SSE_CHUNK).min(stream.len())))
+        .collect();
+    (chunks, stream.len())
+}
+
+fn rewrite(chunks: &[Bytes]) -> usize {
+    let mut rewriter = internals::SseRewriter::default();
+    let mut out = 0;
+    for chunk in chunks {
+        if let Some(bytes) = rewriter.push(chunk.clone()) {
+            out += black_box(bytes).len();
+        }
+    }
+    if let Some(bytes) = rewriter.finish() {
+        out += black_box(bytes).len();
+    }
+    out
+}
+
+fn sse(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sse");
+    for event_size in [KIB, 64 * KIB, MIB] {
+        let (plain, length) = sse_stream(event_size, false);
+        let (restorable, restorable_length) = sse_stream(event_size, true);
+        assert_eq!(length, restorable_length);
+        assert_eq!(rewrite(&plain), length, "nothing to restore");
+        let shrink = SERVER_ID.len() - 1;
+        assert_eq!(
+            rewrite(&restorable),
+            length - length.div_ceil(event_size) * shrink,
+            "every event restored"
+        );
+        group.throughput(Throughput::Bytes(length as u64));
+        let events = label(event_size);
+        group.bench_function(BenchmarkId::new("memchr_ceiling", &events), |b| {
+            b.iter(|| {
+                plain
+                    .iter()
+                    .map(|chunk| memchr::memchr2_iter(b'\r', b'\n', black_box(chunk)).count())
+                    .sum::<usize>()
+            });
+        });
+        group.bench_function(BenchmarkId::new("no_id", &events), |b| {
+            b.iter(|| rewrite(black_box(&plain)));
+        });
+        group.bench_function(BenchmarkId::new("restore", &events), |b| {
+            b.iter(|| rewrite(black_box(&restorable)));
+        });
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------
+// 4. Session scaling
+// ---------------------------------------------------------------------------
+
+fn sessions(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("sessions");
+    for count in [1, 100, 10_000] {
+        let layer = IdGuardLayer::new();
+        let mut guarded = layer.layer(Fixed::new());
+        let holder = request_json("0", 256);
+        let body = request_json("1", KIB);
+        let mut held = Vec::with_capacity(count);
+        let mut templates = Vec::with_capacity(count);
+        for n in 0..count {
+            let session = session_id(n);
+            let holding = Template::new(holder.clone(), Some(&session));
+            held.push(rt.block_on(hold(&mut guarded, holding.build())));
+            templates.push(Template::new(body.clone(), Some(&session)));
+        }
+        assert_eq!(layer.stats().tracked_sessions, count);
+        group.bench_function(BenchmarkId::new("pass_through_1KiB", count), |b| {
+            b.to_async(&rt)
+                .iter_custom(|iters| timed_owned(guarded.clone(), &templates, iters));
+        });
+        let stats = layer.stats();
+        assert_eq!((stats.in_flight_requests, stats.remapped_total), (count, 0));
+        drop(held);
+        assert_eq!(layer.stats().tracked_sessions, 0);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, overhead, naive_vs_splice, sse, sessions);
+criterion_main!(benches);
