@@ -55,9 +55,11 @@ async fn start_held(
     Ok(task)
 }
 
-/// A round trip with a fresh id after a cancelled call's handler returned:
-/// rmcp's serve loop has then handled (and dropped) that handler's result, so
-/// it cannot be taken for the answer to a later request with the same id.
+/// A round trip with a fresh id once a cancelled call's handler has returned.
+/// rmcp carries handler results to its serve loop on one FIFO channel, and
+/// the handler's result went in ahead of the ping's; once the ping is answered,
+/// rmcp has dealt with that result (dropped it, or delivered it: see the
+/// `late_result_*` tests) before any later request with the same id arrives.
 async fn settle(session: &Session, sentinel: &str) {
     let ping = session
         .call("9000", &Call::new(sentinel, 0), OK_TIMEOUT)
@@ -549,12 +551,13 @@ async fn resumed_get_stream_restores_the_remapped_id() -> anyhow::Result<()> {
 /// store shows what rmcp emitted: a response whose id is the guard's
 /// server-side id wrapping `"abc"`. `GET` + `Last-Event-ID` replays it, and
 /// the client receives `"abc"` byte for byte, with the event id unchanged;
-/// `restored_total` goes up by one.
+/// `restored_total` goes up by one. Control: the same replay through a second,
+/// bare endpoint over the same rmcp service delivers the server-side id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_response_on_get_restores_the_remapped_id() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new();
     let server = serve_with(Setup {
-        guards: vec![Some(layer.clone())],
+        guards: vec![Some(layer.clone()), None],
         event_store: true,
     })
     .await?;
@@ -576,8 +579,9 @@ async fn replayed_response_on_get_restores_the_remapped_id() -> anyhow::Result<(
     events
         .wait_for_response_after(&priming_id, WAIT_TIMEOUT)
         .await?;
-    let emitted = events.messages_after(&priming_id);
-    let emitted_id = raw_id(&emitted[0]).expect("an id");
+    let stored = events.stored_after(&priming_id);
+    let (stored_event_id, emitted) = &stored[0];
+    let emitted_id = raw_id(emitted).expect("an id");
     let emitted_text: String = serde_json::from_str(&emitted_id)?;
     assert!(
         emitted_text.starts_with("mcp-id-guard:") && emitted_text.ends_with(r#":"abc""#),
@@ -587,6 +591,21 @@ async fn replayed_response_on_get_restores_the_remapped_id() -> anyhow::Result<(
     // count, if the server still wrote the response there, is settled).
     let stats = stats_when(&layer, WAIT_TIMEOUT, |s| s.in_flight_requests == 1).await;
     assert_eq!(stats.in_flight_requests, 1, "{stats:?}");
+
+    // Control: the same replay through the bare endpoint carries the
+    // server-side id (replays from the store are repeatable).
+    let bare = session
+        .via(&server.urls[1])
+        .resume(&priming_id)
+        .await?
+        .read(OK_TIMEOUT)
+        .await;
+    assert_eq!(
+        bare.response.as_deref().and_then(raw_id),
+        Some(emitted_id.clone()),
+        "{bare:?}"
+    );
+    assert_eq!(layer.stats().restored_total, stats.restored_total);
 
     let get = session.resume(&priming_id).await?.read(OK_TIMEOUT).await;
     eprintln!("replayed GET stream: {:?}", get.body);
@@ -606,7 +625,11 @@ async fn replayed_response_on_get_restores_the_remapped_id() -> anyhow::Result<(
         protocol_support::classify_response(r#""abc""#, &b.sentinel, &event.data),
         Outcome::Own
     );
-    assert!(event.id.as_deref().is_some_and(|id| id.starts_with("ev-")));
+    assert_eq!(
+        event.id.as_ref(),
+        Some(stored_event_id),
+        "event id unchanged"
+    );
     assert!(!get.body.contains("mcp-id-guard:"), "{}", get.body);
     assert_eq!(layer.stats().restored_total, stats.restored_total + 1);
 

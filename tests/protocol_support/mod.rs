@@ -358,12 +358,15 @@ pub struct MemoryEvents {
 }
 
 impl MemoryEvents {
-    /// The JSON text of every stored message on the stream of `event_id`
-    /// after it.
-    pub fn messages_after(&self, event_id: &str) -> Vec<String> {
+    /// Every stored event on the stream of `event_id` after it: its id and
+    /// the JSON text of its message.
+    pub fn stored_after(&self, event_id: &str) -> Vec<(String, String)> {
         let events = self.events.borrow();
         after(&events, event_id)
-            .filter_map(|event| event.message.as_deref().map(json_text))
+            .filter_map(|event| {
+                let message = event.message.as_deref().map(json_text)?;
+                Some((event.event_id.clone().unwrap_or_default(), message))
+            })
             .collect()
     }
 
