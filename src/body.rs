@@ -11,6 +11,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 
 use crate::envelope::splice;
+use crate::id::IdKey;
 use crate::rewrite::restore_edits;
 use crate::sse::SseRewriter;
 use crate::table::{InFlight, Table};
@@ -98,6 +99,14 @@ where
     }
 }
 
+/// Ends a registration whose exchange ended normally: the server has answered.
+/// Dropping it any other way marks its ids abandoned.
+fn complete(in_flight: &mut Option<InFlight>) {
+    if let Some(in_flight) = in_flight.take() {
+        in_flight.complete();
+    }
+}
+
 fn note_restored(table: &Table, count: usize) {
     if count > 0 {
         table.note_restored(count);
@@ -157,8 +166,25 @@ enum ResponseKind<B> {
     Guard { body: Full<Bytes> },
 }
 
-impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B, in_flight: Option<InFlight>) -> Self {
+/// An empty inner body; lets tower-http's `TimeoutLayer` (which builds its
+/// `408` from `Default`) wrap the guard directly.
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self {
+            kind: ResponseKind::Inner {
+                body: B::default(),
+                in_flight: None,
+            },
+        }
+    }
+}
+
+impl<B: Body> ResponseBody<B> {
+    pub(crate) fn inner(body: B, mut in_flight: Option<InFlight>) -> Self {
+        // A body that is empty from the start is never polled.
+        if body.is_end_stream() {
+            complete(&mut in_flight);
+        }
         Self {
             kind: ResponseKind::Inner { body, in_flight },
         }
@@ -178,13 +204,18 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn restore_sse(body: B, in_flight: Option<InFlight>, table: Arc<Table>) -> Self {
+    pub(crate) fn restore_sse(
+        body: B,
+        in_flight: Option<InFlight>,
+        table: Arc<Table>,
+        awaited: Vec<IdKey>,
+    ) -> Self {
         Self {
             kind: ResponseKind::RestoreSse {
                 body,
                 in_flight,
                 table,
-                rewriter: SseRewriter::default(),
+                rewriter: SseRewriter::awaiting(awaited),
                 trailers: None,
                 finished: false,
             },
@@ -210,12 +241,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().kind.project() {
-            ResponseKindProj::Inner { body, in_flight } => {
-                let frame = ready!(body.poll_frame(cx));
-                if frame.is_none() {
-                    // The exchange is over: free the ids now rather than when
-                    // the server gets round to dropping the body.
-                    in_flight.take();
+            ResponseKindProj::Inner {
+                mut body,
+                in_flight,
+            } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                // hyper stops polling once `is_end_stream` says so, so the end
+                // is noticed here as well as on `None`.
+                if frame.is_none() || body.is_end_stream() {
+                    complete(in_flight);
                 }
                 Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
             }
@@ -249,7 +283,7 @@ where
                             });
                             // Released before the client can see the response,
                             // so an immediate reuse of the id never collides.
-                            in_flight.take();
+                            complete(in_flight);
                         }
                     }
                 }
@@ -282,6 +316,9 @@ where
                         Ok(mut data) => {
                             let out = rewriter.push(data.copy_to_bytes(data.remaining()));
                             note_restored(table, rewriter.take_restored());
+                            if rewriter.all_answered() {
+                                complete(in_flight);
+                            }
                             if let Some(out) = out {
                                 return Poll::Ready(Some(Ok(Frame::data(out))));
                             }
@@ -292,7 +329,7 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        in_flight.take();
+                        complete(in_flight);
                         let rest = rewriter.finish();
                         note_restored(table, rewriter.take_restored());
                         if let Some(rest) = rest {

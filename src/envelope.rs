@@ -81,8 +81,9 @@ struct CancelParams<'a> {
 const CANCELLED: &str = "\"notifications/cancelled\"";
 
 /// Peeks at a body. Returns `None` when it is not valid JSON, not valid UTF-8,
-/// nested deeper than serde_json's recursion limit, or not an object or array
-/// (for example, an object with duplicate `id` keys is refused by serde).
+/// or not an object or array, and for an object with duplicate keys among the
+/// ones it reads (serde refuses those). Deep nesting inside skipped values
+/// (`params`, `result`) is fine: serde_json skips them without recursing.
 pub(crate) fn peek(input: &[u8]) -> Option<Peeked> {
     let first = input.iter().find(|byte| !byte.is_ascii_whitespace())?;
     if *first == b'[' {

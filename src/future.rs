@@ -267,7 +267,7 @@ where
 
 /// Moves the registration into the response body, choosing how the body is
 /// rewritten when the request carried a server-side id.
-fn wrap_response<B>(
+fn wrap_response<B: Body>(
     response: Response<B>,
     in_flight: Option<InFlight>,
     restore: Option<Arc<Table>>,
@@ -278,14 +278,29 @@ fn wrap_response<B>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .map(media_type);
-    let body = match (media_type, restore) {
-        (Some(media), Some(table)) if media.eq_ignore_ascii_case("application/json") => {
+    // Under Reject and Queue an event stream is also watched for the
+    // responses, so the ids are free as soon as the client has them, even if
+    // the server keeps the stream open a little longer.
+    let awaited = in_flight
+        .as_ref()
+        .map(InFlight::awaited_keys)
+        .unwrap_or_default();
+    let is = |expected: &str| media_type.is_some_and(|media| media.eq_ignore_ascii_case(expected));
+    let body = match restore {
+        Some(table) if is("application/json") => {
             parts.headers.remove(CONTENT_LENGTH);
             ResponseBody::restore_json(body, in_flight, table)
         }
-        (Some(media), Some(table)) if media.eq_ignore_ascii_case("text/event-stream") => {
+        Some(table) if is("text/event-stream") => {
             parts.headers.remove(CONTENT_LENGTH);
-            ResponseBody::restore_sse(body, in_flight, table)
+            ResponseBody::restore_sse(body, in_flight, table, awaited)
+        }
+        None if is("text/event-stream") && !awaited.is_empty() => {
+            let table = in_flight.as_ref().map(|guard| Arc::clone(guard.table()));
+            match table {
+                Some(table) => ResponseBody::restore_sse(body, in_flight, table, awaited),
+                None => ResponseBody::inner(body, in_flight),
+            }
         }
         _ => ResponseBody::inner(body, in_flight),
     };

@@ -39,6 +39,7 @@ pub(crate) struct Config {
     pub(crate) max_in_flight_per_session: usize,
     pub(crate) max_queue_wait: Duration,
     pub(crate) rewrite_all_ids: bool,
+    pub(crate) abandoned_id_ttl: Duration,
 }
 
 impl Default for Config {
@@ -50,6 +51,7 @@ impl Default for Config {
             max_in_flight_per_session: 1024,
             max_queue_wait: Duration::from_secs(30),
             rewrite_all_ids: false,
+            abandoned_id_ttl: Duration::from_secs(300),
         }
     }
 }
@@ -136,6 +138,22 @@ impl IdGuardLayer {
     /// carry its own random tag. Duplicates are still handled by the policy.
     pub fn rewrite_all_ids(mut self, enabled: bool) -> Self {
         self.config.rewrite_all_ids = enabled;
+        self
+    }
+
+    /// Sets how long the id of an abandoned exchange stays shadowed (default
+    /// 5 minutes; zero turns it off).
+    ///
+    /// When a client goes away before its exchange ends (it disconnects, or
+    /// drops the request), its id is free for it again at once, but the server
+    /// may still be working on the request and answer it under that id. Until
+    /// the server could no longer plausibly answer, a new request with that id
+    /// in the session is therefore given a server-side id, whatever the
+    /// policy — never rejected or queued, since the client did nothing wrong —
+    /// so the late answer cannot reach it. Cancelling the abandoned request
+    /// (`notifications/cancelled`) ends the shadow at once.
+    pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
+        self.config.abandoned_id_ttl = ttl;
         self
     }
 

@@ -4,30 +4,57 @@
 use std::ops::Range;
 
 use crate::envelope::{peek, Kind};
-use crate::id::restore;
+use crate::id::{id_key, restore, IdKey};
 
 /// A byte range of a message and the bytes that replace it.
 pub(crate) type Edit = (Range<usize>, Vec<u8>);
+
+/// What the response path learns from one message (or batch).
+#[derive(Debug, Default)]
+pub(crate) struct Responses {
+    /// Edits that put back client ids.
+    pub(crate) edits: Vec<Edit>,
+    /// The collision keys of the client ids of the JSON-RPC responses seen,
+    /// restored ones included: which requests have been answered.
+    pub(crate) answered: Vec<IdKey>,
+}
+
+/// Peeks once at `json` and finds its JSON-RPC responses: the edits that
+/// restore client ids, and the keys of the ids answered.
+pub(crate) fn inspect_responses(json: &[u8]) -> Responses {
+    let mut found = Responses::default();
+    let Some(peeked) = peek(json) else {
+        return found;
+    };
+    for message in peeked.messages() {
+        let Some(range) = message
+            .id
+            .clone()
+            .filter(|_| message.kind == Kind::Response)
+        else {
+            continue;
+        };
+        // The peeker only hands out ranges of valid JSON tokens, which are UTF-8.
+        let Ok(raw) = std::str::from_utf8(&json[range.clone()]) else {
+            continue;
+        };
+        match restore(raw) {
+            Some(original) => {
+                found.answered.push(id_key(&original));
+                found.edits.push((range, original.into_bytes()));
+            }
+            None => found.answered.push(id_key(raw)),
+        }
+    }
+    found
+}
 
 /// The edits that put back the client's original id in every JSON-RPC
 /// response of `json` (a single message or a batch) whose top-level `id` is a
 /// server-side id. Requests and notifications (server→client), nested
 /// occurrences of the prefix and everything else are left alone.
 pub(crate) fn restore_edits(json: &[u8]) -> Vec<Edit> {
-    let Some(peeked) = peek(json) else {
-        return Vec::new();
-    };
-    peeked
-        .messages()
-        .iter()
-        .filter(|message| message.kind == Kind::Response)
-        .filter_map(|message| {
-            let range = message.id.clone()?;
-            // The peeker only hands out ranges of valid JSON tokens, which are UTF-8.
-            let raw = std::str::from_utf8(&json[range.clone()]).ok()?;
-            restore(raw).map(|original| (range, original.into_bytes()))
-        })
-        .collect()
+    inspect_responses(json).edits
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::header::{
+    HeaderName, HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING,
+};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
@@ -197,6 +199,12 @@ pub(crate) struct PendingForward {
 }
 
 impl PendingForward {
+    /// The response will carry server-side ids to restore: ask for it
+    /// uncompressed, so it can be.
+    fn restores_response(&mut self) {
+        self.parts.headers.remove(ACCEPT_ENCODING);
+    }
+
     /// The queued request's id JSON text, for the guard's own answers.
     pub(crate) fn queued_id(&self) -> &str {
         self.queued_id.as_ref().map_or("null", |(_, text)| text)
@@ -207,6 +215,7 @@ impl PendingForward {
     pub(crate) fn into_request<B>(mut self, server_id: Option<&[u8]>) -> Request<RequestBody<B>> {
         if let (Some(server_id), Some((range, _))) = (server_id, self.queued_id.take()) {
             self.edits.push((range, server_id.to_vec()));
+            self.restores_response();
         }
         if self.edits.is_empty() {
             return Request::from_parts(
@@ -334,6 +343,9 @@ pub(crate) fn prepare<B>(
                     remapped = true;
                 }
             }
+            if remapped {
+                pending.restores_response();
+            }
             (Some(guard), remapped, None)
         }
     };
@@ -347,8 +359,12 @@ pub(crate) fn prepare<B>(
             session = %table.session_tag(session),
             "cancellation frees an in-flight id"
         );
-        if let Some(server_id) = target {
-            pending.edits.push((range, server_id.to_vec()));
+        // Name the request as the server knows it: its server-side id, or
+        // the client's own id text when the cancellation spelled an
+        // equivalent id differently (`"1"` for `1`: typed servers compare
+        // exactly).
+        if *target != *request_id.as_bytes() {
+            pending.edits.push((range, target.to_vec()));
         }
     }
 

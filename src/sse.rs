@@ -15,8 +15,9 @@ use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 
 use crate::envelope::splice;
+use crate::id::IdKey;
 use crate::id::RESERVED_PREFIX;
-use crate::rewrite::{restore_edits, Edit};
+use crate::rewrite::{inspect_responses, Responses};
 
 /// Incremental SSE rewriter state.
 #[derive(Debug, Default)]
@@ -29,9 +30,30 @@ pub(crate) struct SseRewriter {
     line_start: usize,
     /// Ids restored since the last [`take_restored`](Self::take_restored).
     restored: usize,
+    /// Keys of the requests whose responses are still to come, when the
+    /// stream is watched for them.
+    awaited: Vec<IdKey>,
+    /// Every awaited response has passed.
+    answered: bool,
 }
 
 impl SseRewriter {
+    /// A rewriter that also watches for the responses to these requests (by
+    /// the collision keys of their client ids); see
+    /// [`all_answered`](Self::all_answered).
+    pub(crate) fn awaiting(awaited: Vec<IdKey>) -> Self {
+        Self {
+            awaited,
+            ..Self::default()
+        }
+    }
+
+    /// Whether every awaited response has passed: the exchange is over as far
+    /// as the client is concerned, even if the server keeps the stream open.
+    pub(crate) fn all_answered(&self) -> bool {
+        self.answered
+    }
+
     /// Feeds one chunk; returns the bytes of every event it completed, rewritten.
     pub(crate) fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
         if self.pending.is_empty() {
@@ -58,18 +80,32 @@ impl SseRewriter {
         std::mem::take(&mut self.restored)
     }
 
-    /// Rewrites a run of complete events.
+    /// Rewrites a run of complete events. Events are parsed only when the
+    /// run holds the reserved prefix (something to restore) or, while
+    /// responses are awaited, a `"result"` or `"error"` key.
     fn rewrite_events(&mut self, events: Bytes) -> Bytes {
-        if memmem::find(&events, RESERVED_PREFIX.as_bytes()).is_none() {
+        let may_restore = memmem::find(&events, RESERVED_PREFIX.as_bytes()).is_some();
+        let may_answer = !self.awaited.is_empty()
+            && (memmem::find(&events, b"\"result\"").is_some()
+                || memmem::find(&events, b"\"error\"").is_some());
+        if !may_restore && !may_answer {
             return events;
         }
         let mut edits = Vec::new();
         for event in event_ranges(&events) {
+            let found = inspect_event(&events[event.clone()]);
             edits.extend(
-                event_edits(&events[event.clone()])
+                found
+                    .edits
                     .into_iter()
                     .map(|(range, new)| (range.start + event.start..range.end + event.start, new)),
             );
+            for key in found.answered {
+                if let Some(position) = self.awaited.iter().position(|awaited| *awaited == key) {
+                    self.awaited.swap_remove(position);
+                    self.answered = self.awaited.is_empty();
+                }
+            }
         }
         if edits.is_empty() {
             return events;
@@ -167,9 +203,9 @@ fn event_ranges(events: &[u8]) -> Vec<Range<usize>> {
     ranges
 }
 
-/// The edits (in event coordinates) that restore the response id carried in
-/// one event's data, if any.
-fn event_edits(event: &[u8]) -> Vec<Edit> {
+/// The responses carried in one event's data, with the edits (in event
+/// coordinates) that restore their ids.
+fn inspect_event(event: &[u8]) -> Responses {
     let mut data_values: Vec<Range<usize>> = Vec::new();
     for line in lines(event) {
         let content = &event[line.clone()];
@@ -185,23 +221,26 @@ fn event_edits(event: &[u8]) -> Vec<Edit> {
         match field {
             b"data" => data_values.push(value_start..line.end),
             // Only the default event type carries JSON-RPC messages.
-            b"event" if &event[value_start..line.end] != b"message" => return Vec::new(),
+            b"event" if &event[value_start..line.end] != b"message" => return Responses::default(),
             _ => {}
         }
     }
     match data_values.as_slice() {
-        [] => Vec::new(),
-        [only] => restore_edits(&event[only.clone()])
-            .into_iter()
-            .map(|(range, new)| (range.start + only.start..range.end + only.start, new))
-            .collect(),
-        several => multi_line_edits(event, several),
+        [] => Responses::default(),
+        [only] => {
+            let mut found = inspect_responses(&event[only.clone()]);
+            for (range, _) in &mut found.edits {
+                *range = range.start + only.start..range.end + only.start;
+            }
+            found
+        }
+        several => inspect_multi_line(event, several),
     }
 }
 
 /// Data split over several `data:` lines is one message joined by LF; map the
 /// edits in the joined text back to the lines they came from.
-fn multi_line_edits(event: &[u8], values: &[Range<usize>]) -> Vec<Edit> {
+fn inspect_multi_line(event: &[u8], values: &[Range<usize>]) -> Responses {
     let mut joined = Vec::new();
     let mut segment_starts = Vec::with_capacity(values.len());
     for (index, value) in values.iter().enumerate() {
@@ -211,7 +250,9 @@ fn multi_line_edits(event: &[u8], values: &[Range<usize>]) -> Vec<Edit> {
         segment_starts.push(joined.len());
         joined.extend_from_slice(&event[value.clone()]);
     }
-    restore_edits(&joined)
+    let found = inspect_responses(&joined);
+    let edits = found
+        .edits
         .into_iter()
         .filter_map(|(range, new)| {
             let segment = segment_starts.partition_point(|&start| start <= range.start) - 1;
@@ -223,13 +264,17 @@ fn multi_line_edits(event: &[u8], values: &[Range<usize>]) -> Vec<Edit> {
                 (start..start + range.len(), new)
             })
         })
-        .collect()
+        .collect();
+    Responses {
+        edits,
+        answered: found.answered,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::IdMinter;
+    use crate::id::{id_key, IdMinter};
 
     fn rewrite_in_chunks(input: &[u8], cuts: &[usize]) -> Vec<u8> {
         let mut rewriter = SseRewriter::default();
@@ -302,6 +347,23 @@ mod tests {
             "whole events are passed on without copying"
         );
         assert_eq!(rewriter.finish(), None);
+    }
+
+    #[test]
+    fn notices_when_the_awaited_responses_have_passed() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint(r#""\u0031""#)).unwrap();
+        let mut rewriter = SseRewriter::awaiting(vec![id_key("1"), id_key("2")]);
+        let first = format!("data: {{\"method\":\"n\",\"params\":{{\"result\":1}}}}\n\ndata: {{\"id\":{server_id},\"result\":1}}\n\n");
+        rewriter.push(Bytes::from(first));
+        assert!(
+            !rewriter.all_answered(),
+            "only the response with id 1 passed"
+        );
+        rewriter.push(Bytes::from_static(b"data: {\"id\":\"2\",\"error\":{}}\n"));
+        assert!(!rewriter.all_answered(), "the event is not complete yet");
+        rewriter.push(Bytes::from_static(b"\n"));
+        assert!(rewriter.all_answered());
     }
 
     #[test]

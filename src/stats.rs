@@ -10,8 +10,13 @@
 pub struct Stats {
     /// Requests registered and not yet released (their exchange has not ended).
     pub in_flight_requests: usize,
-    /// Sessions with at least one request in flight. Idle sessions cost nothing.
+    /// Sessions with at least one request in flight. Idle sessions cost nothing
+    /// (beyond the ids they abandoned, until those expire).
     pub tracked_sessions: usize,
+    /// Ids of abandoned exchanges (the client went away before the response
+    /// ended) that still shadow their id; see
+    /// [`IdGuardLayer::abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl).
+    pub abandoned_ids: usize,
     /// Requests forwarded with the client's own id.
     pub passed_total: u64,
     /// Requests forwarded with a server-side id (duplicates under

@@ -1,6 +1,17 @@
 //! The session table: which ids each session has in flight, the one decision
 //! function over it, cancellation, the queue of waiting duplicates, and the
 //! guard that releases a request's entries.
+//!
+//! # Why ids outlive some exchanges
+//! The server may still answer a request after the client stopped caring:
+//! after a disconnect (the spec says a disconnect is not a cancellation), or
+//! after `notifications/cancelled` when the handler does not stop. If the
+//! client's id were handed back as-is to the next request, that late answer
+//! would be routed to it: one user's data to another. So an entry whose
+//! server-visible id is the client's own *shadows* that id while the server may
+//! still answer it — until its exchange ends normally, or, once abandoned,
+//! for `abandoned_id_ttl`. A new request with a shadowed id is never refused:
+//! it goes with a server-side id, whatever the policy.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
@@ -8,6 +19,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use crate::id::{id_key, is_reserved, IdKey, IdMinter};
 use crate::layer::Config;
@@ -18,8 +30,31 @@ use crate::OnDuplicate;
 /// each other. A power of two keeps the shard pick a mask.
 const SHARDS: usize = 64;
 
-/// One lock's worth of sessions, keyed by the raw session id.
-type Shard = Mutex<HashMap<Arc<[u8]>, Session>>;
+/// At most this many abandoned ids are kept (per layer), so a client that
+/// disconnects in a loop cannot grow memory without bound; past it, an
+/// abandoned id is released at once (and logged).
+const MAX_ABANDONED: usize = 65_536;
+
+/// One lock's worth of sessions.
+type Shard = Mutex<ShardState>;
+
+#[derive(Debug, Default)]
+struct ShardState {
+    /// Sessions with requests in flight or abandoned ids, by raw session id.
+    sessions: HashMap<Arc<[u8]>, Session>,
+    /// Abandoned ids in the order they were abandoned, which is also the
+    /// order they expire in (one TTL per layer).
+    abandoned: VecDeque<Abandoned>,
+}
+
+/// Where an abandoned id sits, to drop it when it expires.
+#[derive(Debug)]
+struct Abandoned {
+    expires: Instant,
+    session: Arc<[u8]>,
+    key: IdKey,
+    serial: u64,
+}
 
 /// State shared by a layer and every service built from it.
 #[derive(Debug)]
@@ -30,6 +65,7 @@ pub(crate) struct Table {
     serials: AtomicU64,
     in_flight: AtomicUsize,
     sessions: AtomicUsize,
+    abandoned: AtomicUsize,
     passed_total: AtomicU64,
     remapped_total: AtomicU64,
     rejected_total: AtomicU64,
@@ -38,15 +74,20 @@ pub(crate) struct Table {
     restored_total: AtomicU64,
 }
 
-/// One session's in-flight requests.
+/// One session's requests.
 #[derive(Debug, Default)]
 struct Session {
-    /// Requests in flight (forwarded or queued), by the collision key of the
-    /// client's id.
+    /// Entries and waiters by the collision key of the client's id.
     by_key: HashMap<IdKey, KeyState>,
     /// Requests of the session whose exchange has not ended, queued and
     /// cancelled ones included: what the per-session cap counts.
     in_flight: usize,
+}
+
+impl Session {
+    fn is_empty(&self) -> bool {
+        self.in_flight == 0 && self.by_key.is_empty()
+    }
 }
 
 /// The requests of one session that share a client id.
@@ -63,14 +104,33 @@ struct KeyState {
 #[derive(Debug)]
 struct Entry {
     serial: u64,
-    /// The id the inner server knows it by: `None` for the client's own id.
-    server_id: Option<Arc<[u8]>>,
+    /// The JSON text of the id the inner server knows the request by.
+    server_id: Arc<[u8]>,
+    /// `server_id` was minted by a guard (else it is the client's own id).
+    remapped: bool,
+    /// A `notifications/cancelled` named it.
+    cancelled: bool,
+    /// Its exchange ended before the response did.
+    abandoned: bool,
+}
+
+impl Entry {
+    /// The client still waits for it.
+    fn is_live(&self) -> bool {
+        !self.cancelled && !self.abandoned
+    }
+
+    /// The server may still answer it under the client's own id, though the
+    /// client no longer waits for that answer.
+    fn shadows(&self) -> bool {
+        !self.remapped && !self.is_live()
+    }
 }
 
 impl KeyState {
-    /// Whether a new request with this id must be treated as a duplicate:
-    /// the server already knows a request by this id (or, when every id is
-    /// rewritten, the client has one in flight), or others already wait.
+    /// Whether a new request with this id is a duplicate for the policy: the
+    /// client has one in flight that the server knows by this id (or, when
+    /// every id is rewritten, any in flight), or others already wait.
     fn is_taken(&self, rewrite_all: bool) -> bool {
         !self.waiters.is_empty() || self.blocks_waiters(rewrite_all)
     }
@@ -78,7 +138,12 @@ impl KeyState {
     fn blocks_waiters(&self, rewrite_all: bool) -> bool {
         self.entries
             .iter()
-            .any(|entry| rewrite_all || entry.server_id.is_none())
+            .any(|entry| entry.is_live() && (rewrite_all || !entry.remapped))
+    }
+
+    /// Whether a new request with this id must go with a server-side id.
+    fn is_shadowed(&self) -> bool {
+        self.entries.iter().any(Entry::shadows)
     }
 
     fn is_empty(&self) -> bool {
@@ -92,7 +157,8 @@ pub(crate) enum Route {
     /// With the client's own id.
     AsIs,
     /// With `server_id` (JSON text) instead; `duplicate` tells a collision
-    /// from a client id in the reserved namespace or `rewrite_all_ids`.
+    /// from a shadowed id, a client id in the reserved namespace or
+    /// `rewrite_all_ids`.
     Remapped {
         server_id: Arc<[u8]>,
         duplicate: bool,
@@ -129,10 +195,11 @@ pub(crate) struct Waiter {
 #[derive(Debug)]
 enum WaitState {
     Waiting(Option<Waker>),
-    /// The id is this request's now, as this entry.
+    /// The id is this request's now, as this entry; `remap` is the
+    /// server-side id to use, if any.
     Granted {
         serial: u64,
-        server_id: Option<Arc<[u8]>>,
+        remap: Option<Arc<[u8]>>,
     },
 }
 
@@ -148,7 +215,7 @@ impl Waiter {
     pub(crate) fn poll_turn(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<[u8]>>> {
         let mut state = self.lock();
         match &mut *state {
-            WaitState::Granted { server_id, .. } => Poll::Ready(server_id.clone()),
+            WaitState::Granted { remap, .. } => Poll::Ready(remap.clone()),
             WaitState::Waiting(waker) => {
                 *waker = Some(cx.waker().clone());
                 Poll::Pending
@@ -166,6 +233,7 @@ impl Table {
             serials: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             sessions: AtomicUsize::new(0),
+            abandoned: AtomicUsize::new(0),
             passed_total: AtomicU64::new(0),
             remapped_total: AtomicU64::new(0),
             rejected_total: AtomicU64::new(0),
@@ -181,17 +249,23 @@ impl Table {
         format!("{:08x}", self.shard_hasher.hash_one(session) >> 32)
     }
 
-    fn shard(&self, session: &[u8]) -> MutexGuard<'_, HashMap<Arc<[u8]>, Session>> {
+    fn shard(&self, session: &[u8]) -> MutexGuard<'_, ShardState> {
         let index = self.shard_hasher.hash_one(session) as usize & (SHARDS - 1);
         // Nothing panics while a shard is held, but a poisoned lock must not
         // turn into leaked entries: the data is still consistent.
-        self.shards[index]
+        let mut shard = self.shards[index]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.expire_abandoned(&mut shard);
+        shard
     }
 
     fn next_serial(&self) -> u64 {
         self.serials.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn mint(&self, raw: &str) -> Arc<[u8]> {
+        Arc::from(self.minter.mint(raw))
     }
 
     /// The decision function: checks the ids of one POST's requests (in body
@@ -206,7 +280,7 @@ impl Table {
     ) -> Admission {
         let keys: Vec<IdKey> = ids.iter().map(|raw| id_key(raw)).collect();
         let mut shard = self.shard(session);
-        let existing = shard.get(session);
+        let existing = shard.sessions.get(session);
         let current = existing.map_or(0, |entry| entry.in_flight);
         if current + ids.len() > config.max_in_flight_per_session {
             drop(shard);
@@ -217,15 +291,18 @@ impl Table {
 
         // A request collides with a request of the session the server knows
         // by the same id, and with an earlier request of the same batch.
+        let state_of = |key: &IdKey| existing.and_then(|entry| entry.by_key.get(key));
         let colliding: Vec<bool> = keys
             .iter()
             .enumerate()
             .map(|(index, key)| {
-                existing
-                    .and_then(|entry| entry.by_key.get(key))
-                    .is_some_and(|state| state.is_taken(config.rewrite_all_ids))
+                state_of(key).is_some_and(|state| state.is_taken(config.rewrite_all_ids))
                     || keys[..index].contains(key)
             })
+            .collect();
+        let shadowed: Vec<bool> = keys
+            .iter()
+            .map(|key| state_of(key).is_some_and(KeyState::is_shadowed))
             .collect();
         let any_collision = colliding.contains(&true);
         // Only a lone request waits; holding a whole batch for one member
@@ -244,16 +321,30 @@ impl Table {
         }
 
         // Reuse the stored key so an existing session costs no allocation.
-        let stored_session = match shard.get_key_value(session) {
+        let stored_session = match shard.sessions.get_key_value(session) {
             Some((stored, _)) => Arc::clone(stored),
             None => Arc::from(session),
         };
-        let entry = shard.entry(Arc::clone(&stored_session)).or_insert_with(|| {
+        let entry = shard
+            .sessions
+            .entry(Arc::clone(&stored_session))
+            .or_default();
+        if entry.in_flight == 0 {
             self.sessions.fetch_add(1, Ordering::Relaxed);
-            Session::default()
-        });
+        }
         entry.in_flight += ids.len();
         self.in_flight.fetch_add(ids.len(), Ordering::Relaxed);
+
+        let guard = |members, queued| InFlight {
+            table: Arc::clone(self),
+            session: Arc::clone(&stored_session),
+            members,
+            queued,
+            count: ids.len(),
+            completed: false,
+            abandoned_id_ttl: config.abandoned_id_ttl,
+            awaits_responses: config.on_duplicate != OnDuplicate::Remap,
+        };
 
         if any_collision && queue_single {
             let ticket = Arc::new(Waiter {
@@ -270,42 +361,44 @@ impl Table {
                 .push_back(Arc::clone(&ticket));
             drop(shard);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
-            let guard = InFlight {
-                table: Arc::clone(self),
-                session: stored_session,
-                members: Vec::new(),
-                queued: Some((key, Arc::clone(&ticket))),
-                count: 1,
+            return Admission::Queued {
+                guard: guard(Vec::new(), Some((key, Arc::clone(&ticket)))),
+                ticket,
             };
-            return Admission::Queued { guard, ticket };
         }
 
         let mut members = Vec::with_capacity(keys.len());
         let mut routes = Vec::with_capacity(keys.len());
         let (mut passed, mut remapped) = (0u64, 0u64);
-        for ((raw, key), duplicate) in ids.iter().zip(keys).zip(colliding) {
+        let decisions = ids.iter().zip(keys).zip(colliding).zip(shadowed);
+        for (((raw, key), duplicate), shadowed) in decisions {
             let serial = self.next_serial();
-            let server_id = (duplicate || is_reserved(&key) || config.rewrite_all_ids)
-                .then(|| Arc::from(self.minter.mint(raw)));
-            routes.push(match &server_id {
-                Some(server_id) => {
-                    remapped += 1;
-                    Route::Remapped {
-                        server_id: Arc::clone(server_id),
-                        duplicate,
-                    }
-                }
-                None => {
-                    passed += 1;
-                    Route::AsIs
-                }
-            });
+            let remap = duplicate || shadowed || is_reserved(&key) || config.rewrite_all_ids;
+            let server_id = if remap {
+                remapped += 1;
+                let server_id = self.mint(raw);
+                routes.push(Route::Remapped {
+                    server_id: Arc::clone(&server_id),
+                    duplicate,
+                });
+                server_id
+            } else {
+                passed += 1;
+                routes.push(Route::AsIs);
+                Arc::from(raw.as_bytes())
+            };
             entry
                 .by_key
                 .entry(key.clone())
                 .or_default()
                 .entries
-                .push_back(Entry { serial, server_id });
+                .push_back(Entry {
+                    serial,
+                    server_id,
+                    remapped: remap,
+                    cancelled: false,
+                    abandoned: false,
+                });
             members.push((key, serial));
         }
         drop(shard);
@@ -313,55 +406,58 @@ impl Table {
         self.passed_total.fetch_add(passed, Ordering::Relaxed);
         self.remapped_total.fetch_add(remapped, Ordering::Relaxed);
         Admission::Admitted {
-            guard: InFlight {
-                table: Arc::clone(self),
-                session: stored_session,
-                members,
-                queued: None,
-                count: ids.len(),
-            },
+            guard: guard(members, None),
             routes,
         }
     }
 
     /// Handles a `notifications/cancelled` naming `request_id` in `session`.
     ///
-    /// The cancellation goes to the **oldest** forwarded request of the session
-    /// with that id. That is the one the server knows by the client's own id
-    /// (duplicates arriving later were remapped), so it is exactly the request
-    /// an unguarded server would have cancelled; it is also the one most
-    /// likely to still be running. Its id is freed at once, and the next
-    /// queued request with that id, if any, gets it.
+    /// The cancellation goes to the request of the session the server knows
+    /// by the client's own id (at most one is live at a time; an abandoned one
+    /// counts too, the server may still be working on it): exactly the request
+    /// an unguarded server would have cancelled, and usually the oldest. Only
+    /// when there is none does it go to the oldest remapped request with that
+    /// id. Requests already cancelled are skipped. The id is free for the
+    /// client at once: as long as the server might still answer the cancelled
+    /// request, a new request with the id goes with a server-side id.
     ///
-    /// Returns `None` when nothing in flight matches (the notification passes
-    /// unchanged), else the server-side id to put in `requestId` (`None`
-    /// inside: the client's own id is right).
-    pub(crate) fn cancel(&self, session: &[u8], request_id: &str) -> Option<Option<Arc<[u8]>>> {
+    /// Returns `None` when nothing matches (the notification passes
+    /// unchanged), else the JSON text of the id the server knows the target by,
+    /// for `requestId`.
+    pub(crate) fn cancel(&self, session: &[u8], request_id: &str) -> Option<Arc<[u8]>> {
         let key = id_key(request_id);
         let mut shard = self.shard(session);
-        let entry = shard.get_mut(session)?;
-        let state = entry.by_key.get_mut(&key)?;
-        let cancelled = state.entries.pop_front()?;
+        let state = shard.sessions.get_mut(session)?.by_key.get_mut(&key)?;
+        // The request the server knows by the client's own id, if any; else
+        // the oldest remapped one.
+        let position = state
+            .entries
+            .iter()
+            .position(|entry| !entry.cancelled && !entry.remapped)
+            .or_else(|| state.entries.iter().position(|entry| !entry.cancelled))?;
+        let target = &mut state.entries[position];
+        target.cancelled = true;
+        let server_id = Arc::clone(&target.server_id);
         self.grant_waiters(state);
-        if state.is_empty() {
-            entry.by_key.remove(&key);
-        }
         drop(shard);
         self.cancelled_total.fetch_add(1, Ordering::Relaxed);
-        Some(cancelled.server_id)
+        Some(server_id)
     }
 
     /// Hands the id to waiting requests, first come first served, while the
-    /// server knows no request by it.
+    /// server knows no live request of the client by it.
     fn grant_waiters(&self, state: &mut KeyState) {
         while let Some(waiter) = state.waiters.front() {
             if state.blocks_waiters(waiter.rewrite_all) {
                 return;
             }
             let serial = self.next_serial();
-            let server_id = waiter
-                .rewrite_all
-                .then(|| Arc::from(self.minter.mint(&waiter.raw_id)));
+            let remap =
+                (waiter.rewrite_all || state.is_shadowed()).then(|| self.mint(&waiter.raw_id));
+            let server_id = remap
+                .clone()
+                .unwrap_or_else(|| Arc::from(waiter.raw_id.as_bytes()));
             let mut wait_state = waiter.lock();
             if let WaitState::Waiting(waker) = &mut *wait_state {
                 if let Some(waker) = waker.take() {
@@ -370,72 +466,147 @@ impl Table {
             }
             *wait_state = WaitState::Granted {
                 serial,
-                server_id: server_id.clone(),
+                remap: remap.clone(),
             };
             drop(wait_state);
-            state.entries.push_back(Entry { serial, server_id });
+            state.entries.push_back(Entry {
+                serial,
+                server_id,
+                remapped: remap.is_some(),
+                cancelled: false,
+                abandoned: false,
+            });
             state.waiters.pop_front();
         }
     }
 
     fn release(&self, guard: &InFlight) {
         let mut shard = self.shard(&guard.session);
-        let emptied = match shard.get_mut(&*guard.session) {
-            Some(session) => {
-                for (key, serial) in &guard.members {
-                    self.remove_entry(session, key, *serial);
-                }
-                if let Some((key, ticket)) = &guard.queued {
-                    let granted = match &*ticket.lock() {
-                        WaitState::Granted { serial, .. } => Some(*serial),
-                        WaitState::Waiting(_) => None,
-                    };
-                    match granted {
-                        Some(serial) => self.remove_entry(session, key, serial),
-                        None => self.remove_waiter(session, key, ticket),
-                    }
-                }
-                session.in_flight = session.in_flight.saturating_sub(guard.count);
-                session.in_flight == 0
-            }
-            None => false,
+        let shard = &mut *shard;
+        let Some(session) = shard.sessions.get_mut(&*guard.session) else {
+            self.in_flight.fetch_sub(guard.count, Ordering::Relaxed);
+            return;
         };
-        if emptied {
-            shard.remove(&*guard.session);
+        // An exchange that did not end normally may still be answered by the
+        // server; keep its ids shadowed for a while. So may a cancelled one,
+        // even when the server closed its stream: a handler that ignores the
+        // cancellation still answers, under the client's id.
+        let keep_until = (!guard.abandoned_id_ttl.is_zero())
+            .then(|| Instant::now().checked_add(guard.abandoned_id_ttl))
+            .flatten();
+        let completed = guard.completed;
+        let mut ended: Vec<(&IdKey, u64)> = guard
+            .members
+            .iter()
+            .map(|(key, serial)| (key, *serial))
+            .collect();
+        if let Some((key, ticket)) = &guard.queued {
+            match &*ticket.lock() {
+                WaitState::Granted { serial, .. } => ended.push((key, *serial)),
+                WaitState::Waiting(_) => remove_waiter(session, key, ticket),
+            }
         }
-        drop(shard);
-        if emptied {
+        for (key, serial) in ended {
+            if let Some(expires) = self.end_entry(session, key, serial, completed, keep_until) {
+                shard.abandoned.push_back(Abandoned {
+                    expires,
+                    session: Arc::clone(&guard.session),
+                    key: key.clone(),
+                    serial,
+                });
+            }
+        }
+        session.in_flight = session.in_flight.saturating_sub(guard.count);
+        let idle = session.in_flight == 0;
+        if session.is_empty() {
+            shard.sessions.remove(&*guard.session);
+        }
+        if idle {
             self.sessions.fetch_sub(1, Ordering::Relaxed);
         }
         self.in_flight.fetch_sub(guard.count, Ordering::Relaxed);
     }
 
-    /// Removes a forwarded request's entry (already gone if it was
-    /// cancelled) and passes the id on to the next waiter.
-    fn remove_entry(&self, session: &mut Session, key: &IdKey, serial: u64) {
-        let Some(state) = session.by_key.get_mut(key) else {
-            return;
-        };
+    /// Ends a forwarded request's entry: removes it, or, when the server
+    /// knows it by the client's own id and may still answer it (the exchange
+    /// did not complete, or it was cancelled), keeps it as abandoned until
+    /// `keep_until` (returned). Passes the id on to the next waiter.
+    fn end_entry(
+        &self,
+        session: &mut Session,
+        key: &IdKey,
+        serial: u64,
+        completed: bool,
+        keep_until: Option<Instant>,
+    ) -> Option<Instant> {
+        let state = session.by_key.get_mut(key)?;
+        let mut kept = None;
         if let Some(position) = state
             .entries
             .iter()
             .position(|entry| entry.serial == serial)
         {
-            state.entries.remove(position);
+            let entry = &mut state.entries[position];
+            let may_still_answer = !entry.remapped && (!completed || entry.cancelled);
+            let keep = keep_until.filter(|_| {
+                may_still_answer && self.abandoned.load(Ordering::Relaxed) < MAX_ABANDONED
+            });
+            match keep {
+                Some(expires) => {
+                    entry.abandoned = true;
+                    self.abandoned.fetch_add(1, Ordering::Relaxed);
+                    kept = Some(expires);
+                }
+                None => {
+                    if keep_until.is_some() && may_still_answer {
+                        tracing::warn!(
+                            limit = MAX_ABANDONED,
+                            "too many abandoned ids; releasing one at once"
+                        );
+                    }
+                    state.entries.remove(position);
+                }
+            }
             self.grant_waiters(state);
         }
         if state.is_empty() {
             session.by_key.remove(key);
         }
+        kept
     }
 
-    fn remove_waiter(&self, session: &mut Session, key: &IdKey, ticket: &Arc<Waiter>) {
-        let Some(state) = session.by_key.get_mut(key) else {
-            return;
-        };
-        state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
-        if state.is_empty() {
-            session.by_key.remove(key);
+    /// Drops abandoned ids whose time is up, and sessions left empty.
+    /// Amortised O(1): expiries are in order.
+    fn expire_abandoned(&self, shard: &mut ShardState) {
+        let now = Instant::now();
+        while shard
+            .abandoned
+            .front()
+            .is_some_and(|first| first.expires <= now)
+        {
+            let Some(expired) = shard.abandoned.pop_front() else {
+                break;
+            };
+            let Some(session) = shard.sessions.get_mut(&*expired.session) else {
+                continue;
+            };
+            if let Some(state) = session.by_key.get_mut(&expired.key) {
+                let position = state
+                    .entries
+                    .iter()
+                    .position(|entry| entry.serial == expired.serial && entry.abandoned);
+                if let Some(position) = position {
+                    state.entries.remove(position);
+                    self.abandoned.fetch_sub(1, Ordering::Relaxed);
+                    self.grant_waiters(state);
+                }
+                if state.is_empty() {
+                    session.by_key.remove(&expired.key);
+                }
+            }
+            if session.is_empty() {
+                shard.sessions.remove(&*expired.session);
+            }
         }
     }
 
@@ -449,6 +620,7 @@ impl Table {
         Stats {
             in_flight_requests: self.in_flight.load(Ordering::Relaxed),
             tracked_sessions: self.sessions.load(Ordering::Relaxed),
+            abandoned_ids: self.abandoned.load(Ordering::Relaxed),
             passed_total: self.passed_total.load(Ordering::Relaxed),
             remapped_total: self.remapped_total.load(Ordering::Relaxed),
             rejected_total: self.rejected_total.load(Ordering::Relaxed),
@@ -459,10 +631,22 @@ impl Table {
     }
 }
 
+fn remove_waiter(session: &mut Session, key: &IdKey, ticket: &Arc<Waiter>) {
+    let Some(state) = session.by_key.get_mut(key) else {
+        return;
+    };
+    state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
+    if state.is_empty() {
+        session.by_key.remove(key);
+    }
+}
+
 /// The registration of one POST's requests. Dropping it releases them,
 /// exactly once: it lives in the response future and then in the response
 /// body, so every way an exchange can end (body finished or dropped, future
-/// dropped, inner error, panic unwinding) drops it.
+/// dropped, inner error, panic unwinding) drops it. Only
+/// [`complete`](Self::complete) tells the table the server has answered;
+/// any other end leaves the ids shadowed for `abandoned_id_ttl`.
 #[derive(Debug)]
 pub(crate) struct InFlight {
     table: Arc<Table>,
@@ -472,11 +656,35 @@ pub(crate) struct InFlight {
     /// A queued request: its key and ticket (granted or not).
     queued: Option<(IdKey, Arc<Waiter>)>,
     count: usize,
+    completed: bool,
+    abandoned_id_ttl: Duration,
+    /// Free the ids as soon as their responses have passed (policies that
+    /// turn a collision into a visible refusal or a wait).
+    awaits_responses: bool,
 }
 
 impl InFlight {
+    /// The collision keys of the requests whose responses end the exchange
+    /// early, or nothing when the policy does not need it.
+    pub(crate) fn awaited_keys(&self) -> Vec<IdKey> {
+        if !self.awaits_responses {
+            return Vec::new();
+        }
+        self.members
+            .iter()
+            .map(|(key, _)| key.clone())
+            .chain(self.queued.iter().map(|(key, _)| key.clone()))
+            .collect()
+    }
+
     pub(crate) fn table(&self) -> &Arc<Table> {
         &self.table
+    }
+
+    /// Releases the ids of an exchange that ended normally: the server has
+    /// answered, so nothing is kept.
+    pub(crate) fn complete(mut self) {
+        self.completed = true;
     }
 }
 
@@ -486,6 +694,7 @@ impl Drop for InFlight {
         tracing::debug!(
             session = %self.table.session_tag(&self.session),
             requests = self.count,
+            completed = self.completed,
             "released in-flight ids"
         );
     }
@@ -513,6 +722,14 @@ mod tests {
         assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
     }
 
+    /// Ends a registration as a finished exchange (dropping it abandons it).
+    fn end(admission: Admission) {
+        match admission {
+            Admission::Admitted { guard, .. } | Admission::Queued { guard, .. } => guard.complete(),
+            Admission::Duplicate { .. } | Admission::OverCapacity => {}
+        }
+    }
+
     #[test]
     fn remap_then_release_frees_everything() {
         let table = Arc::new(Table::new());
@@ -533,13 +750,14 @@ mod tests {
         );
         assert_eq!(table.stats().in_flight_requests, 2);
         assert_eq!(table.stats().tracked_sessions, 1);
-        drop(first);
+        end(first);
         let third = admit(&table, &["1"], OnDuplicate::Reject);
-        assert!(
-            matches!(third, Admission::Admitted { .. }),
-            "the unchanged slot is free again"
-        );
-        drop((second, third));
+        let Admission::Admitted { routes, .. } = &third else {
+            panic!("the unchanged slot is free again")
+        };
+        assert_eq!(routes[0], Route::AsIs);
+        end(second);
+        end(third);
         assert_drained(&table);
     }
 
@@ -608,19 +826,35 @@ mod tests {
             "other sessions are untouched"
         );
         assert_eq!(
-            table.cancel(b"session-a", "1"),
-            Some(None),
-            "the oldest went as-is"
+            table.cancel(b"session-a", "\"1\""),
+            Some(Arc::from(&b"1"[..])),
+            "the oldest, named as the server knows it"
         );
-        assert_eq!(
-            table.cancel(b"session-a", "1"),
-            Some(Some(Arc::clone(server_id)))
-        );
+        assert_eq!(table.cancel(b"session-a", "1"), Some(Arc::clone(server_id)));
         assert_eq!(table.cancel(b"session-a", "1"), None);
         let reuse = admit(&table, &["1"], OnDuplicate::Reject);
-        assert!(matches!(reuse, Admission::Admitted { .. }), "freed at once");
+        let Admission::Admitted { routes, .. } = &reuse else {
+            panic!("freed at once")
+        };
+        assert!(
+            matches!(
+                routes[0],
+                Route::Remapped {
+                    duplicate: false,
+                    ..
+                }
+            ),
+            "the server may still answer the cancelled one"
+        );
         assert_eq!(table.stats().cancelled_total, 2);
-        drop((first, second, reuse));
+        end(first);
+        end(second);
+        end(reuse);
+        assert_eq!(
+            table.stats().abandoned_ids,
+            1,
+            "the cancelled request the server knew as 1 may still be answered"
+        );
         assert_drained(&table);
     }
 
@@ -644,13 +878,13 @@ mod tests {
         };
         let mut cx = Context::from_waker(Waker::noop());
         assert!(second_ticket.poll_turn(&mut cx).is_pending());
-        drop(first);
+        end(first);
         assert_eq!(second_ticket.poll_turn(&mut cx), Poll::Ready(None));
         assert!(third_ticket.poll_turn(&mut cx).is_pending());
         assert_eq!(table.stats().in_flight_requests, 2);
-        drop(second);
+        second.complete();
         assert_eq!(third_ticket.poll_turn(&mut cx), Poll::Ready(None));
-        drop(third);
+        third.complete();
         assert_drained(&table);
     }
 
@@ -670,10 +904,10 @@ mod tests {
             panic!("queued expected")
         };
         drop(second);
-        drop(first);
+        end(first);
         let mut cx = Context::from_waker(Waker::noop());
         assert_eq!(ticket.poll_turn(&mut cx), Poll::Ready(None));
-        drop(third);
+        third.complete();
         assert_drained(&table);
     }
 
@@ -685,6 +919,107 @@ mod tests {
             admit(&table, &["1", "2"], OnDuplicate::Queue),
             Admission::Duplicate { .. }
         ));
+    }
+
+    #[test]
+    fn an_abandoned_id_shadows_its_reuse_until_it_expires() {
+        let table = Arc::new(Table::new());
+        let first = admit(&table, &["1"], OnDuplicate::Reject);
+        drop(first); // abandoned: never completed
+        let stats = table.stats();
+        assert_eq!(
+            (
+                stats.in_flight_requests,
+                stats.tracked_sessions,
+                stats.abandoned_ids
+            ),
+            (0, 0, 1)
+        );
+        let Admission::Admitted { guard, routes } = admit(&table, &["1"], OnDuplicate::Reject)
+        else {
+            panic!("reuse after abandoning is never rejected")
+        };
+        assert!(matches!(
+            routes[0],
+            Route::Remapped {
+                duplicate: false,
+                ..
+            }
+        ));
+        guard.complete();
+
+        let short = Config {
+            abandoned_id_ttl: Duration::from_nanos(1),
+            ..config(OnDuplicate::Reject)
+        };
+        let table = Arc::new(Table::new());
+        let Admission::Admitted { guard, .. } = table.admit(b"s", &["1"], false, &short) else {
+            panic!("admitted expected")
+        };
+        drop(guard);
+        std::thread::sleep(Duration::from_millis(1));
+        let Admission::Admitted { guard, routes } = table.admit(b"s", &["1"], false, &short) else {
+            panic!("admitted expected")
+        };
+        assert_eq!(routes[0], Route::AsIs, "expired");
+        assert_eq!(table.stats().abandoned_ids, 0);
+        guard.complete();
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn completed_exchanges_leave_nothing_behind() {
+        let table = Arc::new(Table::new());
+        let Admission::Admitted { guard, .. } = admit(&table, &["1", "2"], OnDuplicate::Remap)
+        else {
+            panic!("admitted expected")
+        };
+        guard.complete();
+        assert_eq!(table.stats().abandoned_ids, 0);
+        assert!(table.shard(b"session-a").sessions.is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_request_shadows_its_id_even_after_its_stream_ended() {
+        let short = Config {
+            abandoned_id_ttl: Duration::from_millis(1),
+            ..config(OnDuplicate::Reject)
+        };
+        let table = Arc::new(Table::new());
+        let admit = |table: &Arc<Table>| table.admit(b"s", &["1"], false, &short);
+        let first = admit(&table);
+        assert!(table.cancel(b"s", "1").is_some());
+        let Admission::Admitted { routes, guard } = admit(&table) else {
+            panic!("reuse after a cancellation is never rejected")
+        };
+        assert!(matches!(
+            routes[0],
+            Route::Remapped {
+                duplicate: false,
+                ..
+            }
+        ));
+        guard.complete();
+        // The server closed the cancelled request's stream, but a handler
+        // that ignores cancellation may still answer it.
+        end(first);
+        assert_eq!(table.stats().abandoned_ids, 1);
+        let Admission::Admitted { routes, guard } = admit(&table) else {
+            panic!("admitted expected")
+        };
+        assert!(
+            matches!(routes[0], Route::Remapped { .. }),
+            "still shadowed"
+        );
+        guard.complete();
+        std::thread::sleep(Duration::from_millis(5));
+        let Admission::Admitted { routes, guard } = admit(&table) else {
+            panic!("admitted expected")
+        };
+        assert_eq!(routes[0], Route::AsIs, "the shadow expired");
+        guard.complete();
+        assert_drained(&table);
+        assert_eq!(table.stats().abandoned_ids, 0);
     }
 
     #[test]
