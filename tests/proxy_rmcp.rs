@@ -337,11 +337,10 @@ async fn disconnect_then_reuse_with_rewrite_all_ids_is_safe() -> anyhow::Result<
     Ok(())
 }
 
-/// Known limitation of the layer (reported, not worked around in the proxy):
-/// with the default settings the released id 1 goes to the server again
-/// while `A` still runs there under id 1, and `B` receives `A`'s result.
+/// With the default settings, after A's client disconnects the id is free for
+/// the client but shadowed: B reaches the server with a server-side id while
+/// A still runs there under id 1, so B gets its own result, not A's.
 #[tokio::test]
-#[ignore = "layer limitation: an id is released on client disconnect while the server still runs the request"]
 async fn disconnect_then_reuse_with_defaults() -> anyhow::Result<()> {
     let b = disconnect_then_reuse(IdGuardLayer::new()).await?;
     assert_eq!(b, Outcome::Own);

@@ -468,15 +468,15 @@ async fn reject_allows_sequential_reuse() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// KNOWN BUG (see the ignore reason): a client may reuse an id once it has
-/// received the response (spec 2026-07-28 wording: ids must not match a
-/// request "not yet received a response for"), but the guard releases an SSE
-/// exchange only when the stream ends, which trails the response event. Six
-/// sessions each make 150 back-to-back `id: 1` calls under Reject, moving on
-/// as soon as the response event arrives; every call should get its own
-/// result. With rmcp 3.11 a few in a thousand get a spurious 400.
+/// A client may reuse an id once it has received the response (spec
+/// 2026-07-28 wording: ids must not match a request "not yet received a
+/// response for"), and the SSE stream's end trails the response event. Under
+/// Reject the guard watches the stream for the response and frees the id as
+/// it passes. Six sessions each make 150 back-to-back `id: 1` calls under
+/// Reject, moving on as soon as the response event arrives; every call gets
+/// its own result (before the guard watched for responses, a few in a
+/// thousand got a spurious 400).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug in the guard: under Reject, reuse right after the response event (before the SSE stream ends) is sometimes rejected"]
 async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
@@ -717,13 +717,12 @@ async fn rewrite_all_ids_reuse_after_giving_up_gets_its_own_result() -> anyhow::
     Ok(())
 }
 
-/// KNOWN BUG (see the ignore reason): with the default settings the guard
-/// frees an id as soon as the client disconnects or cancels, although rmcp
-/// may still answer the earlier request; the reused id then passes unchanged
-/// and is cross-wired. Expected: C gets its own result or a clean rejection,
-/// never A's result.
+/// After a client disconnects or cancels, rmcp may still answer the earlier
+/// request under its id. The guard frees the id for the client at once but
+/// keeps it shadowed: the reused id goes to the server remapped, so C gets its
+/// own result or a clean rejection, never A's result (before shadowing, C got
+/// A's result under every policy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug in the guard: an id freed on disconnect/cancel is reused while rmcp still answers the earlier request (C gets A's result)"]
 async fn reuse_after_giving_up_is_not_cross_wired() -> anyhow::Result<()> {
     let policies = [OnDuplicate::Remap, OnDuplicate::Reject, OnDuplicate::Queue];
     let failures: Vec<String> = give_up_then_reuse_all(&policies, false)
