@@ -18,8 +18,9 @@
 //! server sees a unique id and the client's id is restored in the response) or
 //! rejects it ([`OnDuplicate::Reject`]: HTTP 400 and JSON-RPC `-32600` carrying
 //! the id), or queues it until the earlier request with that id has ended
-//! ([`OnDuplicate::Queue`]). An id is free again as soon as its exchange ends,
-//! however it ends.
+//! ([`OnDuplicate::Queue`]). An id is free again for the client as soon as its
+//! exchange ends, however it ends (under `Reject` and `Queue`, as soon as the
+//! response event has passed, even if the server keeps the stream open).
 //!
 //! ```
 //! use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -69,19 +70,30 @@
 //! session, and several guard replicas in front of one server cannot collide
 //! without sharing state.
 //!
+//! # Given-up requests
+//! The server may still answer a request the client gave up on: a disconnect
+//! is not a cancellation (spec 2025-06-18, transports), and a handler may
+//! ignore a cancellation. An unguarded server hands that late answer to the
+//! next request that reuses the id. So when an exchange ends before its
+//! response (the client disconnected or dropped the request, the inner
+//! service failed, a panic) or was cancelled, and the server knew it by the
+//! client's own id, the id stays *shadowed* for
+//! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
+//! but a new request with it goes to the server with a server-side id, under
+//! every policy (never refused or queued: the client did nothing wrong).
+//!
 //! # Cancellation
 //! A `notifications/cancelled` whose `params.requestId` names a request in
-//! flight in the session frees that id at once (a cancelled request gets no
-//! response, and its stream may stay open), and is forwarded with `requestId`
-//! rewritten to the server-side id when the request was remapped. When several
-//! requests in flight share the client's id, the **oldest** is cancelled: it is
-//! the one the server knows by the client's own id (later duplicates were
-//! remapped), so the server sees exactly the cancellation it would have seen
-//! without the guard, and it is the one most likely to be still running. A
-//! `requestId` that matches nothing passes unchanged; a cancellation never
-//! affects another session. In a batch, each cancellation is handled on its own,
-//! after the batch's requests were admitted; a batch the guard refuses cancels
-//! nothing.
+//! flight in the session goes to the request the server knows by the client's
+//! own id (at most one is live at a time: exactly the request an unguarded
+//! server would have cancelled), or, when there is none, to the oldest
+//! remapped one. `requestId` is rewritten to the id the server knows the
+//! request by: its server-side id, or the client's id as it was sent (so `"1"`
+//! cancels a request sent as `1` on servers that compare ids by type). The id
+//! is free for the client at once, and shadowed as above. A `requestId` that
+//! matches nothing passes unchanged; a cancellation never affects another
+//! session. In a batch, each cancellation is handled on its own, after the
+//! batch's requests were admitted; a batch the guard refuses cancels nothing.
 //!
 //! # Queueing
 //! Under [`OnDuplicate::Queue`] a duplicate waits, first come first served per
