@@ -5,8 +5,8 @@
 //! cargo run --example demo
 //! ```
 //!
-//! Runs two scenarios against a bare server, the guard with `Remap` and the
-//! guard with `Reject`, and prints what every call got back. Logs are off
+//! Runs two scenarios against a bare server and the guard with `Remap`,
+//! `Reject` and `Queue`, and prints what every call got back. Logs are off
 //! unless `RUST_LOG` is set.
 
 #[path = "../tests/common/mod.rs"]
@@ -15,8 +15,8 @@ mod common;
 use std::time::Instant;
 
 use common::{
-    burst, drained_stats, pair, serve, CallReport, Client, Tally, HANG_TIMEOUT, OK_TIMEOUT,
-    WAIT_TIMEOUT,
+    burst, drained_stats, pair, serve, CallReport, Client, EchoCall, Tally, TestServer,
+    HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT,
 };
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 
@@ -27,6 +27,7 @@ enum Policy {
     Bare,
     Remap,
     Reject,
+    Queue,
 }
 
 impl Policy {
@@ -35,6 +36,7 @@ impl Policy {
             Policy::Bare => "bare rmcp",
             Policy::Remap => "guard: Remap",
             Policy::Reject => "guard: Reject",
+            Policy::Queue => "guard: Queue",
         }
     }
 
@@ -43,6 +45,7 @@ impl Policy {
             Policy::Bare => None,
             Policy::Remap => Some(IdGuardLayer::new()),
             Policy::Reject => Some(IdGuardLayer::new().on_duplicate(OnDuplicate::Reject)),
+            Policy::Queue => Some(IdGuardLayer::new().on_duplicate(OnDuplicate::Queue)),
         }
     }
 }
@@ -90,9 +93,12 @@ async fn run(scenario: Scenario, policy: Policy) -> anyhow::Result<Row> {
         (Scenario::Pair, Policy::Bare) => "pair-bare",
         (Scenario::Pair, Policy::Remap) => "pair-remap",
         (Scenario::Pair, Policy::Reject) => "pair-reject",
+        (Scenario::Burst, Policy::Queue) => "burst-queue",
+        (Scenario::Pair, Policy::Queue) => "pair-queue",
     };
     let reports = match scenario {
         Scenario::Burst => burst(&client, tag, "1", BURST, within).await,
+        Scenario::Pair if policy == Policy::Queue => queued_pair(&server, &client, tag).await?,
         Scenario::Pair => {
             let b_reaches_server = policy != Policy::Reject;
             let (a, b) = pair(&server, &client, tag, ("1", "1"), b_reaches_server, within).await?;
@@ -103,10 +109,11 @@ async fn run(scenario: Scenario, policy: Policy) -> anyhow::Result<Row> {
         Some(layer) => {
             let stats = drained_stats(layer, WAIT_TIMEOUT).await;
             format!(
-                "passed {}, remapped {}, rejected {}; {} left in flight",
+                "passed {}, remapped {}, rejected {}, queued {}; {} left in flight",
                 stats.passed_total,
                 stats.remapped_total,
                 stats.rejected_total,
+                stats.queued_total,
                 stats.in_flight_requests
             )
         }
@@ -120,6 +127,29 @@ async fn run(scenario: Scenario, policy: Policy) -> anyhow::Result<Row> {
         counters,
         reports,
     })
+}
+
+/// The pair case under Queue: B waits in the guard until A's exchange ends,
+/// so B's gate is opened before B can reach the server (gates stay open).
+async fn queued_pair(
+    server: &TestServer,
+    client: &Client,
+    tag: &str,
+) -> anyhow::Result<Vec<CallReport>> {
+    let a = EchoCall::held(format!("{tag}-A"));
+    let b = EchoCall::held(format!("{tag}-B"));
+    let task_a = tokio::spawn({
+        let (client, a) = (client.clone(), a.clone());
+        async move { client.call_echo("1", &a, OK_TIMEOUT).await }
+    });
+    server.started.wait_for(&a.sentinel, WAIT_TIMEOUT).await?;
+    let task_b = tokio::spawn({
+        let (client, b) = (client.clone(), b.clone());
+        async move { client.call_echo("1", &b, OK_TIMEOUT).await }
+    });
+    server.gates.release(&b.sentinel);
+    server.gates.release(&a.sentinel);
+    Ok(vec![task_a.await?, task_b.await?])
 }
 
 /// Breaks `text` into lines of at most `width` columns at spaces.
@@ -191,7 +221,8 @@ async fn main() -> anyhow::Result<()> {
          calls never get an answer (their SSE streams stay open; {}s here counts as hung). \
          The mcp-id-guard layer in front of the same server either remaps duplicate ids to \
          unique server-side ids and restores the client's id in the response (Remap, the \
-         default), or answers duplicates at once with HTTP 400 and JSON-RPC -32600 (Reject). \
+         default), answers duplicates at once with HTTP 400 and JSON-RPC -32600 (Reject), \
+         or holds each duplicate until the earlier call with its id has ended (Queue). \
          Each row is a fresh in-process server on 127.0.0.1 with one session; OK means the \
          call got its own echo back with exactly the id it sent.",
         HANG_TIMEOUT.as_secs()
@@ -205,11 +236,11 @@ async fn main() -> anyhow::Result<()> {
         run(Scenario::Pair, Policy::Bare)
     );
     let mut rows = vec![bare_burst?];
-    for policy in [Policy::Remap, Policy::Reject] {
+    for policy in [Policy::Remap, Policy::Reject, Policy::Queue] {
         rows.push(run(Scenario::Burst, policy).await?);
     }
     rows.push(bare_pair?);
-    for policy in [Policy::Remap, Policy::Reject] {
+    for policy in [Policy::Remap, Policy::Reject, Policy::Queue] {
         rows.push(run(Scenario::Pair, policy).await?);
     }
 
