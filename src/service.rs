@@ -34,6 +34,54 @@ const FIRST_SESSIONLESS_REVISION: &str = "2026-07-28";
 ///
 /// See the [crate docs](crate) for what is tracked and how duplicates are
 /// handled. Built with [`IdGuardLayer`].
+///
+/// Two requests with `id: 1` in one session: while the first is in flight,
+/// the second reaches the inner service with a server-side id, and its
+/// response comes back with `1` restored.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::{BodyExt, Full};
+/// use mcp_id_guard::IdGuardLayer;
+/// use tower::{service_fn, Service, ServiceExt};
+/// use tower_layer::Layer;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// // An inner server that answers each request with the id it received.
+/// let server = service_fn(|request: Request<mcp_id_guard::RequestBody<Full<Bytes>>>| async move {
+///     let body = request.into_body().collect().await?.to_bytes();
+///     let id = serde_json::from_slice::<serde_json::Value>(&body)?["id"].clone();
+///     let answer = serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}});
+///     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+///         Response::builder()
+///             .header("content-type", "application/json")
+///             .body(Full::new(Bytes::from(answer.to_string())))?,
+///     )
+/// });
+/// let layer = IdGuardLayer::new();
+/// let mut guard = layer.layer(server);
+/// let call = || {
+///     Request::post("/mcp")
+///         .header("content-type", "application/json")
+///         .header("mcp-session-id", "session-1")
+///         .body(Full::new(Bytes::from_static(
+///             br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+///         )))
+/// };
+///
+/// let first = guard.ready().await?.call(call()?).await?; // in flight until its body ends
+/// let second = guard.ready().await?.call(call()?).await?;
+/// let answer = second.into_body().collect().await?.to_bytes();
+/// assert_eq!(answer, r#"{"id":1,"jsonrpc":"2.0","result":{}}"#);
+/// assert_eq!(layer.stats().remapped_total, 1);
+///
+/// first.into_body().collect().await?;
+/// assert_eq!(layer.stats().in_flight_requests, 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct IdGuard<S> {
     inner: S,
