@@ -1,6 +1,7 @@
 //! Property tests: however exchanges interleave and end, the guard's table
-//! tracks exactly the live exchanges and never lets two of them share a
-//! server-visible id in one session.
+//! tracks exactly the live exchanges and never lets two requests share a
+//! server-visible id in one session while the inner service may still answer
+//! either.
 //!
 //! Each case runs a random sequence of operations over three sessions and the
 //! ids `1`, `2` and `"1"` (which collides with `1`): a request arrives, the
@@ -10,25 +11,38 @@
 //! is driven directly and polled by hand with a no-op waker (inside a tokio
 //! runtime context, for `Queue`'s timer): the inner service's futures complete
 //! through oneshot channels the test keeps per exchange, and its response
-//! bodies are channels too, so every step is deterministic. A model of the
-//! live exchanges predicts every decision; after every step it checks:
+//! bodies are channels too, so every step is deterministic.
+//!
+//! A model of the live exchanges and of the *shadowed* ids predicts every
+//! decision. An exchange the inner service knows by the client's own id
+//! leaves that id shadowed in its session when it ends any way but by its
+//! body being read to the end (body dropped early, future dropped, inner
+//! error), or when it was cancelled (however it ends): the inner service may
+//! still answer it. A cancelled exchange shadows its id from the cancellation
+//! on, while still open. Shadows last for `abandoned_id_ttl`, which never
+//! runs out within a case. After every step the test checks:
 //! - `in_flight_requests` is the number of live exchanges (queued ones
-//!   included), `tracked_sessions` the number of sessions with one;
-//! - no two live forwarded exchanges of a session share a server-visible id
-//!   (by the crate's equivalence: integer `n` equals string `"n"`);
+//!   included), `tracked_sessions` the number of sessions with one (shadows
+//!   alone do not count), `abandoned_ids` the number of ended exchanges that
+//!   still shadow their id;
+//! - no two live forwarded exchanges of a session, cancelled ones included,
+//!   share a server-visible id, and none has an id its session shadows (by the
+//!   crate's equivalence: integer `n` equals string `"n"`);
 //! - the policy decided as predicted (forward as is, remap, reject, queue;
 //!   under `Queue` a waiting request is let through first come first served
-//!   exactly when its id is free), and every counter agrees;
+//!   exactly when its id is free), a request whose id is shadowed reaches the
+//!   inner service with a server-side id under every policy (never rejected
+//!   or queued for it; a queued one granted while shadowed too), and every
+//!   counter agrees;
 //! - every JSON or SSE answer read to its end carries the client's exact id
 //!   text;
-//! - after ending everything, the table is empty.
+//! - after ending everything, nothing is in flight and no session is tracked.
 //!
-//! A second family adds `notifications/cancelled` and checks the accounting
-//! and that each cancellation names a matching request of its session the way
-//! the inner service knows it. A cancelled exchange that is
-//! still open is left out of the uniqueness check there: the guard frees its
-//! id at the cancellation by design, which `tower_service.rs` reports as a bug
-//! (`cancelled_but_open_exchange_keeps_its_id_from_the_inner_service`).
+//! A second family adds `notifications/cancelled`: the model predicts which
+//! request is cancelled (the one the inner service knows by the client's own
+//! id, ended or not, if not cancelled yet; else the oldest remapped one not
+//! cancelled yet) and the exact `requestId` the inner service receives (that
+//! request's server-visible id text).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -230,6 +244,26 @@ struct Exchange {
     stage: Stage,
 }
 
+/// An ended exchange the inner service knew by the client's own id and may
+/// still answer: its id stays shadowed in its session (for the whole case).
+#[derive(Debug)]
+struct Shadow {
+    session: usize,
+    /// The id the inner service knows it by: the client's own id text.
+    server_id: String,
+    /// A cancellation named it (before or after it ended).
+    cancelled: bool,
+}
+
+/// How an exchange ended, for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Its response body was read to the end.
+    Completed,
+    /// Body dropped early, response future dropped, or inner service error.
+    Abandoned,
+}
+
 impl Exchange {
     fn is_queued(&self) -> bool {
         matches!(self.stage, Stage::Queued { .. })
@@ -241,6 +275,31 @@ impl Exchange {
 
     fn is_answered(&self) -> bool {
         matches!(self.stage, Stage::Answered { .. })
+    }
+
+    /// Forwarded, and the inner service knows it by the client's own id.
+    fn is_as_is(&self) -> bool {
+        self.server_id
+            .as_deref()
+            .is_some_and(|seen| !is_server_side(seen))
+    }
+
+    fn is_remapped(&self) -> bool {
+        self.server_id.as_deref().is_some_and(is_server_side)
+    }
+
+    fn has_key(&self, session: usize, raw: &str) -> bool {
+        self.session == session && key(self.client_id) == key(raw)
+    }
+
+    /// The model of an exchange's end: one the inner service knows by the
+    /// client's own id keeps shadowing it unless it completed uncancelled.
+    fn shadow_after(&self, ending: Ending) -> Option<Shadow> {
+        (self.is_as_is() && (ending == Ending::Abandoned || self.cancelled)).then(|| Shadow {
+            session: self.session,
+            server_id: self.server_id.clone().expect("forwarded"),
+            cancelled: self.cancelled,
+        })
     }
 }
 
@@ -260,6 +319,8 @@ struct Harness {
     service: IdGuard<Controlled>,
     inner: Controlled,
     live: Vec<Exchange>,
+    /// Ended exchanges whose ids are still shadowed.
+    shadows: Vec<Shadow>,
     clock: u64,
     expected: Counters,
 }
@@ -270,10 +331,11 @@ fn context() -> Context<'static> {
 
 impl Harness {
     fn new(policy: OnDuplicate) -> Self {
-        // The queue timer never fires within a case.
+        // Neither the queue timer nor a shadow runs out within a case.
         let layer = IdGuardLayer::new()
             .on_duplicate(policy)
-            .max_queue_wait(Duration::from_secs(3600));
+            .max_queue_wait(Duration::from_secs(3600))
+            .abandoned_id_ttl(Duration::from_secs(3600));
         let inner = Controlled::default();
         Self {
             policy,
@@ -281,6 +343,7 @@ impl Harness {
             layer,
             inner,
             live: Vec::new(),
+            shadows: Vec::new(),
             clock: 0,
             expected: Counters::default(),
         }
@@ -300,24 +363,31 @@ impl Harness {
     }
 
     /// Whether the inner service knows a live, uncancelled request of the
-    /// session by the client id `raw` itself.
+    /// session by the client id `raw` itself: a new request with that id is a
+    /// duplicate for the policy.
     fn forwarded_as_is(&self, session: usize, raw: &str) -> bool {
         self.live.iter().any(|exchange| {
-            exchange.session == session
-                && !exchange.cancelled
-                && exchange
-                    .server_id
-                    .as_deref()
-                    .is_some_and(|seen| !is_server_side(seen) && key(seen) == key(raw))
+            exchange.has_key(session, raw) && !exchange.cancelled && exchange.is_as_is()
         })
     }
 
     fn queued_with(&self, session: usize, raw: &str) -> bool {
-        self.live.iter().any(|exchange| {
-            exchange.session == session
-                && exchange.is_queued()
-                && key(exchange.client_id) == key(raw)
-        })
+        self.live
+            .iter()
+            .any(|exchange| exchange.has_key(session, raw) && exchange.is_queued())
+    }
+
+    /// Whether the inner service may still answer a request of the session
+    /// it knows by the client id `raw` that the client no longer waits for:
+    /// a cancelled one still open, or an ended one that shadows it. A new
+    /// request with that id then goes with a server-side id.
+    fn shadowed(&self, session: usize, raw: &str) -> bool {
+        self.shadows
+            .iter()
+            .any(|shadow| shadow.session == session && key(&shadow.server_id) == key(raw))
+            || self.live.iter().any(|exchange| {
+                exchange.has_key(session, raw) && exchange.cancelled && exchange.is_as_is()
+            })
     }
 
     fn apply(&mut self, op: &Op) {
@@ -340,7 +410,10 @@ impl Harness {
             }
             Op::DropFuture(n) => {
                 if let Some(index) = self.pick(n, |exchange| !exchange.is_answered()) {
-                    drop(self.live.remove(index));
+                    let exchange = self.live.remove(index);
+                    self.shadows
+                        .extend(exchange.shadow_after(Ending::Abandoned));
+                    drop(exchange);
                 }
             }
             Op::InnerError(n) => {
@@ -363,12 +436,14 @@ impl Harness {
     }
 
     fn arrive(&mut self, session: usize, client_id: &'static str) {
-        // The model's prediction.
+        // The model's prediction. A shadowed id is never a reason to refuse
+        // or hold a request, only to give it a server-side id.
         let taken = self.forwarded_as_is(session, client_id);
         let queue =
             self.policy == OnDuplicate::Queue && (taken || self.queued_with(session, client_id));
         let reject = self.policy == OnDuplicate::Reject && taken;
-        let remap = self.policy == OnDuplicate::Remap && taken;
+        let shadowed = self.shadowed(session, client_id);
+        let remap = (self.policy == OnDuplicate::Remap && taken) || (!queue && !reject && shadowed);
 
         let mut cx = context();
         assert!(self.service.poll_ready(&mut cx).is_ready());
@@ -408,7 +483,11 @@ impl Harness {
                 assert!(!reject && !queue, "a duplicate must not be forwarded");
                 let server_id = raw_field(&body, "id");
                 if remap {
-                    assert!(is_server_side(&server_id), "remapped: {server_id}");
+                    assert!(
+                        is_server_side(&server_id),
+                        "remapped ({}): {server_id}",
+                        if shadowed { "shadowed" } else { "duplicate" }
+                    );
                     self.expected.remapped += 1;
                 } else {
                     assert_eq!(server_id, client_id, "forwarded as is");
@@ -433,7 +512,8 @@ impl Harness {
 
     /// Polls every queued exchange, oldest first: the model says which one
     /// may go now (the first in line for its id, when the inner service knows
-    /// no live request by that id).
+    /// no live, uncancelled request by that id), and with which id (its own,
+    /// or a server-side one while the id is shadowed).
     fn poll_queued(&mut self) {
         let mut arrivals: Vec<u64> = self
             .live
@@ -473,11 +553,19 @@ impl Harness {
                 "{client_id} in {} went out of turn",
                 SESSIONS[session]
             );
+            // Counted once, in `queued_total`, whichever id it goes with.
             let server_id = raw_field(&body, "id");
-            assert_eq!(
-                server_id, client_id,
-                "a queued request goes with its own id"
-            );
+            if self.shadowed(session, client_id) {
+                assert!(
+                    is_server_side(&server_id),
+                    "a queued request granted a shadowed id goes with a server-side id: {server_id}"
+                );
+            } else {
+                assert_eq!(
+                    server_id, client_id,
+                    "a queued request goes with its own id"
+                );
+            }
             let forwarded = self.tick();
             let mut exchange = self.live.remove(index);
             let Stage::Queued { future } = exchange.stage else {
@@ -527,6 +615,7 @@ impl Harness {
 
     fn read_to_end(&mut self, index: usize) {
         let exchange = self.live.remove(index);
+        let shadow = exchange.shadow_after(Ending::Completed);
         let Stage::Answered {
             mut body,
             sender,
@@ -576,6 +665,7 @@ impl Harness {
             self.expected.restored += 1;
         }
         // Released at the end of the body, before the body is dropped.
+        self.shadows.extend(shadow);
         self.poll_queued();
         self.check();
         drop(body);
@@ -583,6 +673,7 @@ impl Harness {
 
     fn drop_body(&mut self, index: usize) {
         let exchange = self.live.remove(index);
+        let shadow = exchange.shadow_after(Ending::Abandoned);
         let Stage::Answered {
             mut body, sender, ..
         } = exchange.stage
@@ -597,10 +688,12 @@ impl Harness {
         let _ = body.as_mut().poll_frame(&mut context());
         assert!(!body.is_end_stream());
         drop(body);
+        self.shadows.extend(shadow);
     }
 
     fn inner_error(&mut self, index: usize) {
         let exchange = self.live.remove(index);
+        let shadow = exchange.shadow_after(Ending::Abandoned);
         let Stage::Waiting {
             mut future,
             responder,
@@ -613,26 +706,45 @@ impl Harness {
             future.as_mut().poll(&mut context()),
             Poll::Ready(Err(Failure))
         ));
+        self.shadows.extend(shadow);
     }
 
-    /// Sends `notifications/cancelled` naming `raw`. The model: when the
-    /// session has forwarded, uncancelled exchanges with that id, the guard
-    /// cancels one of them and the notification reaches the inner service
-    /// naming it as the inner service knows it (its server-side id, or the
-    /// client's id for the one forwarded as is); otherwise it passes
-    /// unchanged. Which candidate is chosen is left to the unit tests in
-    /// `tower_service.rs` (the choice is the subject of a reported bug); here
-    /// it is inferred from what the inner service sees.
+    /// Sends `notifications/cancelled` naming `raw`. The model: the guard
+    /// cancels the request of the session the inner service knows by the
+    /// client's own id (`1` for `"1"` too), live or ended, when it was not
+    /// cancelled yet; else the oldest forwarded request with that id it
+    /// knows by a server-side id, not cancelled yet; else nothing. The
+    /// notification reaches the inner service naming the target exactly as
+    /// the inner service knows it (unchanged when nothing matches).
     fn cancel(&mut self, session: usize, raw: &'static str) {
-        let candidates: Vec<usize> = (0..self.live.len())
+        enum Target {
+            Live(usize),
+            Ended(usize),
+        }
+        let as_is_live = (0..self.live.len()).find(|&i| {
+            let exchange = &self.live[i];
+            exchange.has_key(session, raw) && !exchange.cancelled && exchange.is_as_is()
+        });
+        let as_is_ended = (0..self.shadows.len()).find(|&i| {
+            let shadow = &self.shadows[i];
+            shadow.session == session && !shadow.cancelled && key(&shadow.server_id) == key(raw)
+        });
+        let oldest_remapped = (0..self.live.len())
             .filter(|&i| {
                 let exchange = &self.live[i];
-                exchange.session == session
-                    && !exchange.cancelled
-                    && exchange.server_id.is_some()
-                    && key(exchange.client_id) == key(raw)
+                exchange.has_key(session, raw) && !exchange.cancelled && exchange.is_remapped()
             })
-            .collect();
+            .min_by_key(|&i| self.live[i].forwarded);
+        let target = as_is_live
+            .map(Target::Live)
+            .or(as_is_ended.map(Target::Ended))
+            .or(oldest_remapped.map(Target::Live));
+        let expected_name = match &target {
+            Some(Target::Live(i)) => self.live[*i].server_id.clone().expect("forwarded"),
+            Some(Target::Ended(i)) => self.shadows[*i].server_id.clone(),
+            None => raw.to_owned(),
+        };
+
         let cancelled_before = self.layer.stats().cancelled_total;
         let mut cx = context();
         assert!(self.service.poll_ready(&mut cx).is_ready());
@@ -640,28 +752,23 @@ impl Harness {
         assert!(future.as_mut().poll(&mut cx).is_pending());
         let Call { body, responder } = self.inner.take_call().expect("forwarded");
         let named = raw_field(&body, "requestId");
-        let cancelled_one = self.layer.stats().cancelled_total > cancelled_before;
         assert_eq!(
-            cancelled_one,
-            !candidates.is_empty(),
-            "a cancellation frees a request exactly when one matches"
+            self.layer.stats().cancelled_total > cancelled_before,
+            target.is_some(),
+            "a cancellation counts exactly when it names a request of the session"
         );
-        if cancelled_one {
-            let target = candidates.iter().copied().find(|&i| {
-                let server_id = self.live[i].server_id.as_deref().unwrap();
-                if is_server_side(server_id) {
-                    named == server_id
-                } else {
-                    named == raw
-                }
-            });
-            let target = target.unwrap_or_else(|| {
-                panic!("the cancellation names {named}, no request of the session with {raw}")
-            });
-            self.live[target].cancelled = true;
+        assert_eq!(
+            named, expected_name,
+            "cancelling {raw} in {}: the inner service is told the target's id as it knows it",
+            SESSIONS[session]
+        );
+        match target {
+            Some(Target::Live(i)) => self.live[i].cancelled = true,
+            Some(Target::Ended(i)) => self.shadows[i].cancelled = true,
+            None => {}
+        }
+        if target.is_some() {
             self.expected.cancelled += 1;
-        } else {
-            assert_eq!(named, raw, "names nothing in flight: unchanged");
         }
         let (_sender, receiver) = mpsc::unbounded();
         let accepted = Response::builder()
@@ -680,12 +787,23 @@ impl Harness {
         assert_eq!(stats.in_flight_requests, self.live.len(), "in flight");
         let sessions: HashSet<usize> = self.live.iter().map(|e| e.session).collect();
         assert_eq!(stats.tracked_sessions, sessions.len(), "tracked sessions");
+        assert_eq!(stats.abandoned_ids, self.shadows.len(), "abandoned ids");
+        // Every id the inner service may still answer under, per session:
+        // live exchanges (cancelled ones too) and shadows. No two may match.
         let mut seen = HashSet::new();
-        for exchange in self.live.iter().filter(|exchange| !exchange.cancelled) {
+        for shadow in &self.shadows {
+            assert!(
+                seen.insert((shadow.session, key(&shadow.server_id))),
+                "two shadows of {} in {}",
+                shadow.server_id,
+                SESSIONS[shadow.session]
+            );
+        }
+        for exchange in &self.live {
             if let Some(server_id) = &exchange.server_id {
                 assert!(
                     seen.insert((exchange.session, key(server_id))),
-                    "two live exchanges share {server_id} in {}",
+                    "{server_id} is live twice, or live and shadowed, in {}",
                     SESSIONS[exchange.session]
                 );
             }
@@ -701,8 +819,9 @@ impl Harness {
         assert_eq!(counters, self.expected, "counters");
     }
 
-    /// Ends every live exchange, alternating between the ways to end one.
-    fn finish(mut self) {
+    /// Ends every live exchange, alternating between the ways to end one, and
+    /// returns the final counters.
+    fn finish(mut self) -> Stats {
         let mut turn = 0usize;
         while let Some(index) = self.live.iter().rposition(|exchange| !exchange.is_queued()) {
             match (self.live[index].is_waiting(), turn % 2) {
@@ -718,12 +837,13 @@ impl Harness {
         // Whatever is still queued waits behind nothing: the model says it
         // would have had its turn.
         assert!(self.live.is_empty(), "queued requests got their turn");
-        let Stats {
-            in_flight_requests,
-            tracked_sessions,
-            ..
-        } = self.layer.stats();
-        assert_eq!((in_flight_requests, tracked_sessions), (0, 0), "drained");
+        let stats = self.layer.stats();
+        assert_eq!(
+            (stats.in_flight_requests, stats.tracked_sessions),
+            (0, 0),
+            "drained"
+        );
+        stats
     }
 }
 
@@ -758,30 +878,34 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// Under `Remap`: every interleaving keeps the table exact, server-visible
-    /// ids unique per session, and answers restored.
+    /// ids unique per session (shadowed ones included), and answers restored.
     #[test]
     fn remap_tracks_exactly_the_live_exchanges(ops in prop::collection::vec(op(false), 1..40)) {
         run(OnDuplicate::Remap, &ops);
     }
 
     /// Under `Reject`: the same, with duplicates answered at once and never
-    /// live.
+    /// live, and shadowed ids remapped rather than rejected.
     #[test]
     fn reject_tracks_exactly_the_live_exchanges(ops in prop::collection::vec(op(false), 1..40)) {
         run(OnDuplicate::Reject, &ops);
     }
 
     /// Under `Queue`: the same, with duplicates waiting (counted in flight)
-    /// and let through first come first served exactly when their id is free.
+    /// and let through first come first served exactly when their id is free
+    /// (with a server-side id while it is shadowed), and shadowed ids
+    /// remapped rather than queued.
     #[test]
     fn queue_tracks_exactly_the_live_exchanges(ops in prop::collection::vec(op(false), 1..40)) {
         run(OnDuplicate::Queue, &ops);
     }
 
     /// With `notifications/cancelled` mixed in, under every policy: the
-    /// accounting stays exact, each cancellation names a forwarded request
-    /// with that id as the inner service knows it, and uncancelled exchanges
-    /// keep unique server-visible ids.
+    /// accounting stays exact, each cancellation reaches the predicted
+    /// request (the one known by the client's own id, else the oldest
+    /// remapped one) named exactly as the inner service knows it, a cancelled
+    /// request shadows its id from then on, and live exchanges, cancelled ones
+    /// included, keep unique server-visible ids.
     #[test]
     fn cancellations_keep_the_accounting_exact(
         policy in prop::sample::select(POLICIES.to_vec()),
@@ -838,5 +962,115 @@ fn scripted_interleaving() {
         }
         assert!(stats.cancelled_total >= 2, "{stats:?}");
         harness.finish();
+    }
+}
+
+/// A shadowed id forces a server-side id under every policy, where the same
+/// id would otherwise be forwarded as is, rejected or queued: after a dropped
+/// body, for a cancelled exchange that is still open, after a dropped
+/// response future, and for a queued request granted the id while it is
+/// shadowed. Cancellations go to the ended exchange the inner service knows by
+/// the client's id before any remapped one. Each step's counters are spelled
+/// out; the harness checks the rest of the model as in the property tests.
+#[test]
+fn shadowed_ids_force_a_remap_under_every_policy() {
+    /// remapped, rejected and queued totals, cancelled total, abandoned ids.
+    type Shadowing = (u64, u64, u64, u64, usize);
+    use Op::*;
+    for policy in POLICIES {
+        // What the duplicate `1` in session-c (step 11) adds.
+        let (dup, rejected, queued) = match policy {
+            OnDuplicate::Remap => (1, 0, 0),
+            OnDuplicate::Reject => (0, 1, 0),
+            _ => (0, 0, 1),
+        };
+        let queue = policy == OnDuplicate::Queue;
+        // (op, counters after it, whether the exchange forwarded last went
+        // with a server-side id)
+        let steps: [(Op, Shadowing, bool); 14] = [
+            // 0-2. `1` in session-a as is; its body is dropped: `1` shadowed.
+            (Arrive { session: 0, id: 0 }, (0, 0, 0, 0, 0), false),
+            (Answer(0, Format::Json), (0, 0, 0, 0, 0), false),
+            (DropBody(0), (0, 0, 0, 0, 1), false),
+            // 3-4. `"1"` and `1` again: remapped, never rejected or queued
+            // (the first remapped one does not make the second a duplicate).
+            (Arrive { session: 0, id: 2 }, (1, 0, 0, 0, 1), true),
+            (Arrive { session: 0, id: 0 }, (2, 0, 0, 0, 1), true),
+            // 5. Cancelling `"1"` reaches the ended `1` (named `1`), which the
+            // server may still be working on; it stays shadowed.
+            (Cancel { session: 0, id: 2 }, (2, 0, 0, 1, 1), true),
+            // 6. Cancelling `1` again reaches the oldest remapped one.
+            (Cancel { session: 0, id: 0 }, (2, 0, 0, 2, 1), true),
+            // 7-9. `2` in session-b as is, cancelled while open (shadowing,
+            // not yet counted as abandoned), then `2` again: remapped.
+            (Arrive { session: 1, id: 1 }, (2, 0, 0, 2, 1), false),
+            (Cancel { session: 1, id: 1 }, (2, 0, 0, 3, 1), false),
+            (Arrive { session: 1, id: 1 }, (3, 0, 0, 3, 1), true),
+            // 10-11. `1` twice in session-c: a real duplicate, handled by the
+            // policy.
+            (Arrive { session: 2, id: 0 }, (3, 0, 0, 3, 1), false),
+            (
+                Arrive { session: 2, id: 0 },
+                (3 + dup, rejected, queued, 3, 1),
+                dup == 1,
+            ),
+            // 12. The first `1` of session-c gives up before its answer (the
+            // fifth exchange without an answer): `1` shadowed there, and under
+            // `Queue` the waiting `1` goes now, with a server-side id.
+            (DropFuture(4), (3 + dup, rejected, queued, 3, 2), queue),
+            // 13. `"1"` in session-c: remapped under every policy.
+            (
+                Arrive { session: 2, id: 2 },
+                (4 + dup, rejected, queued, 3, 2),
+                true,
+            ),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _context = runtime.enter();
+        let mut harness = Harness::new(policy);
+        for (step, (op, expected, last_remapped)) in steps.iter().enumerate() {
+            harness.apply(op);
+            let stats = harness.layer.stats();
+            let counters = (
+                stats.remapped_total,
+                stats.rejected_total,
+                stats.queued_total,
+                stats.cancelled_total,
+                stats.abandoned_ids,
+            );
+            assert_eq!(counters, *expected, "{policy:?}, step {step}: {op:?}");
+            if *last_remapped {
+                let last = harness
+                    .live
+                    .iter()
+                    .filter(|exchange| exchange.server_id.is_some())
+                    .max_by_key(|exchange| exchange.forwarded)
+                    .expect("forwarded");
+                assert!(
+                    last.is_remapped(),
+                    "{policy:?}, step {step}: {} in {} went as {:?}",
+                    last.client_id,
+                    SESSIONS[last.session],
+                    last.server_id
+                );
+            }
+        }
+        assert!(
+            harness.live.iter().all(|exchange| !exchange.is_queued()),
+            "{policy:?}: nothing waits behind a shadow"
+        );
+        let stats = harness.finish();
+        assert_eq!(
+            (stats.rejected_total, stats.queued_total),
+            (rejected, queued),
+            "{policy:?}: only the real duplicate is refused or held"
+        );
+        assert!(
+            stats.abandoned_ids >= 3,
+            "{policy:?}: `1` in session-a and session-c and the cancelled `2` in session-b stay shadowed: {stats:?}"
+        );
     }
 }
