@@ -141,17 +141,19 @@ impl IdGuardLayer {
         self
     }
 
-    /// Sets how long the id of an abandoned exchange stays shadowed (default
-    /// 5 minutes; zero turns it off).
+    /// Sets how long the id of a given-up exchange stays shadowed (default
+    /// 5 minutes; zero turns shadowing off).
     ///
     /// When a client goes away before its exchange ends (it disconnects, or
-    /// drops the request), its id is free for it again at once, but the server
-    /// may still be working on the request and answer it under that id. Until
-    /// the server could no longer plausibly answer, a new request with that id
-    /// in the session is therefore given a server-side id, whatever the
-    /// policy — never rejected or queued, since the client did nothing wrong —
-    /// so the late answer cannot reach it. Cancelling the abandoned request
-    /// (`notifications/cancelled`) ends the shadow at once.
+    /// drops the request), the inner service fails, or the request is
+    /// cancelled, the id is free for the client again at once, but the server
+    /// may still be working on the request and answer it under that id (a
+    /// disconnect is not a cancellation, and handlers may ignore one). For this
+    /// long, a new request with that id in the session is therefore given a
+    /// server-side id, whatever the policy — never rejected or queued, since the
+    /// client did nothing wrong — so the late answer cannot reach it. Pick a
+    /// value above your longest tool call. At most 65 536 shadows are kept per
+    /// layer; past that, given-up ids are released at once (and logged).
     pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
         self.config.abandoned_id_ttl = ttl;
         self

@@ -5,6 +5,8 @@
 ///
 /// Counts are of JSON-RPC requests: a batch of three requests counts three.
 /// Untracked traffic (no session header, notifications, GET, ...) is not counted.
+/// Every tracked request is counted once, when it arrives, in exactly one of
+/// `passed_total`, `remapped_total`, `rejected_total` and `queued_total`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -13,26 +15,29 @@ pub struct Stats {
     /// Sessions with at least one request in flight. Idle sessions cost nothing
     /// (beyond the ids they abandoned, until those expire).
     pub tracked_sessions: usize,
-    /// Ids of abandoned exchanges (the client went away before the response
-    /// ended) that still shadow their id; see
+    /// Ids the server may still answer although their exchange has ended (the
+    /// client went away before the response, the inner service failed, or the
+    /// request was cancelled): each shadows its id until it expires; see
     /// [`IdGuardLayer::abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl).
     pub abandoned_ids: usize,
-    /// Requests forwarded with the client's own id.
+    /// Requests forwarded at once with the client's own id.
     pub passed_total: u64,
-    /// Requests forwarded with a server-side id (duplicates under
-    /// [`OnDuplicate::Remap`](crate::OnDuplicate::Remap), and client ids in the
-    /// reserved namespace under every policy).
+    /// Requests forwarded at once with a server-side id: duplicates under
+    /// [`OnDuplicate::Remap`](crate::OnDuplicate::Remap), shadowed ids, client
+    /// ids in the reserved namespace, and every request with
+    /// [`rewrite_all_ids`](crate::IdGuardLayer::rewrite_all_ids).
     pub remapped_total: u64,
     /// Requests answered by the guard itself without reaching the inner service:
     /// duplicates under [`OnDuplicate::Reject`](crate::OnDuplicate::Reject) and
     /// requests over the per-session in-flight cap, and batches refused under
     /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue).
     pub rejected_total: u64,
-    /// Requests that waited for their id under
-    /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue).
+    /// Requests that had to wait for their id under
+    /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue), whatever came of the
+    /// wait (forwarded, timed out with `503`, or left by their client).
     pub queued_total: u64,
-    /// `notifications/cancelled` that named a request in flight (and freed
-    /// its id).
+    /// `notifications/cancelled` that named a request of the session (which
+    /// frees the id for the client and shadows it).
     pub cancelled_total: u64,
     /// Client ids put back into responses (JSON or SSE, POST or GET streams).
     pub restored_total: u64,
