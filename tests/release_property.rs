@@ -7,7 +7,8 @@
 //! ids `1`, `2` and `"1"` (which collides with `1`): a request arrives, the
 //! inner service answers (JSON, SSE or an opaque body), the response body is
 //! read to its end, the body is dropped early, the response future is dropped
-//! before the answer (or while queued), or the inner service fails. The guard
+//! before the answer (or while queued), the inner service fails, or a `GET`
+//! stream replays answers to earlier exchanges of a session. The guard
 //! is driven directly and polled by hand with a no-op waker (inside a tokio
 //! runtime context, for `Queue`'s timer): the inner service's futures complete
 //! through oneshot channels the test keeps per exchange, and its response
@@ -36,6 +37,16 @@
 //!   counter agrees;
 //! - every JSON or SSE answer read to its end carries the client's exact id
 //!   text;
+//! - a `GET` in a session reaches the inner service as sent but without
+//!   `Accept-Encoding`, and its event stream, replaying answers to some of the
+//!   session's exchanges (live or ended, under the ids the inner service saw)
+//!   between a priming event, a comment and a notification, in any chunks and
+//!   with LF, CRLF or CR line ends, comes back byte for byte except that each
+//!   answer carries its exchange's client id text; every complete event goes
+//!   out at once, `restored_total` grows by one per answer that carried a
+//!   server-side id as it goes out, and the `GET`, read to its end or dropped
+//!   half read, changes nothing else (the checks above hold while its body is
+//!   open);
 //! - after ending everything, nothing is in flight and no session is tracked.
 //!
 //! A second family adds `notifications/cancelled`: the model predicts which
@@ -55,7 +66,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::channel::{mpsc, oneshot};
 use futures::FutureExt;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
 use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Stats};
@@ -82,8 +93,11 @@ impl std::fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
-/// One call the inner service received: the body it saw, and how to answer.
+/// One call the inner service received: the request it saw, and how to
+/// answer.
 struct Call {
+    method: Method,
+    headers: HeaderMap,
     body: Bytes,
     responder: oneshot::Sender<InnerResult>,
 }
@@ -112,16 +126,22 @@ impl Service<Request<RequestBody<Full<Bytes>>>> for Controlled {
     }
 
     fn call(&mut self, request: Request<RequestBody<Full<Bytes>>>) -> Self::Future {
-        // The guard hands on a body it already read: it is ready at once.
-        let body = request
-            .into_body()
+        // The guard hands on a body it already read (a GET's is empty): it is
+        // ready at once.
+        let (parts, body) = request.into_parts();
+        let body = body
             .collect()
             .now_or_never()
             .expect("a buffered body is ready")
             .unwrap_or_else(|never| match never {})
             .to_bytes();
         let (responder, answer) = oneshot::channel();
-        self.calls.lock().unwrap().push(Call { body, responder });
+        self.calls.lock().unwrap().push(Call {
+            method: parts.method,
+            headers: parts.headers,
+            body,
+            responder,
+        });
         Box::pin(answer.map(|answer| answer.unwrap_or(Err(Failure))))
     }
 }
@@ -190,7 +210,38 @@ enum Op {
     InnerError(usize),
     /// The client cancels `IDS[id]` in `SESSIONS[session]`.
     Cancel { session: usize, id: usize },
+    /// A `GET` in a session, whose stream replays answers to some of the
+    /// session's earlier exchanges.
+    Replay(GetReplay),
 }
+
+/// A `GET` in `SESSIONS[session]` (`Accept: text/event-stream`,
+/// `Accept-Encoding: gzip`), answered with a `text/event-stream` that replays
+/// the answers to some of the session's exchanges the inner service was
+/// called for, live or ended, under the ids it saw for them, mixed with a
+/// priming event, a comment and a notification.
+#[derive(Debug, Clone, Copy)]
+struct GetReplay {
+    session: usize,
+    /// Which of the session's last eight exchanges are replayed: bit `i` is
+    /// the `i`-th most recent.
+    pick: u8,
+    /// A resumed stream (`Last-Event-ID`) rather than the standalone one.
+    resume: bool,
+    /// Sent with a legacy `MCP-Protocol-Version`.
+    versioned: bool,
+    /// The line terminator: `EOLS[eol]`.
+    eol: usize,
+    /// Each answer's data split over two `data:` lines.
+    multi_line: bool,
+    /// Where the stream is cut into three chunks, in thousandths of its
+    /// length (1000: at its end).
+    cuts: (u16, u16),
+    /// The client drops the body after the first chunk.
+    drop_half: bool,
+}
+
+const EOLS: [&str; 3] = ["\n", "\r\n", "\r"];
 
 fn format() -> impl Strategy<Value = Format> {
     prop_oneof![Just(Format::Json), Just(Format::Sse), Just(Format::Opaque)]
@@ -206,7 +257,33 @@ fn op(with_cancellations: bool) -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::DropFuture),
         1 => (0..8usize).prop_map(Op::InnerError),
         cancel_weight => (0..SESSIONS.len(), 0..IDS.len()).prop_map(|(session, id)| Op::Cancel { session, id }),
+        2 => replay().prop_map(Op::Replay),
     ]
+}
+
+fn replay() -> impl Strategy<Value = GetReplay> {
+    (
+        0..SESSIONS.len(),
+        any::<u8>(),
+        any::<bool>(),
+        any::<bool>(),
+        0..EOLS.len(),
+        any::<bool>(),
+        (0..=1000u16, 0..=1000u16),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(
+            |(session, pick, resume, versioned, eol, multi_line, cuts, drop_half)| GetReplay {
+                session,
+                pick,
+                resume,
+                versioned,
+                eol,
+                multi_line,
+                cuts,
+                drop_half,
+            },
+        )
 }
 
 type GuardFuture = Pin<Box<mcp_id_guard::ResponseFuture<Controlled, Full<Bytes>>>>;
@@ -253,6 +330,17 @@ struct Shadow {
     server_id: String,
     /// A cancellation named it (before or after it ended).
     cancelled: bool,
+}
+
+/// An exchange the inner service was called for (live or ended): a GET
+/// stream may replay its answer, under the id the inner service saw.
+#[derive(Debug, Clone)]
+struct Record {
+    session: usize,
+    client_id: &'static str,
+    /// The id the inner service saw: the client's id text, or a server-side
+    /// id.
+    server_id: String,
 }
 
 /// How an exchange ended, for the model.
@@ -321,6 +409,9 @@ struct Harness {
     live: Vec<Exchange>,
     /// Ended exchanges whose ids are still shadowed.
     shadows: Vec<Shadow>,
+    /// Every exchange the inner service was called for, live or ended, in
+    /// the order it was called: what a GET stream may replay answers to.
+    history: Vec<Record>,
     clock: u64,
     expected: Counters,
 }
@@ -344,6 +435,7 @@ impl Harness {
             inner,
             live: Vec::new(),
             shadows: Vec::new(),
+            history: Vec::new(),
             clock: 0,
             expected: Counters::default(),
         }
@@ -422,6 +514,7 @@ impl Harness {
                 }
             }
             Op::Cancel { session, id } => self.cancel(session, IDS[id]),
+            Op::Replay(replay) => self.replay(replay),
         }
         self.poll_queued();
         self.check();
@@ -479,7 +572,12 @@ impl Harness {
                     stage: Stage::Queued { future },
                 });
             }
-            (Poll::Pending, Some(Call { body, responder })) => {
+            (
+                Poll::Pending,
+                Some(Call {
+                    body, responder, ..
+                }),
+            ) => {
                 assert!(!reject && !queue, "a duplicate must not be forwarded");
                 let server_id = raw_field(&body, "id");
                 if remap {
@@ -494,6 +592,11 @@ impl Harness {
                     self.expected.passed += 1;
                 }
                 let forwarded = self.tick();
+                self.history.push(Record {
+                    session,
+                    client_id,
+                    server_id: server_id.clone(),
+                });
                 self.live.push(Exchange {
                     session,
                     client_id,
@@ -540,7 +643,10 @@ impl Harness {
                 unreachable!("a queued exchange")
             };
             assert!(future.as_mut().poll(&mut context()).is_pending());
-            let Some(Call { body, responder }) = self.inner.take_call() else {
+            let Some(Call {
+                body, responder, ..
+            }) = self.inner.take_call()
+            else {
                 assert!(
                     !expect_turn,
                     "{client_id} in {} should have had its turn",
@@ -572,6 +678,11 @@ impl Harness {
                 unreachable!("a queued exchange")
             };
             exchange.stage = Stage::Waiting { future, responder };
+            self.history.push(Record {
+                session,
+                client_id,
+                server_id: server_id.clone(),
+            });
             exchange.server_id = Some(server_id);
             exchange.forwarded = forwarded;
             self.live.push(exchange);
@@ -750,7 +861,9 @@ impl Harness {
         assert!(self.service.poll_ready(&mut cx).is_ready());
         let mut future = Box::pin(self.service.call(Self::post(session, cancel_text(raw))));
         assert!(future.as_mut().poll(&mut cx).is_pending());
-        let Call { body, responder } = self.inner.take_call().expect("forwarded");
+        let Call {
+            body, responder, ..
+        } = self.inner.take_call().expect("forwarded");
         let named = raw_field(&body, "requestId");
         assert_eq!(
             self.layer.stats().cancelled_total > cancelled_before,
@@ -780,6 +893,203 @@ impl Harness {
             panic!("the acknowledgement is ready")
         };
         assert_eq!(response.status(), StatusCode::ACCEPTED);
+    }
+
+    /// A `GET` in the session whose stream replays the answers to the picked
+    /// exchanges. The model: the guard tracks nothing for it (the table and
+    /// every counter but `restored_total` stay as they were, while its body
+    /// is open and after), hands it on with only `Accept-Encoding` removed,
+    /// and passes the stream on byte for byte except for the id of each
+    /// answer the inner service knows by a server-side id, which comes back
+    /// as the client's id text. An event goes out as soon as it is complete
+    /// (its blank line seen, and the byte after a CR, which may start a
+    /// CRLF), and its restored ids count as it goes out.
+    fn replay(&mut self, replay: GetReplay) {
+        let GetReplay {
+            session,
+            pick,
+            resume,
+            versioned,
+            eol,
+            multi_line,
+            cuts,
+            drop_half,
+        } = replay;
+        let eol = EOLS[eol];
+        let recent: Vec<Record> = self
+            .history
+            .iter()
+            .rev()
+            .filter(|record| record.session == session)
+            .take(8)
+            .cloned()
+            .collect();
+        let mut picked: Vec<Record> = recent
+            .into_iter()
+            .enumerate()
+            .filter(|(bit, _)| pick >> bit & 1 == 1)
+            .map(|(_, record)| record)
+            .collect();
+        picked.reverse();
+
+        // Each event: as the inner service sends it, as the client must read
+        // it, and whether it restores an id.
+        let plain = |text: String| (text.clone(), text, false);
+        let answer = |seq: usize, id: &str| {
+            let outcome = if seq % 2 == 0 {
+                format!(r#""error":{{"code":-32800,"message":"replayed {seq}"}}"#)
+            } else {
+                format!(r#""result":{{"replayed":{seq}}}"#)
+            };
+            let split = if multi_line {
+                format!("{eol}data: ")
+            } else {
+                String::new()
+            };
+            format!(
+                r#"id: {seq}{eol}data: {{"jsonrpc":"2.0",{split}"id":{id},{outcome}}}{eol}{eol}"#
+            )
+        };
+        // The notification names a server-side id too, below the top level:
+        // it must pass unchanged.
+        let token = picked
+            .first()
+            .map_or_else(|| "0".to_owned(), |record| record.server_id.clone());
+        let notification = plain(format!(
+            r#"data: {{"jsonrpc":"2.0","method":"notifications/progress","params":{{"id":{token},"progressToken":{token},"progress":1}}}}{eol}{eol}"#
+        ));
+        let comment = plain(format!(": keep-alive{eol}{eol}"));
+        let mut events = vec![plain(format!("id: 0{eol}retry: 3000{eol}data:{eol}{eol}"))];
+        for (index, record) in picked.iter().enumerate() {
+            if index == picked.len() / 2 {
+                events.push(notification.clone());
+            }
+            let seq = index + 1;
+            events.push((
+                answer(seq, &record.server_id),
+                answer(seq, record.client_id),
+                is_server_side(&record.server_id),
+            ));
+            if index == 0 {
+                events.push(comment.clone());
+            }
+        }
+        if picked.is_empty() {
+            events.extend([notification, comment]);
+        }
+        let wire: String = events.iter().map(|event| event.0.as_str()).collect();
+        let server_side = events.iter().filter(|event| event.2).count() as u64;
+
+        let mut request = Request::get("/mcp")
+            .header("accept", "text/event-stream")
+            .header("accept-encoding", "gzip")
+            .header("mcp-session-id", SESSIONS[session]);
+        if versioned {
+            request = request.header("mcp-protocol-version", "2025-11-25");
+        }
+        if resume {
+            request = request.header("last-event-id", "0");
+        }
+        let request = request.body(Full::new(Bytes::new())).unwrap();
+        let mut handed_on = request.headers().clone();
+        handed_on.remove("accept-encoding");
+        let restored_before = self.layer.stats().restored_total;
+        let mut cx = context();
+        assert!(self.service.poll_ready(&mut cx).is_ready());
+        let mut future = Box::pin(self.service.call(request));
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+        let Call {
+            method,
+            headers,
+            body,
+            responder,
+        } = self.inner.take_call().expect("a GET is handed on at once");
+        assert_eq!(method, Method::GET);
+        assert!(body.is_empty());
+        assert_eq!(
+            headers, handed_on,
+            "{replay:?}: the inner service sees the GET as sent, without Accept-Encoding"
+        );
+        self.check();
+
+        let (sender, receiver) = mpsc::unbounded();
+        let response = Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .body(StreamBody::new(receiver))
+            .unwrap();
+        assert!(responder.send(Ok(response)).is_ok());
+        let Poll::Ready(Ok(response)) = future.as_mut().poll(&mut cx) else {
+            panic!("the stream is ready")
+        };
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        assert_eq!(response.headers()["cache-control"], "no-cache");
+        let mut body = Box::pin(response.into_body());
+        self.check();
+
+        // How many leading events are complete once `fed` bytes arrived.
+        let complete_after = |fed: usize, ended: bool| {
+            let mut end = 0;
+            events
+                .iter()
+                .take_while(|event| {
+                    end += event.0.len();
+                    end < fed || (end == fed && (ended || eol != "\r"))
+                })
+                .count()
+        };
+        let at = |thousandths: u16| usize::from(thousandths.min(1000)) * wire.len() / 1000;
+        let (first, second) = (at(cuts.0), at(cuts.1));
+        let mut read = Vec::new();
+        let mut credited = 0;
+        let mut fed = 0;
+        for bound in [first.min(second), first.max(second), wire.len()] {
+            sender
+                .unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(
+                    &wire.as_bytes()[fed..bound],
+                ))))
+                .unwrap();
+            fed = bound;
+            assert!(!read_ready(&mut body, &mut read), "the stream is open");
+            let complete = complete_after(fed, false);
+            let expected: String = events[..complete]
+                .iter()
+                .map(|event| event.1.as_str())
+                .collect();
+            assert_eq!(
+                String::from_utf8(read.clone()).unwrap(),
+                expected,
+                "{replay:?}: after {fed} of {} bytes, the complete events, ids restored",
+                wire.len()
+            );
+            self.expected.restored += events[credited..complete]
+                .iter()
+                .filter(|event| event.2)
+                .count() as u64;
+            credited = complete;
+            self.check();
+            if drop_half {
+                // Half read: the table never knew the stream.
+                drop(body);
+                return;
+            }
+        }
+        drop(sender);
+        assert!(read_ready(&mut body, &mut read), "the stream ended");
+        let expected: String = events.iter().map(|event| event.1.as_str()).collect();
+        assert_eq!(
+            String::from_utf8(read).unwrap(),
+            expected,
+            "{replay:?}: every answer carries its exchange's client id; nothing else changed"
+        );
+        assert_eq!(complete_after(wire.len(), true), events.len());
+        self.expected.restored += events[credited..].iter().filter(|event| event.2).count() as u64;
+        assert_eq!(
+            self.layer.stats().restored_total - restored_before,
+            server_side,
+            "{replay:?}: one restored id per replayed answer with a server-side id"
+        );
     }
 
     fn check(&self) {
@@ -856,6 +1166,21 @@ fn read_all(mut body: Pin<Box<ResponseBody<InnerBody>>>) -> Vec<u8> {
     }
     assert!(body.is_end_stream());
     out
+}
+
+/// Reads whatever frames are ready; returns whether the body ended.
+fn read_ready(body: &mut Pin<Box<ResponseBody<InnerBody>>>, out: &mut Vec<u8>) -> bool {
+    let mut cx = context();
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                out.extend_from_slice(&frame.into_data().expect("no trailers"))
+            }
+            Poll::Ready(Some(Err(never))) => match never {},
+            Poll::Ready(None) => return true,
+            Poll::Pending => return false,
+        }
+    }
 }
 
 fn run(policy: OnDuplicate, ops: &[Op]) {
@@ -944,6 +1269,26 @@ fn scripted_interleaving() {
             Arrive { session: 0, id: 1 },
             Arrive { session: 1, id: 2 },
             Cancel { session: 1, id: 0 },
+            Replay(GetReplay {
+                session: 0,
+                pick: u8::MAX,
+                resume: true,
+                versioned: false,
+                eol: 1,
+                multi_line: true,
+                cuts: (40, 200),
+                drop_half: false,
+            }),
+            Replay(GetReplay {
+                session: 1,
+                pick: u8::MAX,
+                resume: false,
+                versioned: true,
+                eol: 2,
+                multi_line: false,
+                cuts: (90, 0),
+                drop_half: true,
+            }),
         ];
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -961,6 +1306,7 @@ fn scripted_interleaving() {
             _ => assert!(stats.queued_total >= 2, "{stats:?}"),
         }
         assert!(stats.cancelled_total >= 2, "{stats:?}");
+        assert!(stats.restored_total >= 1, "{stats:?}");
         harness.finish();
     }
 }
@@ -1073,4 +1419,78 @@ fn shadowed_ids_force_a_remap_under_every_policy() {
             "{policy:?}: `1` in session-a and session-c and the cancelled `2` in session-b stay shadowed: {stats:?}"
         );
     }
+}
+
+/// GET streams replay answers to earlier exchanges, live or ended: each
+/// answer the inner service knows by a server-side id comes back with the
+/// client's id (and counts once in `restored_total`), the others and
+/// everything else pass as they are, a body dropped half read counts only
+/// what went out, and no GET touches the table. Each step's restored total
+/// is spelled out; the harness checks the rest of the model.
+#[test]
+fn replayed_answers_come_back_with_the_client_ids() {
+    use Op::*;
+    let replay = |session, pick, eol, multi_line, cuts, drop_half| {
+        Replay(GetReplay {
+            session,
+            pick,
+            resume: eol == 1,
+            versioned: multi_line,
+            eol,
+            multi_line,
+            cuts,
+            drop_half,
+        })
+    };
+    // (op, restored total after it)
+    let steps: [(Op, u64); 14] = [
+        // 0-3. `1` as is, `1` and `"1"` remapped in session-a; `2` as is in
+        // session-b.
+        (Arrive { session: 0, id: 0 }, 0),
+        (Arrive { session: 0, id: 0 }, 0),
+        (Arrive { session: 0, id: 2 }, 0),
+        (Arrive { session: 1, id: 1 }, 0),
+        // 4. The standalone stream of session-a replays all three while they
+        // are live: two server-side ids.
+        (replay(0, 0b111, 0, false, (0, 0), false), 2),
+        // 5-6. The second `1` (remapped) is answered and read: restored in
+        // its own answer.
+        (Answer(1, Format::Sse), 2),
+        (ReadToEnd(0), 3),
+        // 7. A resumed stream replays the ended one and the live `"1"`, with
+        // CRLF and split data.
+        (replay(0, 0b011, 1, true, (17, 300), false), 5),
+        // 8. Only the one known by the client's own id: nothing to restore.
+        (replay(0, 0b100, 2, false, (5, 9), false), 5),
+        // 9. session-b's stream: `2` as is, nothing restored.
+        (replay(1, u8::MAX, 0, false, (1, 2), false), 5),
+        // 10. session-c has no exchanges: priming, notification and comment
+        // only.
+        (replay(2, u8::MAX, 2, true, (3, 3), false), 5),
+        // 11. Dropped after the first chunk, which holds none of the
+        // answers: nothing restored.
+        (replay(0, 0b011, 0, false, (30, 30), true), 5),
+        // 12. Dropped after a first chunk holding the whole stream but its
+        // final CR (it may start a CRLF): the last answer is held back.
+        (replay(0, 0b011, 2, false, (1000, 1000), true), 6),
+        // 13. The same with LF: every answer went out.
+        (replay(0, 0b011, 0, false, (1000, 1000), true), 8),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _context = runtime.enter();
+    let mut harness = Harness::new(OnDuplicate::Remap);
+    for (step, (op, restored)) in steps.iter().enumerate() {
+        harness.apply(op);
+        let stats = harness.layer.stats();
+        assert_eq!(stats.restored_total, *restored, "step {step}: {op:?}");
+    }
+    let stats = harness.finish();
+    assert_eq!(
+        (stats.remapped_total, stats.passed_total),
+        (2, 2),
+        "{stats:?}"
+    );
 }
