@@ -145,10 +145,15 @@ where
             }
             // A standalone or resumed stream may carry (or replay) responses to
             // remapped requests; restoring is stateless, by the id encoding.
-            Handling::RestoreStream => ResponseFuture::called(
-                self.inner.call(request.map(RequestBody::new)),
-                Some(Arc::clone(&self.table)),
-            ),
+            Handling::RestoreStream => {
+                let mut request = request;
+                // Restoring needs the stream as the server wrote it.
+                request.headers_mut().remove(ACCEPT_ENCODING);
+                ResponseFuture::called(
+                    self.inner.call(request.map(RequestBody::new)),
+                    Some(Arc::clone(&self.table)),
+                )
+            }
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
                 let declared_length = request
