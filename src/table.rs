@@ -128,17 +128,23 @@ impl Entry {
 }
 
 impl KeyState {
-    /// Whether a new request with this id is a duplicate for the policy: the
-    /// client has one in flight that the server knows by this id (or, when
-    /// every id is rewritten, any in flight), or others already wait.
-    fn is_taken(&self, rewrite_all: bool) -> bool {
-        !self.waiters.is_empty() || self.blocks_waiters(rewrite_all)
+    /// Whether a new request with this id is a duplicate for the policy, or
+    /// others already wait for it.
+    ///
+    /// Under `Remap` only a live request the server knows by the client's own
+    /// id counts: the newcomer is remapped, later ones too, and the first to
+    /// arrive after that request ended goes as-is again. Under `Reject` and
+    /// `Queue`, and whenever every id is rewritten, any live request of the
+    /// client with this id counts, remapped or not (a request remapped past a
+    /// shadow is still in flight under the client's id).
+    fn is_taken(&self, any_live: bool) -> bool {
+        !self.waiters.is_empty() || self.blocks(any_live)
     }
 
-    fn blocks_waiters(&self, rewrite_all: bool) -> bool {
+    fn blocks(&self, any_live: bool) -> bool {
         self.entries
             .iter()
-            .any(|entry| entry.is_live() && (rewrite_all || !entry.remapped))
+            .any(|entry| entry.is_live() && (any_live || !entry.remapped))
     }
 
     /// Whether a new request with this id must go with a server-side id.
@@ -289,14 +295,16 @@ impl Table {
             return Admission::OverCapacity;
         }
 
-        // A request collides with a request of the session the server knows
-        // by the same id, and with an earlier request of the same batch.
+        // A request collides with a live request of the session with the same
+        // id (see `KeyState::is_taken`), and with an earlier request of the
+        // same batch.
+        let any_live_collides = config.on_duplicate != OnDuplicate::Remap || config.rewrite_all_ids;
         let state_of = |key: &IdKey| existing.and_then(|entry| entry.by_key.get(key));
         let colliding: Vec<bool> = keys
             .iter()
             .enumerate()
             .map(|(index, key)| {
-                state_of(key).is_some_and(|state| state.is_taken(config.rewrite_all_ids))
+                state_of(key).is_some_and(|state| state.is_taken(any_live_collides))
                     || keys[..index].contains(key)
             })
             .collect();
@@ -446,10 +454,11 @@ impl Table {
     }
 
     /// Hands the id to waiting requests, first come first served, while the
-    /// server knows no live request of the client by it.
+    /// client has no live request with it.
     fn grant_waiters(&self, state: &mut KeyState) {
         while let Some(waiter) = state.waiters.front() {
-            if state.blocks_waiters(waiter.rewrite_all) {
+            // Waiters exist only under `Queue`, where any live request blocks.
+            if state.blocks(true) {
                 return;
             }
             let serial = self.next_serial();
@@ -751,14 +760,40 @@ mod tests {
         assert_eq!(table.stats().in_flight_requests, 2);
         assert_eq!(table.stats().tracked_sessions, 1);
         end(first);
-        let third = admit(&table, &["1"], OnDuplicate::Reject);
+        let third = admit(&table, &["1"], OnDuplicate::Remap);
         let Admission::Admitted { routes, .. } = &third else {
-            panic!("the unchanged slot is free again")
+            panic!("admitted expected")
         };
-        assert_eq!(routes[0], Route::AsIs);
+        assert_eq!(routes[0], Route::AsIs, "the unchanged slot is free again");
         end(second);
         end(third);
         assert_drained(&table);
+    }
+
+    #[test]
+    fn under_reject_a_request_remapped_past_a_shadow_still_holds_its_id() {
+        let table = Arc::new(Table::new());
+        drop(admit(&table, &["1"], OnDuplicate::Reject)); // abandoned: shadows 1
+        let second = admit(&table, &["1"], OnDuplicate::Reject);
+        assert!(matches!(
+            &second,
+            Admission::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })
+        ));
+        assert!(
+            matches!(
+                admit(&table, &["1"], OnDuplicate::Reject),
+                Admission::Duplicate { .. }
+            ),
+            "the client already has a request 1 in flight"
+        );
+        assert!(
+            matches!(
+                admit(&table, &["1"], OnDuplicate::Queue),
+                Admission::Queued { .. }
+            ),
+            "and under Queue it waits for it"
+        );
+        end(second);
     }
 
     #[test]
