@@ -48,8 +48,10 @@
 //! collides with the string `"n"` (the Python SDK routes by `str(id)`): `1`,
 //! `"1"` and `"\u0031"` are one id. `-0` is `0`; an id that is neither a string
 //! nor an integer is compared by its exact JSON text. A request collides with
-//! any in-flight request of its session that was forwarded with its own id, and
-//! with an earlier request of its own batch. Sequential reuse is always allowed.
+//! an earlier request of its own batch, and with a request of its session still
+//! in flight with the same id: under `Remap`, one the server knows by that id
+//! (later duplicates are remapped anyway); under `Reject` and `Queue`, any.
+//! Sequential reuse is always allowed.
 //!
 //! # Remapped ids
 //! A remapped request goes to the inner service with the id
