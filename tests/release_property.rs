@@ -29,12 +29,20 @@
 //! - no two live forwarded exchanges of a session, cancelled ones included,
 //!   share a server-visible id, and none has an id its session shadows (by the
 //!   crate's equivalence: integer `n` equals string `"n"`);
-//! - the policy decided as predicted (forward as is, remap, reject, queue;
-//!   under `Queue` a waiting request is let through first come first served
-//!   exactly when its id is free), a request whose id is shadowed reaches the
-//!   inner service with a server-side id under every policy (never rejected
-//!   or queued for it; a queued one granted while shadowed too), and every
-//!   counter agrees;
+//! - the policy decided as predicted (forward as is, remap, reject, queue),
+//!   and every counter agrees. A new request is a duplicate under `Remap`
+//!   when its session has a live, uncancelled exchange with an equivalent id
+//!   that the inner service knows by the client's own id; under `Reject` and
+//!   `Queue` when it has any live, uncancelled forwarded exchange with such
+//!   an id, as is or with a server-side id (one remapped past a shadow still
+//!   holds the client's id), or, under `Queue`, one already waits for it.
+//!   Under `Queue` a waiting request is let through first come first served
+//!   exactly when its session has no live, uncancelled forwarded exchange
+//!   with its id, so waiters behind a shadowed id go one at a time. A request
+//!   whose id is shadowed reaches the inner service with a server-side id
+//!   under every policy (a shadow alone never gets it rejected or queued; a
+//!   queued one granted while the id is shadowed goes with a server-side id
+//!   too);
 //! - every JSON or SSE answer read to its end carries the client's exact id
 //!   text;
 //! - a `GET` in a session reaches the inner service as sent but without
@@ -455,12 +463,34 @@ impl Harness {
     }
 
     /// Whether the inner service knows a live, uncancelled request of the
-    /// session by the client id `raw` itself: a new request with that id is a
-    /// duplicate for the policy.
+    /// session by the client id `raw` itself.
     fn forwarded_as_is(&self, session: usize, raw: &str) -> bool {
         self.live.iter().any(|exchange| {
             exchange.has_key(session, raw) && !exchange.cancelled && exchange.is_as_is()
         })
+    }
+
+    /// Whether the session has a live, uncancelled forwarded request with
+    /// the client id `raw`, whatever id the inner service knows it by (a
+    /// queued one is not forwarded yet).
+    fn forwarded_live(&self, session: usize, raw: &str) -> bool {
+        self.live.iter().any(|exchange| {
+            exchange.has_key(session, raw) && !exchange.cancelled && exchange.server_id.is_some()
+        })
+    }
+
+    /// Whether a live request holds the client id `raw` in the session, so
+    /// that a new request with it is a duplicate for the policy. Under
+    /// `Remap` only one the inner service knows by that id counts (the
+    /// newcomer goes with a server-side id); under `Reject` and `Queue` any
+    /// live, uncancelled forwarded one does, as is or remapped (as it would
+    /// under `rewrite_all_ids`, which the harness leaves off). Shadows never
+    /// count.
+    fn holds_id(&self, session: usize, raw: &str) -> bool {
+        match self.policy {
+            OnDuplicate::Remap => self.forwarded_as_is(session, raw),
+            _ => self.forwarded_live(session, raw),
+        }
     }
 
     fn queued_with(&self, session: usize, raw: &str) -> bool {
@@ -531,7 +561,7 @@ impl Harness {
     fn arrive(&mut self, session: usize, client_id: &'static str) {
         // The model's prediction. A shadowed id is never a reason to refuse
         // or hold a request, only to give it a server-side id.
-        let taken = self.forwarded_as_is(session, client_id);
+        let taken = self.holds_id(session, client_id);
         let queue =
             self.policy == OnDuplicate::Queue && (taken || self.queued_with(session, client_id));
         let reject = self.policy == OnDuplicate::Reject && taken;
@@ -614,9 +644,11 @@ impl Harness {
     }
 
     /// Polls every queued exchange, oldest first: the model says which one
-    /// may go now (the first in line for its id, when the inner service knows
-    /// no live, uncancelled request by that id), and with which id (its own,
-    /// or a server-side one while the id is shadowed).
+    /// may go now (the first in line for its id, when the session has no
+    /// live, uncancelled forwarded request with that id, as is or remapped),
+    /// and with which id (its own, or a server-side one while the id is
+    /// shadowed). Once one goes, it holds the id: the next in line waits for
+    /// it to end, shadow or not.
     fn poll_queued(&mut self) {
         let mut arrivals: Vec<u64> = self
             .live
@@ -638,7 +670,7 @@ impl Harness {
                     && key(other.client_id) == key(client_id)
                     && other.arrival < arrival
             });
-            let expect_turn = first_in_line && !self.forwarded_as_is(session, client_id);
+            let expect_turn = first_in_line && !self.forwarded_live(session, client_id);
             let Stage::Queued { future } = &mut self.live[index].stage else {
                 unreachable!("a queued exchange")
             };
@@ -1209,17 +1241,19 @@ proptest! {
         run(OnDuplicate::Remap, &ops);
     }
 
-    /// Under `Reject`: the same, with duplicates answered at once and never
+    /// Under `Reject`: the same, with duplicates (of any live request with
+    /// the id, remapped past a shadow or not) answered at once and never
     /// live, and shadowed ids remapped rather than rejected.
     #[test]
     fn reject_tracks_exactly_the_live_exchanges(ops in prop::collection::vec(op(false), 1..40)) {
         run(OnDuplicate::Reject, &ops);
     }
 
-    /// Under `Queue`: the same, with duplicates waiting (counted in flight)
-    /// and let through first come first served exactly when their id is free
-    /// (with a server-side id while it is shadowed), and shadowed ids
-    /// remapped rather than queued.
+    /// Under `Queue`: the same, with duplicates (of any live request with
+    /// the id, remapped past a shadow or not) waiting (counted in flight) and
+    /// let through first come first served, one at a time, exactly when no
+    /// live request holds their id (with a server-side id while it is
+    /// shadowed), and shadowed ids remapped rather than queued.
     #[test]
     fn queue_tracks_exactly_the_live_exchanges(ops in prop::collection::vec(op(false), 1..40)) {
         run(OnDuplicate::Queue, &ops);
@@ -1267,6 +1301,9 @@ fn scripted_interleaving() {
             Arrive { session: 0, id: 1 },
             Cancel { session: 0, id: 1 },
             Arrive { session: 0, id: 1 },
+            // The `2` just remapped past the cancelled one holds the id:
+            // remapped again under `Remap`, refused or held otherwise.
+            Arrive { session: 0, id: 1 },
             Arrive { session: 1, id: 2 },
             Cancel { session: 1, id: 0 },
             Replay(GetReplay {
@@ -1301,9 +1338,20 @@ fn scripted_interleaving() {
         }
         let stats = harness.layer.stats();
         match policy {
-            OnDuplicate::Remap => assert!(stats.remapped_total >= 2, "{stats:?}"),
-            OnDuplicate::Reject => assert!(stats.rejected_total >= 2, "{stats:?}"),
-            _ => assert!(stats.queued_total >= 2, "{stats:?}"),
+            OnDuplicate::Remap => assert!(stats.remapped_total >= 3, "{stats:?}"),
+            // Two duplicates of `1` known by the client's id, and the third
+            // `2` of session-a, whose id the remapped `2` holds.
+            OnDuplicate::Reject => assert_eq!(stats.rejected_total, 3, "{stats:?}"),
+            _ => {
+                assert!(stats.queued_total >= 3, "{stats:?}");
+                assert!(
+                    harness
+                        .live
+                        .iter()
+                        .any(|exchange| exchange.is_queued() && exchange.has_key(0, IDS[1])),
+                    "the third `2` of session-a waits for the remapped one"
+                );
+            }
         }
         assert!(stats.cancelled_total >= 2, "{stats:?}");
         assert!(stats.restored_total >= 1, "{stats:?}");
@@ -1315,16 +1363,19 @@ fn scripted_interleaving() {
 /// id would otherwise be forwarded as is, rejected or queued: after a dropped
 /// body, for a cancelled exchange that is still open, after a dropped
 /// response future, and for a queued request granted the id while it is
-/// shadowed. Cancellations go to the ended exchange the inner service knows by
-/// the client's id before any remapped one. Each step's counters are spelled
-/// out; the harness checks the rest of the model as in the property tests.
+/// shadowed. A shadow alone never gets a request rejected or queued; a live
+/// request remapped past it still holds the client's id under `Reject` and
+/// `Queue` (not under `Remap`). Cancellations go to the ended exchange the
+/// inner service knows by the client's id before any remapped one. Each
+/// step's counters are spelled out; the harness checks the rest of the model
+/// as in the property tests.
 #[test]
 fn shadowed_ids_force_a_remap_under_every_policy() {
     /// remapped, rejected and queued totals, cancelled total, abandoned ids.
     type Shadowing = (u64, u64, u64, u64, usize);
     use Op::*;
     for policy in POLICIES {
-        // What the duplicate `1` in session-c (step 11) adds.
+        // What a duplicate adds: a remapped request, a rejection or a wait.
         let (dup, rejected, queued) = match policy {
             OnDuplicate::Remap => (1, 0, 0),
             OnDuplicate::Reject => (0, 1, 0),
@@ -1338,36 +1389,79 @@ fn shadowed_ids_force_a_remap_under_every_policy() {
             (Arrive { session: 0, id: 0 }, (0, 0, 0, 0, 0), false),
             (Answer(0, Format::Json), (0, 0, 0, 0, 0), false),
             (DropBody(0), (0, 0, 0, 0, 1), false),
-            // 3-4. `"1"` and `1` again: remapped, never rejected or queued
-            // (the first remapped one does not make the second a duplicate).
+            // 3. `"1"`: remapped, never rejected or queued for the shadow.
             (Arrive { session: 0, id: 2 }, (1, 0, 0, 0, 1), true),
-            (Arrive { session: 0, id: 0 }, (2, 0, 0, 0, 1), true),
+            // 4. `1` again: under `Remap` only a live request known by the
+            // client's id is a duplicate, so the shadow remaps it; under
+            // `Reject` and `Queue` the live `"1"`, remapped past the shadow,
+            // still holds the client's id: a duplicate, refused or held.
+            (
+                Arrive { session: 0, id: 0 },
+                (1 + dup, rejected, queued, 0, 1),
+                true,
+            ),
             // 5. Cancelling `"1"` reaches the ended `1` (named `1`), which the
-            // server may still be working on; it stays shadowed.
-            (Cancel { session: 0, id: 2 }, (2, 0, 0, 1, 1), true),
-            // 6. Cancelling `1` again reaches the oldest remapped one.
-            (Cancel { session: 0, id: 0 }, (2, 0, 0, 2, 1), true),
+            // server may still be working on; it stays shadowed. A waiting
+            // `1` still waits: the live `"1"` holds the id.
+            (
+                Cancel { session: 0, id: 2 },
+                (1 + dup, rejected, queued, 1, 1),
+                true,
+            ),
+            // 6. Cancelling `1` again reaches the oldest remapped one, the
+            // `"1"`; under `Queue` the waiting `1` goes now, with a
+            // server-side id (`1` is still shadowed).
+            (
+                Cancel { session: 0, id: 0 },
+                (1 + dup, rejected, queued, 2, 1),
+                true,
+            ),
             // 7-9. `2` in session-b as is, cancelled while open (shadowing,
-            // not yet counted as abandoned), then `2` again: remapped.
-            (Arrive { session: 1, id: 1 }, (2, 0, 0, 2, 1), false),
-            (Cancel { session: 1, id: 1 }, (2, 0, 0, 3, 1), false),
-            (Arrive { session: 1, id: 1 }, (3, 0, 0, 3, 1), true),
-            // 10-11. `1` twice in session-c: a real duplicate, handled by the
-            // policy.
-            (Arrive { session: 2, id: 0 }, (3, 0, 0, 3, 1), false),
+            // not yet counted as abandoned), then `2` again: remapped (the
+            // cancelled one holds nothing).
+            (
+                Arrive { session: 1, id: 1 },
+                (1 + dup, rejected, queued, 2, 1),
+                false,
+            ),
+            (
+                Cancel { session: 1, id: 1 },
+                (1 + dup, rejected, queued, 3, 1),
+                false,
+            ),
+            (
+                Arrive { session: 1, id: 1 },
+                (2 + dup, rejected, queued, 3, 1),
+                true,
+            ),
+            // 10-11. `1` twice in session-c: a duplicate of a request known
+            // by the client's id, handled by the policy.
             (
                 Arrive { session: 2, id: 0 },
-                (3 + dup, rejected, queued, 3, 1),
+                (2 + dup, rejected, queued, 3, 1),
+                false,
+            ),
+            (
+                Arrive { session: 2, id: 0 },
+                (2 + 2 * dup, 2 * rejected, 2 * queued, 3, 1),
                 dup == 1,
             ),
             // 12. The first `1` of session-c gives up before its answer (the
-            // fifth exchange without an answer): `1` shadowed there, and under
-            // `Queue` the waiting `1` goes now, with a server-side id.
-            (DropFuture(4), (3 + dup, rejected, queued, 3, 2), queue),
-            // 13. `"1"` in session-c: remapped under every policy.
+            // fifth exchange without an answer; the fourth under `Reject`,
+            // which refused step 4): `1` shadowed there, and under `Queue` the
+            // waiting `1` goes now, with a server-side id.
+            (
+                DropFuture(if rejected == 1 { 3 } else { 4 }),
+                (2 + 2 * dup, 2 * rejected, 2 * queued, 3, 2),
+                queue,
+            ),
+            // 13. `"1"` in session-c: shadowed, so never as is. Remapped under
+            // `Remap` (the live remapped `1` does not count) and `Reject`
+            // (nothing live there); under `Queue` it waits for the `1` just
+            // granted a server-side id, which holds the id.
             (
                 Arrive { session: 2, id: 2 },
-                (4 + dup, rejected, queued, 3, 2),
+                (3 + 2 * dup - queued, 2 * rejected, 3 * queued, 3, 2),
                 true,
             ),
         ];
@@ -1404,20 +1498,142 @@ fn shadowed_ids_force_a_remap_under_every_policy() {
                 );
             }
         }
+        let waiting: Vec<&Exchange> = harness
+            .live
+            .iter()
+            .filter(|exchange| exchange.is_queued())
+            .collect();
+        assert_eq!(
+            waiting.len(),
+            usize::from(queue),
+            "{policy:?}: only the `\"1\"` of step 13 waits"
+        );
         assert!(
-            harness.live.iter().all(|exchange| !exchange.is_queued()),
-            "{policy:?}: nothing waits behind a shadow"
+            waiting
+                .iter()
+                .all(|exchange| harness.forwarded_live(exchange.session, exchange.client_id)),
+            "{policy:?}: nothing waits behind a shadow alone"
         );
         let stats = harness.finish();
         assert_eq!(
             (stats.rejected_total, stats.queued_total),
-            (rejected, queued),
-            "{policy:?}: only the real duplicate is refused or held"
+            (2 * rejected, 3 * queued),
+            "{policy:?}: only requests whose id a live request holds are refused or held"
         );
         assert!(
             stats.abandoned_ids >= 3,
             "{policy:?}: `1` in session-a and session-c and the cancelled `2` in session-b stay shadowed: {stats:?}"
         );
+    }
+}
+
+/// A live request remapped past a shadow holds the client's id: in
+/// session-a, `1` gives up before its answer (shadowing `1`), and `"1"` goes
+/// with a server-side id. While it is live, `1` and then `"1"` again are
+/// remapped under `Remap` (only a request known by the client's id would be
+/// a duplicate), answered 400 under `Reject`, and wait under `Queue`. Under
+/// `Queue` they go one after another, each when the one before has ended and
+/// each with a server-side id, since `1` is still shadowed; and once nothing
+/// is live, `1` goes remapped at once under every policy. Each step's
+/// counters, waiting requests and live requests with a server-side id are
+/// spelled out; the harness checks the rest of the model.
+#[test]
+fn a_request_remapped_past_a_shadow_holds_its_id() {
+    /// passed, remapped, rejected and queued totals, requests waiting, live
+    /// forwarded requests with a server-side id.
+    type Holding = (u64, u64, u64, u64, usize, usize);
+    use Op::*;
+    // (op, what follows it under Remap, Reject and Queue)
+    let steps: [(Op, [Holding; 3]); 12] = [
+        // 0-1. `1` (A) as is; it gives up before its answer: `1` shadowed.
+        (
+            Arrive { session: 0, id: 0 },
+            [(1, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 0)],
+        ),
+        (
+            DropFuture(0),
+            [(1, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 0)],
+        ),
+        // 2. `"1"` (B): remapped past the shadow under every policy.
+        (
+            Arrive { session: 0, id: 2 },
+            [(1, 1, 0, 0, 0, 1), (1, 1, 0, 0, 0, 1), (1, 1, 0, 0, 0, 1)],
+        ),
+        // 3. `1` (C) while B is live: remapped, 400, or waits.
+        (
+            Arrive { session: 0, id: 0 },
+            [(1, 2, 0, 0, 0, 2), (1, 1, 1, 0, 0, 1), (1, 1, 0, 1, 1, 1)],
+        ),
+        // 4. `"1"` (D): the same; under `Queue` it waits behind C.
+        (
+            Arrive { session: 0, id: 2 },
+            [(1, 3, 0, 0, 0, 3), (1, 1, 2, 0, 0, 1), (1, 1, 0, 2, 2, 1)],
+        ),
+        // 5. B is answered, its body still open: C still waits.
+        (
+            Answer(0, Format::Json),
+            [(1, 3, 0, 0, 0, 3), (1, 1, 2, 0, 0, 1), (1, 1, 0, 2, 2, 1)],
+        ),
+        // 6. B ends: under `Queue` C goes, with a server-side id; D waits,
+        // since C now holds the id.
+        (
+            ReadToEnd(0),
+            [(1, 3, 0, 0, 0, 2), (1, 1, 2, 0, 0, 0), (1, 1, 0, 2, 1, 1)],
+        ),
+        // 7-8. C (under `Reject`: nothing) is answered and ends: under
+        // `Queue` D goes, with a server-side id.
+        (
+            Answer(0, Format::Sse),
+            [(1, 3, 0, 0, 0, 2), (1, 1, 2, 0, 0, 0), (1, 1, 0, 2, 1, 1)],
+        ),
+        (
+            ReadToEnd(0),
+            [(1, 3, 0, 0, 0, 1), (1, 1, 2, 0, 0, 0), (1, 1, 0, 2, 0, 1)],
+        ),
+        // 9-10. D is answered and ends: nothing is live.
+        (
+            Answer(0, Format::Json),
+            [(1, 3, 0, 0, 0, 1), (1, 1, 2, 0, 0, 0), (1, 1, 0, 2, 0, 1)],
+        ),
+        (
+            ReadToEnd(0),
+            [(1, 3, 0, 0, 0, 0), (1, 1, 2, 0, 0, 0), (1, 1, 0, 2, 0, 0)],
+        ),
+        // 11. `1` (E): shadowed with nothing live: remapped at once.
+        (
+            Arrive { session: 0, id: 0 },
+            [(1, 4, 0, 0, 0, 1), (1, 2, 2, 0, 0, 1), (1, 2, 0, 2, 0, 1)],
+        ),
+    ];
+    for (which, policy) in POLICIES.into_iter().enumerate() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _context = runtime.enter();
+        let mut harness = Harness::new(policy);
+        for (step, (op, expected)) in steps.iter().enumerate() {
+            harness.apply(op);
+            let stats = harness.layer.stats();
+            let waiting = harness.live.iter().filter(|e| e.is_queued()).count();
+            let server_side = harness.live.iter().filter(|e| e.is_remapped()).count();
+            let observed = (
+                stats.passed_total,
+                stats.remapped_total,
+                stats.rejected_total,
+                stats.queued_total,
+                waiting,
+                server_side,
+            );
+            assert_eq!(observed, expected[which], "{policy:?}, step {step}: {op:?}");
+            assert_eq!(
+                stats.abandoned_ids,
+                usize::from(step > 0),
+                "{policy:?}, step {step}: A's shadow"
+            );
+        }
+        let stats = harness.finish();
+        assert_eq!(stats.abandoned_ids, 1, "{policy:?}: A's shadow lasts");
     }
 }
 
