@@ -106,7 +106,10 @@
 //! `-32000`), queued requests count against the per-session cap, and a request
 //! whose client goes away leaves the queue. A batch containing a duplicate is
 //! refused as under `Reject`: holding a whole batch for one member would delay
-//! its other requests behind unrelated work.
+//! its other requests behind unrelated work. A waiting request keeps the inner
+//! service that `poll_ready` readied for it, so behind a concurrency limit
+//! (tower's `ConcurrencyLimit`) it holds a permit while it waits; put such
+//! limits outside the guard.
 //!
 //! # Answers the guard gives itself
 //! | case | status | JSON-RPC error |
