@@ -120,6 +120,11 @@
 //! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
 //! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
+//!
+//! The guard reads tracked bodies itself, so a body limit outside it (such as
+//! tower-http's `RequestBodyLimitLayer`) surfaces as a failed read: `400`, not
+//! `413`. Set [`IdGuardLayer::max_body_bytes`] to the limit you want, or put
+//! such layers inside the guard.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
