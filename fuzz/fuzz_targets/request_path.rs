@@ -1,0 +1,10 @@
+//! Arbitrary requests (bodies and headers) through `IdGuard` in front of a
+//! recording echo service; see `mcp_id_guard_fuzz::request_path` for the
+//! invariants.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = mcp_id_guard_fuzz::request_path::check(data);
+});

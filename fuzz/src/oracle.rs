@@ -1,0 +1,408 @@
+//! Independent reading of the crate's documented rules, used as the fuzz
+//! oracle: the collision key of an id, the self-describing server-side ids
+//! and how to unwrap them, which messages of a body are JSON-RPC requests,
+//! responses and cancellations, and where their ids sit. None of it calls
+//! into the crate.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// The reserved prefix of server-side ids (crate docs, "Remapped ids").
+pub const PREFIX: &str = "mcp-id-guard:";
+
+/// JSON's four whitespace bytes.
+pub fn is_json_whitespace(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The collision key of an id's JSON text (crate docs, "When ids collide"):
+/// a string's decoded text; an integer's decimal text, with `-0` (and any
+/// spelling of zero) as `0`; anything else its exact JSON text.
+pub fn id_key(raw: &str) -> String {
+    if raw.starts_with('"') {
+        if let Ok(decoded) = serde_json::from_str::<String>(raw) {
+            return decoded;
+        }
+        return raw.to_owned();
+    }
+    let digits = raw.strip_prefix('-').unwrap_or(raw);
+    if !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        if digits.bytes().all(|byte| byte == b'0') {
+            return "0".to_owned();
+        }
+        return raw.to_owned();
+    }
+    raw.to_owned()
+}
+
+/// Whether an id is in the reserved namespace (a string whose decoded text
+/// starts with the prefix).
+pub fn is_reserved(raw: &str) -> bool {
+    raw.starts_with('"') && id_key(raw).starts_with(PREFIX)
+}
+
+/// If `raw` is a server-side id `"mcp-id-guard:<16 hex>:<digits>:<JSON>"`,
+/// the client's original id JSON text carried inside it.
+pub fn restore(raw: &str) -> Option<String> {
+    if !raw.starts_with('"') {
+        return None;
+    }
+    let decoded: String = serde_json::from_str(raw).ok()?;
+    let rest = decoded.strip_prefix(PREFIX)?;
+    let (tag, rest) = rest.split_once(':')?;
+    let (serial, original) = rest.split_once(':')?;
+    if tag.len() != 16 || !tag.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return None;
+    }
+    if serial.is_empty() || !serial.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    let bytes = original.as_bytes();
+    let padded = bytes.first().is_none_or(|b| is_json_whitespace(*b))
+        || bytes.last().is_none_or(|b| is_json_whitespace(*b));
+    if padded || serde_json::from_str::<IgnoredAny>(original).is_err() {
+        return None;
+    }
+    Some(original.to_owned())
+}
+
+/// What one JSON-RPC message is (crate docs, "What is tracked").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A string `method` and a non-null `id`.
+    Request,
+    /// A string `method`, no id (or `null`).
+    Notification,
+    /// No `method`, a non-null `result` or `error`.
+    Response,
+    /// Anything else.
+    Other,
+}
+
+/// One message of a body, with byte ranges into the whole body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Its kind.
+    pub kind: Kind,
+    /// The top-level `id` token (absent or `null`: `None`).
+    pub id: Option<Range<usize>>,
+    /// For `notifications/cancelled`, the `params.requestId` token.
+    pub cancels: Option<Range<usize>>,
+}
+
+/// A body read as JSON-RPC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// One object.
+    Single(Message),
+    /// An array; one entry per element (non-objects are `Kind::Other`).
+    Batch(Vec<Message>),
+}
+
+impl Body {
+    /// The messages in order.
+    pub fn messages(&self) -> &[Message] {
+        match self {
+            Body::Single(message) => std::slice::from_ref(message),
+            Body::Batch(messages) => messages,
+        }
+    }
+
+    /// Whether it is an array.
+    pub fn is_batch(&self) -> bool {
+        matches!(self, Body::Batch(_))
+    }
+
+    /// The id ranges of the requests, in order.
+    pub fn request_ids(&self) -> Vec<Range<usize>> {
+        self.messages()
+            .iter()
+            .filter(|message| message.kind == Kind::Request)
+            .filter_map(|message| message.id.clone())
+            .collect()
+    }
+}
+
+/// The envelope fields: `id`, `method` and `params` borrowed as raw JSON,
+/// `result` and `error` only checked for presence (a `null` one is absent),
+/// every other key skipped. A repeated envelope key makes the object
+/// unreadable, as it is for serde.
+#[derive(Default)]
+struct Envelope<'a> {
+    id: Option<&'a RawValue>,
+    method: Option<&'a RawValue>,
+    params: Option<&'a RawValue>,
+    result: bool,
+    error: bool,
+}
+
+struct EnvelopeVisitor;
+
+impl<'de> Visitor<'de> for EnvelopeVisitor {
+    type Value = Envelope<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut envelope = Envelope::default();
+        let mut seen = [false; 5];
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let slot = ["id", "method", "params", "result", "error"]
+                .iter()
+                .position(|name| *name == key);
+            let Some(slot) = slot else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(de::Error::custom("duplicate envelope key"));
+            }
+            match slot {
+                0 => envelope.id = map.next_value()?,
+                1 => envelope.method = map.next_value()?,
+                2 => envelope.params = map.next_value()?,
+                3 => envelope.result = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                _ => envelope.error = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+            }
+        }
+        Ok(envelope)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Envelope<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(EnvelopeVisitor)
+    }
+}
+
+/// `params.requestId` of a cancellation. Like a serde-derived struct, it
+/// reads an object (the `requestId` key) or a one-element array.
+struct CancelParams<'a>(Option<&'a RawValue>);
+
+struct CancelVisitor;
+
+impl<'de> Visitor<'de> for CancelVisitor {
+    type Value = CancelParams<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("cancellation params")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut request_id = None;
+        let mut seen = false;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key != "requestId" {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if std::mem::replace(&mut seen, true) {
+                return Err(de::Error::custom("duplicate requestId"));
+            }
+            request_id = map.next_value()?;
+        }
+        Ok(CancelParams(request_id))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let request_id = seq.next_element::<Option<&'de RawValue>>()?.flatten();
+        Ok(CancelParams(request_id))
+    }
+}
+
+impl<'de> de::Deserialize<'de> for CancelParams<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct("CancelParams", &["requestId"], CancelVisitor)
+    }
+}
+
+/// Reads a body as JSON-RPC; `None` when it is not one JSON object or array.
+pub fn parse(input: &[u8]) -> Option<Body> {
+    let first = input.iter().find(|byte| !byte.is_ascii_whitespace())?;
+    match first {
+        b'{' => {
+            let envelope: Envelope<'_> = serde_json::from_slice(input).ok()?;
+            Some(Body::Single(classify(input, &envelope)))
+        }
+        b'[' => {
+            let elements: Vec<&RawValue> = serde_json::from_slice(input).ok()?;
+            let other = Message {
+                kind: Kind::Other,
+                id: None,
+                cancels: None,
+            };
+            let messages = elements
+                .into_iter()
+                .map(|element| {
+                    if !element.get().starts_with('{') {
+                        return other.clone();
+                    }
+                    match serde_json::from_str::<Envelope<'_>>(element.get()) {
+                        Ok(envelope) => classify(input, &envelope),
+                        Err(_) => other.clone(),
+                    }
+                })
+                .collect();
+            Some(Body::Batch(messages))
+        }
+        _ => None,
+    }
+}
+
+fn classify(input: &[u8], envelope: &Envelope<'_>) -> Message {
+    let id = envelope.id.map(|raw| range_in(input, raw.get()));
+    let kind = match envelope.method {
+        Some(method) if method.get().starts_with('"') => match id {
+            Some(_) => Kind::Request,
+            None => Kind::Notification,
+        },
+        Some(_) => Kind::Other,
+        None if envelope.result || envelope.error => Kind::Response,
+        None => Kind::Other,
+    };
+    let cancels = match (kind, envelope.method, envelope.params) {
+        (Kind::Notification, Some(method), Some(params))
+            if method.get() == "\"notifications/cancelled\"" =>
+        {
+            serde_json::from_str::<CancelParams<'_>>(params.get())
+                .ok()
+                .and_then(|params| params.0)
+                .map(|raw| range_in(input, raw.get()))
+        }
+        _ => None,
+    };
+    Message { kind, id, cancels }
+}
+
+/// The range of `part`, a sub-slice of `whole`.
+fn range_in(whole: &[u8], part: &str) -> Range<usize> {
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    assert!(start + part.len() <= whole.len(), "not a sub-slice");
+    start..start + part.len()
+}
+
+/// The JSON value token at the start of `bytes` and its length, if one
+/// starts there.
+pub fn token_at(bytes: &[u8]) -> Option<(&str, usize)> {
+    let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<&RawValue>();
+    let value = stream.next()?.ok()?;
+    let end = stream.byte_offset();
+    let text = value.get();
+    // The token must start right here, with no whitespace before it.
+    (bytes.get(..text.len()) == Some(text.as_bytes())).then_some((text, end.min(text.len())))
+}
+
+/// Splits a whole SSE stream into complete events (each with its
+/// terminating blank line) and the unterminated rest. Lines end with CRLF,
+/// LF or CR; at the end of the stream a final CR ends a line.
+pub fn sse_events(stream: &[u8]) -> (Vec<&[u8]>, &[u8]) {
+    let mut events = Vec::new();
+    let mut event_start = 0;
+    let mut line_start = 0;
+    let mut position = 0;
+    while position < stream.len() {
+        let byte = stream[position];
+        if byte != b'\r' && byte != b'\n' {
+            position += 1;
+            continue;
+        }
+        let terminator = if byte == b'\r' && stream.get(position + 1) == Some(&b'\n') {
+            2
+        } else {
+            1
+        };
+        let next = position + terminator;
+        if position == line_start {
+            events.push(&stream[event_start..next]);
+            event_start = next;
+        }
+        line_start = next;
+        position = next;
+    }
+    (events, &stream[event_start..])
+}
+
+/// The lines of a complete event, without terminators.
+pub fn sse_lines(event: &[u8]) -> Vec<&[u8]> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut position = 0;
+    while position < event.len() {
+        match event[position] {
+            b'\r' => {
+                lines.push(&event[start..position]);
+                position += if event.get(position + 1) == Some(&b'\n') {
+                    2
+                } else {
+                    1
+                };
+                start = position;
+            }
+            b'\n' => {
+                lines.push(&event[start..position]);
+                position += 1;
+                start = position;
+            }
+            _ => position += 1,
+        }
+    }
+    if start < event.len() {
+        lines.push(&event[start..]);
+    }
+    lines
+}
+
+/// One event as a client reads it: whether its type is not the default, and
+/// its data lines joined by LF (`None`: no data line). Other lines are returned
+/// as they are.
+pub struct SseEvent<'a> {
+    /// Some `event:` line names a type other than `message`: not a
+    /// JSON-RPC message event.
+    pub foreign_type: bool,
+    /// The joined data.
+    pub data: Option<Vec<u8>>,
+    /// Every line that is not a `data` line.
+    pub other_lines: Vec<&'a [u8]>,
+}
+
+/// Reads a complete event as the SSE spec does.
+pub fn sse_event(event: &[u8]) -> SseEvent<'_> {
+    let mut parsed = SseEvent {
+        foreign_type: false,
+        data: None,
+        other_lines: Vec::new(),
+    };
+    for line in sse_lines(event) {
+        let (field, value) = match line.iter().position(|byte| *byte == b':') {
+            Some(0) => {
+                parsed.other_lines.push(line);
+                continue;
+            }
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        if field == b"data" {
+            let data = parsed.data.get_or_insert_with(Vec::new);
+            data.extend_from_slice(value);
+            data.push(b'\n');
+        } else {
+            if field == b"event" && value != b"message" {
+                parsed.foreign_type = true;
+            }
+            parsed.other_lines.push(line);
+        }
+    }
+    if let Some(data) = &mut parsed.data {
+        data.pop();
+    }
+    parsed
+}

@@ -1,0 +1,1514 @@
+//! Fuzz target (a): arbitrary requests through [`IdGuard`] in front of a
+//! recording echo service, driven by hand with a no-op waker.
+//!
+//! The fuzz input is a program: a guard configuration, then operations:
+//! send a request (method, session id bytes, content type, protocol
+//! version, `Content-Length`, body in arbitrary frames, maybe failing; the
+//! body either JSON-RPC built from tricky ids or raw bytes), read a held
+//! response to its end, drop a held response unread, or drop a queued
+//! request. The echo answers each forwarded body at once with a JSON, SSE
+//! or opaque response carrying the ids it saw (or fails), so every future
+//! is ready when polled, except a duplicate queued under
+//! [`OnDuplicate::Queue`] (its timer lives in a current-thread tokio
+//! runtime that is entered but never driven: it never fires). Responses are
+//! held unread, so their ids stay in flight and later requests collide.
+//!
+//! Invariants checked:
+//! - no panic, and every request is answered by the guard or forwarded at
+//!   once; only a lone duplicate under `Queue` waits, only while an earlier
+//!   exchange with its id is open, and it goes as soon as none is;
+//! - an untracked request reaches the inner service byte-identical (method,
+//!   headers, body); a tracked body reaches it identical or changed only at
+//!   request ids, each replaced by a fresh `"mcp-id-guard:..."` string that
+//!   carries the exact original id text (and at `requestId` of a
+//!   cancellation, named as the server knows that request); headers change
+//!   only in `Content-Length` (the new length), `Transfer-Encoding` and
+//!   `Accept-Encoding`;
+//! - the inner service never sees, with the client's own id, a request whose
+//!   id (by the documented equivalence) is in flight or shadowed in its
+//!   session, or a reserved id, or two equal ids in one batch;
+//! - the client's response is the echo's, byte for byte, except that each
+//!   top-level response id is the client's exact original id text;
+//! - the guard's own answers are exactly the documented ones (413, 400 for a
+//!   failed body, 429 at the in-flight cap, `reject_status` for a duplicate
+//!   under `Reject`), with the ids of the requests;
+//! - `stats()` agrees with a model of the open exchanges after every step,
+//!   and drains to nothing in flight and no session once all have ended.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::OnceLock;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody};
+use tower::{Layer, Service};
+
+use super::input::{id_text, split_at_cuts, Input};
+use super::oracle::{self, Kind};
+use super::KnownBug;
+
+/// Runs the target's checks on one input. Panics on a violation; returns
+/// the known bug an input shows, if any.
+pub fn check(data: &[u8]) -> Result<(), KnownBug> {
+    let runtime = runtime();
+    let _context = runtime.enter();
+    let mut input = Input::new(data);
+    let mut harness = Harness::new(&mut input);
+    if trace() {
+        eprintln!("{:?}", harness.settings);
+    }
+    let mut steps = 0;
+    while !input.is_empty() && steps < 32 {
+        steps += 1;
+        let op = input.below(10);
+        if trace() {
+            eprintln!(
+                "op {op}: {} open, {} queued",
+                harness.open.len(),
+                harness.pending.len()
+            );
+        }
+        match op {
+            0..=5 => harness.send(&mut input)?,
+            6 | 7 => {
+                if !harness.open.is_empty() {
+                    let index = input.below(harness.open.len());
+                    harness.finish(index)?;
+                }
+            }
+            8 => {
+                if !harness.open.is_empty() {
+                    let index = input.below(harness.open.len());
+                    harness.drop_open(index);
+                }
+            }
+            _ => {
+                if !harness.pending.is_empty() {
+                    let index = input.below(harness.pending.len());
+                    harness.drop_pending(index);
+                }
+            }
+        }
+        harness.poll_pending()?;
+        harness.check_stats();
+    }
+    harness.drain()
+}
+
+/// Whether to print each step (`FUZZ_TRACE=1`), to read a crash input.
+fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("FUZZ_TRACE").is_some())
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a current-thread runtime")
+    })
+}
+
+/// The error of a failing body or inner service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure;
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failure")
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// A body that is ready at once: its frames, then maybe an error.
+#[derive(Debug, Default)]
+pub struct Chunks {
+    frames: VecDeque<Frame<Bytes>>,
+    fail_at_end: bool,
+}
+
+impl Chunks {
+    fn new(pieces: Vec<&[u8]>, trailers: Option<HeaderMap>, fail_at_end: bool) -> Self {
+        let mut frames: VecDeque<Frame<Bytes>> = pieces
+            .into_iter()
+            .map(|piece| Frame::data(Bytes::copy_from_slice(piece)))
+            .collect();
+        if let Some(trailers) = trailers {
+            frames.push_back(Frame::trailers(trailers));
+        }
+        Self {
+            frames,
+            fail_at_end,
+        }
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Failure;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Failure>>> {
+        if let Some(frame) = self.frames.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if std::mem::take(&mut self.fail_at_end) {
+            return Poll::Ready(Some(Err(Failure)));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && !self.fail_at_end
+    }
+}
+
+/// Reads a body that must be ready at once: its data and whether it failed.
+fn read_now<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> (Vec<u8>, bool) {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut data = Vec::new();
+    for _ in 0..100_000 {
+        match Pin::new(&mut *body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(chunk) = frame.into_data() {
+                    data.extend_from_slice(&chunk);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => return (data, true),
+            Poll::Ready(None) => return (data, false),
+            Poll::Pending => panic!("a body whose data is all there returned Pending"),
+        }
+    }
+    panic!("a body never ended");
+}
+
+/// Where the echo puts a top-level response id.
+#[derive(Debug, Clone)]
+enum Piece {
+    Text(Vec<u8>),
+    /// The id of the n-th request of the body it answers.
+    Id(usize),
+}
+
+fn render(template: &[Piece], ids: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in template {
+        match piece {
+            Piece::Text(text) => out.extend_from_slice(text),
+            Piece::Id(index) => out.extend_from_slice(ids[*index].as_bytes()),
+        }
+    }
+    out
+}
+
+/// How the echo answers one request (chosen by the fuzz input, looked up by
+/// the request's `x-fuzz-serial` header).
+#[derive(Debug, Clone)]
+struct Plan {
+    format: Format,
+    /// Use the content type with parameters and odd case.
+    fancy_content_type: bool,
+    line_end: &'static str,
+    split_data: bool,
+    priming: bool,
+    extras: bool,
+    batch_in_one_event: bool,
+    cuts: Vec<u8>,
+    body_error: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Sse,
+    Opaque,
+    Fail,
+}
+
+/// The echo's answer: its template, the request ids it saw, and the ids as
+/// it wrote them.
+#[derive(Debug)]
+struct Answer {
+    template: Vec<Piece>,
+    seen: Vec<String>,
+    written: Vec<String>,
+}
+
+/// One request the echo received.
+#[derive(Debug)]
+struct Forwarded {
+    method: Method,
+    headers: HeaderMap,
+    /// The body, `Err` when reading it failed.
+    body: Result<Vec<u8>, Failure>,
+    /// The echo's answer, if it answered with a body carrying ids.
+    answer: Option<Answer>,
+    format: Format,
+    content_type: Option<&'static str>,
+    status: StatusCode,
+}
+
+type Log = Rc<RefCell<HashMap<u64, Forwarded>>>;
+type Plans = Rc<RefCell<HashMap<u64, Plan>>>;
+
+/// The recording echo.
+#[derive(Clone)]
+pub struct Echo {
+    log: Log,
+    plans: Plans,
+}
+
+impl Service<Request<RequestBody<Chunks>>> for Echo {
+    type Response = Response<Chunks>;
+    type Error = Failure;
+    type Future = std::future::Ready<Result<Response<Chunks>, Failure>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<RequestBody<Chunks>>) -> Self::Future {
+        let (parts, mut body) = request.into_parts();
+        let serial: u64 = parts
+            .headers
+            .get("x-fuzz-serial")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok())
+            .expect("every request carries its serial");
+        let plan = self.plans.borrow()[&serial].clone();
+        let (data, failed) = read_now(&mut body);
+        let mut forwarded = Forwarded {
+            method: parts.method,
+            headers: parts.headers,
+            body: if failed { Err(Failure) } else { Ok(data) },
+            answer: None,
+            format: plan.format,
+            content_type: None,
+            status: StatusCode::ACCEPTED,
+        };
+        let response = answer(&plan, &mut forwarded);
+        let previous = self.log.borrow_mut().insert(serial, forwarded);
+        assert!(previous.is_none(), "the inner service was called twice");
+        std::future::ready(response)
+    }
+}
+
+/// The echo's answer to a forwarded request, recorded in `forwarded`.
+fn answer(plan: &Plan, forwarded: &mut Forwarded) -> Result<Response<Chunks>, Failure> {
+    let ids: Vec<String> = match &forwarded.body {
+        Ok(body) => match oracle::parse(body) {
+            Some(parsed) => parsed
+                .request_ids()
+                .into_iter()
+                .map(|range| String::from_utf8_lossy(&body[range]).into_owned())
+                .collect(),
+            None => Vec::new(),
+        },
+        Err(_) => Vec::new(),
+    };
+    let is_batch = match &forwarded.body {
+        Ok(body) => oracle::parse(body).is_some_and(|parsed| parsed.is_batch()),
+        Err(_) => false,
+    };
+    if plan.format == Format::Fail {
+        return Err(Failure);
+    }
+    if ids.is_empty() {
+        return Ok(Response::builder()
+            .status(StatusCode::ACCEPTED)
+            .body(Chunks::default())
+            .expect("a response"));
+    }
+    // A real server writes ids compactly; a raw line break (JSON whitespace
+    // in a non-scalar id) would end an SSE data line, so the echo writes
+    // it as a space there.
+    let seen = ids;
+    let ids: Vec<String> = if matches!(plan.format, Format::Sse) {
+        seen.iter()
+            .map(|id| id.replace(['\r', '\n'], " "))
+            .collect()
+    } else {
+        seen.clone()
+    };
+    let text = |text: &str| Piece::Text(text.as_bytes().to_vec());
+    let result = |index: usize| -> Vec<Piece> {
+        vec![
+            text("{\"jsonrpc\":\"2.0\","),
+            text("\"id\":"),
+            Piece::Id(index),
+            text(&format!(",\"result\":{{\"seen\":{}}}}}", ids[index])),
+        ]
+    };
+    let mut template = Vec::new();
+    let content_type = match plan.format {
+        Format::Json | Format::Opaque => {
+            if is_batch {
+                template.push(text("["));
+            }
+            for index in 0..ids.len() {
+                if index > 0 {
+                    template.push(text(","));
+                }
+                template.extend(result(index));
+            }
+            if is_batch {
+                template.push(text("]"));
+            }
+            match (plan.format, plan.fancy_content_type) {
+                (Format::Opaque, _) => "application/octet-stream",
+                (_, false) => "application/json",
+                (_, true) => "Application/JSON; charset=utf-8",
+            }
+        }
+        _ => {
+            let end = plan.line_end;
+            if plan.priming {
+                template.push(text(&format!("id: 0{end}data:{end}{end}")));
+            }
+            if plan.extras {
+                // A server request and another event type carrying the same
+                // id: neither is a response to restore.
+                template.push(text(&format!(
+                    ": ping{end}{end}data: {{\"jsonrpc\":\"2.0\",\"id\":{0},\"method\":\"ping\"}}{end}{end}event: other{end}data: {{\"id\":{0},\"result\":{{}}}}{end}{end}",
+                    ids[0]
+                )));
+            }
+            let data_break = if plan.split_data {
+                format!("{end}data: ")
+            } else {
+                String::new()
+            };
+            let event = |template: &mut Vec<Piece>, members: &[usize], array: bool| {
+                template.push(text("event: message"));
+                template.push(text(end));
+                template.push(text("data: "));
+                if array {
+                    template.push(text("["));
+                }
+                for (position, index) in members.iter().enumerate() {
+                    if position > 0 {
+                        template.push(text(","));
+                    }
+                    template.push(text("{\"jsonrpc\":\"2.0\","));
+                    template.push(text(&data_break));
+                    template.push(text("\"id\":"));
+                    template.push(Piece::Id(*index));
+                    template.push(text(&format!(
+                        ",{data_break}\"result\":{{\"seen\":{}}}}}",
+                        ids[*index]
+                    )));
+                }
+                if array {
+                    template.push(text("]"));
+                }
+                template.push(text(end));
+                template.push(text(end));
+            };
+            let all: Vec<usize> = (0..ids.len()).collect();
+            if is_batch && plan.batch_in_one_event {
+                event(&mut template, &all, true);
+            } else {
+                for index in all {
+                    event(&mut template, &[index], false);
+                }
+            }
+            if plan.fancy_content_type {
+                "Text/Event-Stream; charset=utf-8"
+            } else {
+                "text/event-stream"
+            }
+        }
+    };
+    let bytes = render(&template, &ids);
+    let cuts: Vec<usize> = plan
+        .cuts
+        .iter()
+        .map(|cut| usize::from(*cut) * bytes.len() / 256)
+        .collect();
+    let pieces = split_at_cuts(&bytes, &cuts);
+    forwarded.answer = Some(Answer {
+        template,
+        seen,
+        written: ids,
+    });
+    forwarded.content_type = Some(content_type);
+    forwarded.status = StatusCode::OK;
+    Ok(Response::builder()
+        .header("content-type", content_type)
+        .body(Chunks::new(pieces, None, plan.body_error))
+        .expect("a response"))
+}
+
+/// Guard settings chosen by the fuzz input.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    policy: OnDuplicate,
+    rewrite_all: bool,
+    shadows: bool,
+    max_body: usize,
+    cap: usize,
+    reject_status: StatusCode,
+}
+
+/// A request as the client sent it, and what the oracle reads in it.
+#[derive(Debug, Clone)]
+struct Sent {
+    serial: u64,
+    method: Method,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    frames: Vec<usize>,
+    body_error: bool,
+    /// The session, when the request is in a legacy session.
+    session: Option<Vec<u8>>,
+    /// Read by the guard (a JSON POST in a legacy session).
+    tracked: bool,
+    parsed: Option<oracle::Body>,
+    /// The request ids' JSON text, in order.
+    originals: Vec<String>,
+    /// The collision keys of the cancellations' `requestId`s.
+    cancels: Vec<String>,
+}
+
+impl Sent {
+    fn keys(&self) -> Vec<String> {
+        self.originals
+            .iter()
+            .map(|raw| oracle::id_key(raw))
+            .collect()
+    }
+
+    fn is_batch(&self) -> bool {
+        self.parsed.as_ref().is_some_and(oracle::Body::is_batch)
+    }
+}
+
+/// One registered request of an exchange: its key, and whether the inner
+/// service knows it by the client's own id.
+#[derive(Debug, Clone)]
+struct Entry {
+    key: String,
+    as_is: bool,
+}
+
+/// A forwarded exchange whose response is held unread.
+struct Open {
+    sent: Sent,
+    entries: Vec<Entry>,
+    response: Response<ResponseBody<Chunks>>,
+    expected: Vec<u8>,
+    planned_error: bool,
+}
+
+type GuardFuture = <IdGuard<Echo> as Service<Request<Chunks>>>::Future;
+
+/// A request waiting under `Queue`.
+struct Pending {
+    sent: Sent,
+    future: Pin<Box<GuardFuture>>,
+}
+
+struct Harness {
+    settings: Settings,
+    layer: IdGuardLayer,
+    service: IdGuard<Echo>,
+    log: Log,
+    plans: Plans,
+    serial: u64,
+    open: Vec<Open>,
+    pending: Vec<Pending>,
+    /// Ids the inner service may still answer though their exchange ended
+    /// (dropped unread, inner failure): (session, key) → count. A lower
+    /// bound: cancelled exchanges are left out.
+    shadows: HashMap<(Vec<u8>, String), usize>,
+    /// Sessions and keys any cancellation has named.
+    cancelled: HashSet<(Vec<u8>, String)>,
+    /// Every server-side id minted so far.
+    minted: HashSet<String>,
+    /// Every id the inner service saw, per session.
+    server_ids: HashMap<Vec<u8>, Vec<String>>,
+    passed: u64,
+    remapped: u64,
+    rejected: u64,
+    queued: u64,
+}
+
+const SESSIONS: &[&[u8]] = &[b"session-a", b"session-b", b"", b"session-a\t", b"\x80\xff"];
+const CONTENT_TYPES: &[&str] = &[
+    "application/json",
+    "Application/JSON; charset=utf-8",
+    " application/json ;",
+    "application/json-seq",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+];
+const VERSIONS: &[&str] = &[
+    "2025-06-18",
+    "2025-11-25",
+    "2026-07-28",
+    "2027-01-01",
+    "2026-07-2",
+    "2026-07-28x",
+    "draft",
+];
+const METHODS: &[&str] = &["tools/call", "ping", "hold", "notifications/cancelled"];
+
+impl Harness {
+    fn new(input: &mut Input<'_>) -> Self {
+        let settings = Settings {
+            policy: input.pick(&[OnDuplicate::Remap, OnDuplicate::Reject, OnDuplicate::Queue]),
+            rewrite_all: input.below(4) == 0,
+            shadows: input.below(4) != 0,
+            max_body: input.pick(&[4 * 1024 * 1024, 16, 64, 200]),
+            cap: input.pick(&[1024, 1, 2, 3]),
+            reject_status: input.pick(&[StatusCode::BAD_REQUEST, StatusCode::CONFLICT]),
+        };
+        let mut layer = IdGuardLayer::new()
+            .on_duplicate(settings.policy)
+            .rewrite_all_ids(settings.rewrite_all)
+            .max_body_bytes(settings.max_body)
+            .max_in_flight_per_session(settings.cap)
+            .reject_status(settings.reject_status);
+        if !settings.shadows {
+            layer = layer.abandoned_id_ttl(std::time::Duration::ZERO);
+        }
+        let log = Log::default();
+        let plans = Plans::default();
+        let service = layer.layer(Echo {
+            log: Rc::clone(&log),
+            plans: Rc::clone(&plans),
+        });
+        Self {
+            settings,
+            layer,
+            service,
+            log,
+            plans,
+            serial: 0,
+            open: Vec::new(),
+            pending: Vec::new(),
+            shadows: HashMap::new(),
+            cancelled: HashSet::new(),
+            minted: HashSet::new(),
+            server_ids: HashMap::new(),
+            passed: 0,
+            remapped: 0,
+            rejected: 0,
+            queued: 0,
+        }
+    }
+
+    /// Builds a request from fuzz choices, sends it, and handles the answer.
+    fn send(&mut self, input: &mut Input<'_>) -> Result<(), KnownBug> {
+        self.serial += 1;
+        let serial = self.serial;
+        let (request, sent) = build_request(input, serial);
+        let plan = Plan {
+            format: input.pick(&[
+                Format::Json,
+                Format::Json,
+                Format::Sse,
+                Format::Sse,
+                Format::Opaque,
+                Format::Fail,
+            ]),
+            fancy_content_type: input.flag(),
+            line_end: input.pick(&["\n", "\r\n", "\r"]),
+            split_data: input.flag(),
+            priming: input.flag(),
+            extras: input.flag(),
+            batch_in_one_event: input.flag(),
+            cuts: (0..input.below(4)).map(|_| input.byte()).collect(),
+            body_error: input.below(8) == 0,
+        };
+        if trace() {
+            eprintln!(
+                "send #{serial}: {:?} {:?} {:?} {:?}",
+                sent.method,
+                sent.headers,
+                String::from_utf8_lossy(&sent.body),
+                plan
+            );
+        }
+        self.plans.borrow_mut().insert(serial, plan);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            self.service.poll_ready(&mut cx).is_ready(),
+            "the guard is ready when its inner service is"
+        );
+        let mut future = Box::pin(self.service.call(request));
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(result) => self.arrived(sent, result, false),
+            Poll::Pending => {
+                self.check_may_wait(&sent);
+                self.queued += 1;
+                self.pending.push(Pending { sent, future });
+                Ok(())
+            }
+        }
+    }
+
+    /// In flight in a session: requests of open exchanges and queued ones.
+    fn in_flight(&self, session: &[u8]) -> usize {
+        let open: usize = self
+            .open
+            .iter()
+            .filter(|open| open.sent.session.as_deref() == Some(session))
+            .map(|open| open.entries.len())
+            .sum();
+        let queued = self
+            .pending
+            .iter()
+            .filter(|pending| pending.sent.session.as_deref() == Some(session))
+            .count();
+        open + queued
+    }
+
+    /// Whether the key may be taken for the policy in the session: an open
+    /// exchange holds it (an upper bound of the live requests), or a request
+    /// waits for it.
+    fn may_be_taken(&self, session: &[u8], key: &str) -> bool {
+        self.held_open(session, key) || self.waiting(session, key, usize::MAX)
+    }
+
+    /// Whether an open exchange of the session has a request with the key,
+    /// with the client's id or remapped (under `Reject` and `Queue` a live
+    /// remapped request holds the id too).
+    fn held_open(&self, session: &[u8], key: &str) -> bool {
+        self.open.iter().any(|open| {
+            open.sent.session.as_deref() == Some(session)
+                && open.entries.iter().any(|entry| entry.key == key)
+        })
+    }
+
+    /// Whether a request before `before` (in arrival order) waits for the key.
+    fn waiting(&self, session: &[u8], key: &str, before: usize) -> bool {
+        self.pending.iter().take(before).any(|pending| {
+            pending.sent.session.as_deref() == Some(session) && pending.sent.keys()[0] == key
+        })
+    }
+
+    /// Whether the key is surely taken: an open exchange knows it by the
+    /// client's own id and nothing ever cancelled that key in the session.
+    fn surely_taken(&self, session: &[u8], key: &str) -> bool {
+        !self.cancelled.contains(&(session.to_vec(), key.to_owned()))
+            && self.open.iter().any(|open| {
+                open.sent.session.as_deref() == Some(session)
+                    && open
+                        .entries
+                        .iter()
+                        .any(|entry| entry.key == key && entry.as_is)
+            })
+    }
+
+    /// Whether the inner service may still answer this id as the client
+    /// sent it: an open exchange or a sure shadow holds it.
+    fn occupied(&self, session: &[u8], key: &str) -> bool {
+        let open = self.open.iter().any(|open| {
+            open.sent.session.as_deref() == Some(session)
+                && open
+                    .entries
+                    .iter()
+                    .any(|entry| entry.key == key && entry.as_is)
+        });
+        open || self
+            .shadows
+            .get(&(session.to_vec(), key.to_owned()))
+            .is_some_and(|count| *count > 0)
+    }
+
+    /// The size the guard refuses before reading, or while reading.
+    fn too_large(&self, sent: &Sent) -> Option<&'static str> {
+        let declared = sent
+            .headers
+            .get("content-length")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > self.settings.max_body as u64) {
+            return Some("413");
+        }
+        let mut total = 0;
+        for (index, end) in sent.frames.iter().enumerate() {
+            let start = if index == 0 {
+                0
+            } else {
+                sent.frames[index - 1]
+            };
+            total += end - start;
+            if total > self.settings.max_body {
+                return Some("413");
+            }
+        }
+        if sent.body_error {
+            return Some("400");
+        }
+        None
+    }
+
+    /// A request the guard made wait: only a lone request under `Queue`
+    /// whose id may be taken.
+    fn check_may_wait(&self, sent: &Sent) {
+        assert_eq!(
+            self.settings.policy,
+            OnDuplicate::Queue,
+            "only Queue makes a request wait"
+        );
+        assert!(sent.tracked && !sent.is_batch() && sent.originals.len() == 1);
+        let session = sent.session.as_deref().expect("tracked");
+        assert!(
+            self.may_be_taken(session, &sent.keys()[0]),
+            "a request waits though no exchange holds its id"
+        );
+    }
+
+    /// Handles the answer to a request: the guard's own, or the echo's.
+    fn arrived(
+        &mut self,
+        sent: Sent,
+        result: Result<Response<ResponseBody<Chunks>>, Failure>,
+        was_queued: bool,
+    ) -> Result<(), KnownBug> {
+        let forwarded = self.log.borrow_mut().remove(&sent.serial);
+        let Some(forwarded) = forwarded else {
+            let mut response = result.expect("the guard's own answers are responses");
+            self.check_guard_answer(&sent, &mut response);
+            return Ok(());
+        };
+        let entries = self.check_forwarded(&sent, &forwarded, was_queued)?;
+        let response = match result {
+            Ok(response) => response,
+            Err(Failure) => {
+                assert_eq!(forwarded.format, Format::Fail, "only the echo fails");
+                self.ended(&sent, &entries, End::InnerFailed);
+                return Ok(());
+            }
+        };
+        assert_eq!(response.status(), forwarded.status, "the echo's status");
+        let expected = self.expected_answer(&sent, &forwarded)?;
+        // Only a body with content fails (a 202 has none).
+        let planned_error =
+            self.plans.borrow()[&sent.serial].body_error && forwarded.answer.is_some();
+        if entries.is_empty() {
+            // Nothing registered: read it now.
+            let open = Open {
+                sent,
+                entries,
+                response,
+                expected,
+                planned_error,
+            };
+            return check_read(open).map(|_| ());
+        }
+        self.open.push(Open {
+            sent,
+            entries,
+            response,
+            expected,
+            planned_error,
+        });
+        Ok(())
+    }
+
+    /// The guard answered by itself: it must be one of the documented
+    /// answers, for a reason the model agrees with.
+    fn check_guard_answer(&mut self, sent: &Sent, response: &mut Response<ResponseBody<Chunks>>) {
+        assert!(
+            sent.tracked,
+            "the guard answered a request it does not track: {sent:?}"
+        );
+        let status = response.status();
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let (body, failed) = read_now(response.body_mut());
+        assert!(!failed);
+        let is_array = body.first() == Some(&b'[');
+        let errors = guard_errors(&body);
+        let ids: Vec<&str> = errors.iter().map(|(id, _)| id.as_str()).collect();
+        if let Some(reason) = self.too_large(sent) {
+            let expected = if reason == "413" {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            assert_eq!(status, expected, "{sent:?}");
+            assert_eq!(errors, [("null".to_owned(), -32600)]);
+            return;
+        }
+        let session = sent.session.clone().expect("tracked");
+        let keys = sent.keys();
+        assert!(
+            !keys.is_empty(),
+            "the guard answered a body without requests"
+        );
+        let expected_ids: Vec<&str> = sent.originals.iter().map(String::as_str).collect();
+        assert_eq!(is_array, sent.is_batch(), "a batch gets an array");
+        assert_eq!(ids, expected_ids, "the guard's answer carries the ids");
+        let over = self.in_flight(&session) + keys.len() > self.settings.cap;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert!(over, "429 below the cap");
+            assert!(errors.iter().all(|(_, code)| *code == -32000));
+            self.rejected += keys.len() as u64;
+            return;
+        }
+        assert!(!over, "over the cap but not 429 (got {status})");
+        assert_eq!(status, self.settings.reject_status, "unexpected status");
+        assert!(errors.iter().all(|(_, code)| *code == -32600));
+        assert!(
+            self.settings.policy == OnDuplicate::Reject
+                || (self.settings.policy == OnDuplicate::Queue && sent.is_batch()),
+            "a duplicate refused under {:?}",
+            self.settings.policy
+        );
+        let collides = keys
+            .iter()
+            .enumerate()
+            .any(|(index, key)| keys[..index].contains(key) || self.may_be_taken(&session, key));
+        assert!(collides, "refused without a collision: {sent:?}");
+        self.rejected += keys.len() as u64;
+    }
+
+    /// The request reached the inner service: check what it saw, and
+    /// register its requests in the model.
+    /// A queued request counts in `queued_total` only, whichever id it
+    /// goes with.
+    fn check_forwarded(
+        &mut self,
+        sent: &Sent,
+        forwarded: &Forwarded,
+        was_queued: bool,
+    ) -> Result<Vec<Entry>, KnownBug> {
+        assert_eq!(forwarded.method, sent.method);
+        if !sent.tracked {
+            // A GET stream in a legacy session is asked for uncompressed, so
+            // it can be restored.
+            let mut headers = sent.headers.clone();
+            if sent.method == Method::GET && sent.session.is_some() {
+                headers.remove("accept-encoding");
+            }
+            assert_eq!(
+                forwarded.headers, headers,
+                "untracked: same headers: {sent:?}"
+            );
+            match &forwarded.body {
+                Ok(body) => {
+                    assert!(!sent.body_error);
+                    assert_eq!(body, &sent.body, "untracked: byte-identical body");
+                }
+                Err(_) => assert!(sent.body_error),
+            }
+            return Ok(Vec::new());
+        }
+        assert!(
+            self.too_large(sent).is_none(),
+            "a body the guard must refuse was forwarded"
+        );
+        let session = sent.session.clone().expect("tracked");
+        let body = forwarded
+            .body
+            .as_ref()
+            .expect("a tracked body is handed on buffered");
+        let keys = sent.keys();
+        if !keys.is_empty() {
+            assert!(
+                self.in_flight(&session) + keys.len() <= self.settings.cap,
+                "over the cap but forwarded"
+            );
+        }
+        let alignment = self.align(sent, body, &session)?;
+        // Headers: only the length, transfer and content encodings change.
+        let changed = ["content-length", "transfer-encoding", "accept-encoding"];
+        for name in sent.headers.keys().chain(forwarded.headers.keys()) {
+            if !changed.contains(&name.as_str()) {
+                let sent_values: Vec<_> = sent.headers.get_all(name).iter().collect();
+                let forwarded_values: Vec<_> = forwarded.headers.get_all(name).iter().collect();
+                assert_eq!(forwarded_values, sent_values, "header {name}");
+            }
+        }
+        if body != &sent.body {
+            assert_eq!(
+                forwarded.headers["content-length"],
+                body.len().to_string(),
+                "Content-Length follows the rewritten body"
+            );
+            assert!(!forwarded.headers.contains_key("transfer-encoding"));
+        } else {
+            assert_eq!(
+                forwarded.headers.get("content-length"),
+                sent.headers.get("content-length")
+            );
+        }
+        if alignment.remapped > 0 {
+            assert!(
+                !forwarded.headers.contains_key("accept-encoding"),
+                "a response to restore is asked for uncompressed"
+            );
+        }
+        // The inner service never sees a client id that may still be
+        // answered in the session, a reserved one, or one twice in a batch.
+        let mut as_is_keys = HashSet::new();
+        let mut entries = Vec::new();
+        for (index, key) in keys.iter().enumerate() {
+            let as_is = alignment.as_is[index];
+            if as_is {
+                assert!(
+                    !self.settings.rewrite_all,
+                    "rewrite_all_ids forwarded a client id"
+                );
+                assert!(
+                    !oracle::is_reserved(&sent.originals[index]),
+                    "a reserved client id was forwarded as is"
+                );
+                assert!(
+                    !self.occupied(&session, key),
+                    "id {} forwarded as is while the server may still answer it in the session",
+                    sent.originals[index]
+                );
+                assert!(as_is_keys.insert(key.clone()), "two equal ids in one batch");
+                self.passed += u64::from(!was_queued);
+            } else {
+                self.remapped += u64::from(!was_queued);
+            }
+            if self.settings.policy == OnDuplicate::Reject
+                && !sent.is_batch()
+                && self.surely_taken(&session, key)
+            {
+                panic!("a duplicate was forwarded under Reject: {sent:?}");
+            }
+            entries.push(Entry {
+                key: key.clone(),
+                as_is,
+            });
+        }
+        for key in &sent.cancels {
+            self.cancelled.insert((session.clone(), key.clone()));
+        }
+        self.server_ids
+            .entry(session)
+            .or_default()
+            .extend(alignment.server_ids);
+        Ok(entries)
+    }
+
+    /// Walks the forwarded body against the sent one: identical except at
+    /// request ids (a fresh server-side id carrying the original) and at
+    /// cancellations' `requestId` (an id the session's server saw).
+    fn align(
+        &mut self,
+        sent: &Sent,
+        forwarded: &[u8],
+        session: &[u8],
+    ) -> Result<Alignment, KnownBug> {
+        let mut sites: Vec<(std::ops::Range<usize>, bool)> = Vec::new();
+        if let Some(parsed) = &sent.parsed {
+            for message in parsed.messages() {
+                if message.kind == Kind::Request {
+                    sites.extend(message.id.clone().map(|range| (range, true)));
+                }
+                sites.extend(message.cancels.clone().map(|range| (range, false)));
+            }
+        }
+        sites.sort_by_key(|(range, _)| range.start);
+        let mut alignment = Alignment::default();
+        let mut renamed = Vec::new();
+        let (mut cursor_in, mut cursor_out) = (0, 0);
+        for (range, is_request) in sites {
+            let between = &sent.body[cursor_in..range.start];
+            assert_eq!(
+                forwarded.get(cursor_out..cursor_out + between.len()),
+                Some(between),
+                "the body changed outside its ids\n  sent: {:?}\n  forwarded: {:?}",
+                String::from_utf8_lossy(&sent.body),
+                String::from_utf8_lossy(forwarded)
+            );
+            cursor_out += between.len();
+            let original = std::str::from_utf8(&sent.body[range.clone()]).expect("a JSON token");
+            let (token, length) =
+                oracle::token_at(&forwarded[cursor_out..]).expect("a JSON value at an id site");
+            let token = token.to_owned();
+            cursor_out += length;
+            cursor_in = range.end;
+            if is_request {
+                if token == original {
+                    alignment.as_is.push(true);
+                } else {
+                    assert_eq!(
+                        oracle::restore(&token).as_deref(),
+                        Some(original),
+                        "a remapped id carries the original text"
+                    );
+                    assert!(self.minted.insert(token.clone()), "a server-side id reused");
+                    alignment.as_is.push(false);
+                    alignment.remapped += 1;
+                }
+                alignment.server_ids.push(token);
+            } else if token != original {
+                renamed.push((original.to_owned(), token));
+            }
+        }
+        // A cancellation names the request as the server knows it (its
+        // batch's own requests included: they are admitted first).
+        for (original, token) in renamed {
+            let key = oracle::id_key(&original);
+            let known = self
+                .server_ids
+                .get(session)
+                .is_some_and(|ids| ids.contains(&token))
+                || alignment.server_ids.contains(&token);
+            if !known && !self.pending.is_empty() {
+                return Err(KnownBug::CancelNamesUnforwardedRequest);
+            }
+            assert!(
+                known,
+                "requestId {original} rewritten to {token}, an id the server never saw in {:?}",
+                String::from_utf8_lossy(session),
+            );
+            let target_key = oracle::restore(&token).map_or_else(
+                || oracle::id_key(&token),
+                |original| oracle::id_key(&original),
+            );
+            assert_eq!(target_key, key, "the cancellation names another id");
+        }
+        assert_eq!(
+            &forwarded[cursor_out..],
+            &sent.body[cursor_in..],
+            "the body changed after its last id"
+        );
+        Ok(alignment)
+    }
+
+    /// What the client must read: the echo's body, with top-level response
+    /// ids restored where the guard restores them.
+    fn expected_answer(&self, sent: &Sent, forwarded: &Forwarded) -> Result<Vec<u8>, KnownBug> {
+        let Some(Answer {
+            template,
+            seen,
+            written,
+        }) = &forwarded.answer
+        else {
+            return Ok(Vec::new());
+        };
+        let remapped = seen.iter().any(|id| self.minted.contains(id));
+        let restores = if sent.tracked {
+            remapped
+        } else {
+            sent.method == Method::GET && sent.session.is_some()
+        };
+        let restorable = matches!(forwarded.format, Format::Json | Format::Sse);
+        let restored: Vec<Option<String>> = seen
+            .iter()
+            .map(|id| oracle::restore(id).filter(|_| restores && restorable))
+            .collect();
+        if sent.tracked && restorable {
+            let received: Vec<&String> = restored
+                .iter()
+                .zip(seen)
+                .map(|(restored, seen)| restored.as_ref().unwrap_or(seen))
+                .collect();
+            let originals: Vec<&String> = sent.originals.iter().collect();
+            assert_eq!(received, originals, "the client gets its exact ids back");
+        }
+        let ids: Vec<String> = restored
+            .iter()
+            .zip(written)
+            .map(|(restored, written)| restored.clone().unwrap_or_else(|| written.clone()))
+            .collect();
+        if forwarded.format == Format::Sse
+            && restores
+            && seen
+                .iter()
+                .any(|id| oracle::restore(id).is_some() && !id.contains(oracle::PREFIX))
+        {
+            return Err(KnownBug::EscapedPrefixDependsOnChunking);
+        }
+        if forwarded.format == Format::Sse
+            && restores
+            && restored
+                .iter()
+                .flatten()
+                .any(|original| original.contains(['\r', '\n']))
+        {
+            return Err(KnownBug::LineBreakInRestoredSseId);
+        }
+        Ok(render(template, &ids))
+    }
+
+    /// Reads an open exchange's response to its end.
+    fn finish(&mut self, index: usize) -> Result<(), KnownBug> {
+        let open = self.open.remove(index);
+        let sent = open.sent.clone();
+        let entries = open.entries.clone();
+        let failed = check_read(open)?;
+        self.ended(
+            &sent,
+            &entries,
+            if failed { End::BodyFailed } else { End::Read },
+        );
+        Ok(())
+    }
+
+    /// Drops an open exchange's response unread.
+    fn drop_open(&mut self, index: usize) {
+        let open = self.open.remove(index);
+        let (sent, entries) = (open.sent.clone(), open.entries.clone());
+        drop(open);
+        self.ended(&sent, &entries, End::Dropped);
+    }
+
+    /// Drops a queued request: it leaves the queue.
+    fn drop_pending(&mut self, index: usize) {
+        self.pending.remove(index);
+    }
+
+    /// An exchange ended. One dropped unread or failed by the inner service
+    /// leaves its client ids shadowed (when shadows are on). One whose
+    /// response body failed may or may not have completed first (under
+    /// `Reject` and `Queue` the ids go once the responses passed): it is
+    /// left out of the lower bound.
+    fn ended(&mut self, sent: &Sent, entries: &[Entry], end: End) {
+        if matches!(end, End::Read | End::BodyFailed)
+            || !self.settings.shadows
+            || entries.is_empty()
+        {
+            return;
+        }
+        let session = sent
+            .session
+            .clone()
+            .expect("registered requests are tracked");
+        for entry in entries.iter().filter(|entry| entry.as_is) {
+            *self
+                .shadows
+                .entry((session.clone(), entry.key.clone()))
+                .or_default() += 1;
+        }
+    }
+
+    /// Polls every queued request; those whose turn came are forwarded.
+    /// A request still waiting must have a reason to.
+    fn poll_pending(&mut self) -> Result<(), KnownBug> {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut index = 0;
+        while index < self.pending.len() {
+            let Poll::Ready(result) = self.pending[index].future.as_mut().poll(&mut cx) else {
+                index += 1;
+                continue;
+            };
+            let pending = self.pending.remove(index);
+            // It counted as in flight while queued; now as its exchange.
+            self.arrived(pending.sent, result, true)?;
+            // Its exchange may have let others through: poll all again.
+            index = 0;
+        }
+        for (index, pending) in self.pending.iter().enumerate() {
+            let session = pending.sent.session.as_deref().expect("tracked");
+            let key = &pending.sent.keys()[0];
+            let blocked = self.held_open(session, key) || self.waiting(session, key, index);
+            assert!(
+                blocked,
+                "a queued request still waits though its id is free"
+            );
+        }
+        Ok(())
+    }
+
+    /// `stats()` against the model of open exchanges.
+    fn check_stats(&self) {
+        let stats = self.layer.stats();
+        let sessions: HashSet<&[u8]> = self
+            .open
+            .iter()
+            .filter(|open| !open.entries.is_empty())
+            .map(|open| open.sent.session.as_deref().expect("tracked"))
+            .chain(
+                self.pending
+                    .iter()
+                    .map(|pending| pending.sent.session.as_deref().expect("tracked")),
+            )
+            .collect();
+        let in_flight: usize = sessions.iter().map(|session| self.in_flight(session)).sum();
+        assert_eq!(stats.in_flight_requests, in_flight, "in-flight requests");
+        assert_eq!(stats.tracked_sessions, sessions.len(), "tracked sessions");
+        assert_eq!(stats.passed_total, self.passed, "passed_total");
+        assert_eq!(stats.remapped_total, self.remapped, "remapped_total");
+        assert_eq!(stats.rejected_total, self.rejected, "rejected_total");
+        assert_eq!(stats.queued_total, self.queued, "queued_total");
+        let shadows: usize = self.shadows.values().sum();
+        assert!(
+            stats.abandoned_ids >= shadows,
+            "abandoned ids {} below the sure ones {shadows}",
+            stats.abandoned_ids
+        );
+    }
+
+    /// Ends everything: reads every open response, lets every queued
+    /// request through, and checks that nothing is left.
+    fn drain(mut self) -> Result<(), KnownBug> {
+        for _ in 0..10_000 {
+            self.poll_pending()?;
+            if self.open.is_empty() {
+                break;
+            }
+            self.finish(0)?;
+        }
+        assert!(self.pending.is_empty(), "a queued request never went");
+        self.check_stats();
+        let stats = self.layer.stats();
+        assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
+        Ok(())
+    }
+}
+
+/// How an exchange ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Read,
+    BodyFailed,
+    Dropped,
+    InnerFailed,
+}
+
+/// Per request of a body: forwarded with the client's id or not.
+#[derive(Debug, Default)]
+struct Alignment {
+    as_is: Vec<bool>,
+    remapped: usize,
+    server_ids: Vec<String>,
+}
+
+/// Reads a response to its end and compares it with the expected bytes.
+/// Returns whether the body failed.
+fn check_read(mut open: Open) -> Result<bool, KnownBug> {
+    let (data, failed) = read_now(open.response.body_mut());
+    assert_eq!(
+        failed, open.planned_error,
+        "the body fails only when the echo's does"
+    );
+    if !failed {
+        assert_eq!(
+            String::from_utf8_lossy(&data),
+            String::from_utf8_lossy(&open.expected),
+            "the client's response is the echo's with its own ids"
+        );
+    }
+    Ok(failed)
+}
+
+/// The `id` JSON texts and error codes of a guard's answer (one error
+/// object, or an array of them).
+fn guard_errors(body: &[u8]) -> Vec<(String, i64)> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Error {
+        code: i64,
+        message: String,
+    }
+    let objects: Vec<&RawValue> = if body.first() == Some(&b'[') {
+        serde_json::from_slice(body).expect("the guard's answer is a JSON array")
+    } else {
+        vec![serde_json::from_slice(body).expect("the guard's answer is JSON")]
+    };
+    objects
+        .iter()
+        .map(|object| {
+            let fields: HashMap<String, &RawValue> =
+                serde_json::from_str(object.get()).expect("an error object");
+            let mut names: Vec<&str> = fields.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["error", "id", "jsonrpc"]);
+            assert_eq!(fields["jsonrpc"].get(), "\"2.0\"");
+            let error: Error = serde_json::from_str(fields["error"].get()).expect("an error");
+            assert!(!error.message.is_empty());
+            (fields["id"].get().to_owned(), error.code)
+        })
+        .collect()
+}
+
+/// Builds one request from fuzz choices.
+fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) {
+    let method = match input.below(8) {
+        0 => Method::GET,
+        1 => Method::DELETE,
+        2 => Method::from_bytes(input.bytes(6)).unwrap_or(Method::PUT),
+        _ => Method::POST,
+    };
+    let mut headers = HeaderMap::new();
+    let mut header = |name: &'static str, value: &[u8]| {
+        if let Ok(value) = HeaderValue::from_bytes(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    match input.below(8) {
+        0 => {}
+        1 => header("mcp-session-id", input.bytes(24)),
+        2 => header("mcp-session-id", &vec![b's'; 8 * 1024]),
+        _ => header("mcp-session-id", input.pick(SESSIONS)),
+    }
+    match input.below(8) {
+        0 => {}
+        1 => header("content-type", input.bytes(24)),
+        2..=3 => header("content-type", input.pick(CONTENT_TYPES).as_bytes()),
+        _ => header("content-type", b"application/json"),
+    }
+    match input.below(4) {
+        0 => header("mcp-protocol-version", input.pick(VERSIONS).as_bytes()),
+        1 => header("mcp-protocol-version", input.bytes(12)),
+        _ => {}
+    }
+    if input.below(4) == 0 {
+        header("accept-encoding", b"gzip");
+    }
+    header("x-fuzz-serial", serial.to_string().as_bytes());
+
+    let body = match input.below(4) {
+        0 => input.bytes(64).to_vec(),
+        _ => {
+            let mut body = json_body(input);
+            if input.below(6) == 0 && !body.is_empty() {
+                let at = input.below(body.len());
+                body[at] = input.byte();
+            }
+            body
+        }
+    };
+    match input.below(6) {
+        0 => header("content-length", body.len().to_string().as_bytes()),
+        1 => {
+            let lie = input.pick(&[
+                "0",
+                "1",
+                "+5",
+                "201",
+                "65",
+                "17",
+                "18446744073709551616",
+                "x",
+            ]);
+            header("content-length", lie.as_bytes());
+        }
+        _ => {}
+    }
+    let cuts = input.cuts(body.len(), 3);
+    let trailers = input.below(8) == 0;
+    let body_error = input.below(10) == 0;
+    let frames: Vec<usize> = cuts.iter().copied().chain([body.len()]).collect();
+    let pieces = split_at_cuts(&body, &cuts);
+    let trailer_map = trailers.then(|| {
+        let mut map = HeaderMap::new();
+        map.insert("x-trailer", HeaderValue::from_static("1"));
+        map
+    });
+    let mut request = Request::new(Chunks::new(pieces, trailer_map, body_error));
+    *request.method_mut() = method.clone();
+    *request.uri_mut() = http::Uri::from_static("/mcp");
+    *request.headers_mut() = headers.clone();
+
+    let in_legacy_session = headers.contains_key("mcp-session-id")
+        && !headers
+            .get("mcp-protocol-version")
+            .is_some_and(|version| sessionless(version.as_bytes()));
+    let is_json = headers
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        });
+    let tracked = in_legacy_session && method == Method::POST && is_json;
+    let session = in_legacy_session.then(|| headers["mcp-session-id"].as_bytes().to_vec());
+    let parsed = if tracked { oracle::parse(&body) } else { None };
+    let (originals, cancels) = match &parsed {
+        Some(parsed) => {
+            let originals = parsed
+                .request_ids()
+                .into_iter()
+                .map(|range| String::from_utf8_lossy(&body[range]).into_owned())
+                .collect();
+            let cancels = parsed
+                .messages()
+                .iter()
+                .filter_map(|message| message.cancels.clone())
+                .map(|range| oracle::id_key(&String::from_utf8_lossy(&body[range])))
+                .collect();
+            (originals, cancels)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    let sent = Sent {
+        serial,
+        method,
+        headers,
+        body,
+        frames,
+        body_error,
+        session,
+        tracked,
+        parsed,
+        originals,
+        cancels,
+    };
+    (request, sent)
+}
+
+/// `MCP-Protocol-Version` of 2026-07-28 or later (a date, compared as text).
+fn sessionless(version: &[u8]) -> bool {
+    let Some(date) = version.get(..10) else {
+        return false;
+    };
+    let shaped = date.iter().enumerate().all(|(index, byte)| match index {
+        4 | 7 => *byte == b'-',
+        _ => byte.is_ascii_digit(),
+    });
+    shaped && date >= &b"2026-07-28"[..]
+}
+
+/// A JSON-RPC body (a message or a batch) from fuzz choices.
+fn json_body(input: &mut Input<'_>) -> Vec<u8> {
+    let batch = input.below(4) == 0;
+    let count = if batch { input.below(5) } else { 1 };
+    let messages: Vec<String> = (0..count).map(|_| message(input)).collect();
+    let text = if batch {
+        format!("[{}]", messages.join(input.pick(&[",", " , ", ",\n"])))
+    } else {
+        messages.concat()
+    };
+    let pad = input.pick(&["", " ", "\n", "\t\r\n"]);
+    format!("{pad}{text}{pad}").into_bytes()
+}
+
+fn message(input: &mut Input<'_>) -> String {
+    let id = id_text(input);
+    let method = input.pick(METHODS);
+    match input.below(12) {
+        0 => format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{{\"requestId\":{id},\"reason\":\"x\"}}}}"
+        ),
+        1 => "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}".to_owned(),
+        2 => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{}}}}"),
+        3 => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"id\":{id},\"method\":\"{method}\"}}"),
+        4 => format!("{{\"jsonrpc\":\"2.0\",\"id\":null,\"method\":\"{method}\"}}"),
+        5 => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":7}}"),
+        6 => format!("[{id}]"),
+        7 => format!(
+            "{{ \"params\" : {{\"id\":{id}}} , \"method\" : \"{method}\" , \"id\" : {id} }}"
+        ),
+        8 => format!(
+            "{{\"method\":\"notifications/cancelled\",\"params\":[{id}]}}"
+        ),
+        _ => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{{}}}}"),
+    }
+}
