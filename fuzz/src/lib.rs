@@ -35,4 +35,12 @@ pub enum KnownBug {
     /// `rewrite_all_ids`, `requestId` is even rewritten to a server-side id
     /// the server has never seen).
     CancelNamesUnforwardedRequest,
+    /// Under `Queue`, a request whose client id is in the reserved namespace
+    /// (`"mcp-id-guard:..."`, always to be rewritten) waits behind a live
+    /// request with that id and, when its turn comes, goes to the inner
+    /// service with the client's own id: the namespace's guarantee is gone,
+    /// and on an event stream the guard then unwraps the client's own
+    /// (forged, well-formed) id in the response, so the client receives an
+    /// id it did not send.
+    QueuedReservedIdForwardedAsIs,
 }

@@ -965,6 +965,9 @@ impl Harness {
                     !self.settings.rewrite_all,
                     "rewrite_all_ids forwarded a client id"
                 );
+                if was_queued && oracle::is_reserved(&sent.originals[index]) {
+                    return Err(KnownBug::QueuedReservedIdForwardedAsIs);
+                }
                 assert!(
                     !oracle::is_reserved(&sent.originals[index]),
                     "a reserved client id was forwarded as is"
