@@ -212,9 +212,11 @@ where
                             (Some(mut service), Some(pending), Some(in_flight)) => {
                                 let restore =
                                     server_id.is_some().then(|| Arc::clone(in_flight.table()));
+                                let future =
+                                    service.call(pending.into_request(server_id.as_deref()));
+                                in_flight.forwarded();
                                 State::Calling {
-                                    future: service
-                                        .call(pending.into_request(server_id.as_deref())),
+                                    future,
                                     in_flight: Some(in_flight),
                                     restore,
                                 }

@@ -113,8 +113,16 @@ fn escape_into(out: &mut Vec<u8>, text: &str) {
 
 /// If `raw` (an id's JSON text) is a server-side id minted by any guard
 /// instance, returns the client's original id JSON text carried inside it.
+///
+/// Only ids written the way guards write them, with the prefix spelled out
+/// literally, are restored: servers echo ids as they received them, and this
+/// keeps the SSE rewriter's fast path (a search for the literal prefix) exact,
+/// so its output never depends on how the stream was chunked.
 pub(crate) fn restore(raw: &str) -> Option<String> {
-    if !raw.starts_with('"') {
+    if !raw
+        .strip_prefix('"')
+        .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
+    {
         return None;
     }
     let decoded = serde_json::from_str::<Cow<'_, str>>(raw).ok()?;
@@ -198,6 +206,7 @@ mod tests {
             r#""mcp-id-guard:0123456789abcdef:1:""#,
             r#""mcp-id-guard:0123456789abcdef:1:1 ""#,
             r#""mcp-id-guard:0123456789abcdef:1:{""#,
+            r#""\u006dcp-id-guard:0123456789abcdef:1:7""#,
         ] {
             assert_eq!(restore(raw), None, "{raw}");
         }

@@ -94,12 +94,12 @@ impl SseRewriter {
         let mut edits = Vec::new();
         for event in event_ranges(&events) {
             let found = inspect_event(&events[event.clone()]);
-            edits.extend(
-                found
-                    .edits
-                    .into_iter()
-                    .map(|(range, new)| (range.start + event.start..range.end + event.start, new)),
-            );
+            edits.extend(found.edits.into_iter().map(|(range, new)| {
+                (
+                    range.start + event.start..range.end + event.start,
+                    fit_data_line(new),
+                )
+            }));
             for key in found.answered {
                 if let Some(position) = self.awaited.iter().position(|awaited| *awaited == key) {
                     self.awaited.swap_remove(position);
@@ -186,6 +186,26 @@ fn lines(text: &[u8]) -> impl Iterator<Item = Range<usize>> + '_ {
         };
         Some(start..end)
     })
+}
+
+/// Makes a restored id fit in a `data:` line. Only a non-scalar id (not valid
+/// in MCP, but tracked) can hold line breaks, as JSON whitespace: an LF
+/// continues the data on a new `data:` line, which gives back exactly the
+/// same data once the client joins the lines; a CR, which the client would
+/// read as a line end too, becomes a space, the same JSON.
+fn fit_data_line(restored: Vec<u8>) -> Vec<u8> {
+    if memchr::memchr2(b'\r', b'\n', &restored).is_none() {
+        return restored;
+    }
+    let mut fitted = Vec::with_capacity(restored.len() + 16);
+    for byte in restored {
+        match byte {
+            b'\n' => fitted.extend_from_slice(b"\ndata: "),
+            b'\r' => fitted.push(b' '),
+            _ => fitted.push(byte),
+        }
+    }
+    fitted
 }
 
 /// Splits a run of complete events into one range per event.
@@ -364,6 +384,15 @@ mod tests {
         assert!(!rewriter.all_answered(), "the event is not complete yet");
         rewriter.push(Bytes::from_static(b"\n"));
         assert!(rewriter.all_answered());
+    }
+
+    #[test]
+    fn a_restored_id_with_line_breaks_stays_one_valid_event() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("[1,\r\n2]")).unwrap();
+        let input = format!("data: {{\"id\":{server_id},\"result\":{{}}}}\n\n");
+        let out = String::from_utf8(rewrite_in_chunks(input.as_bytes(), &[])).unwrap();
+        assert_eq!(out, "data: {\"id\":[1, \ndata: 2],\"result\":{}}\n\n");
     }
 
     #[test]

@@ -112,6 +112,10 @@ struct Entry {
     cancelled: bool,
     /// Its exchange ended before the response did.
     abandoned: bool,
+    /// The request has been handed to the inner service. A queued request
+    /// holds its entry from the moment its turn comes until its future
+    /// forwards it; a cancellation must not name it before the server has it.
+    at_server: bool,
 }
 
 impl Entry {
@@ -194,7 +198,9 @@ pub(crate) enum Admission {
 pub(crate) struct Waiter {
     /// The client's id JSON text, to mint a server-side id at grant time.
     raw_id: Box<str>,
-    rewrite_all: bool,
+    /// Go with a server-side id whatever the key's state: `rewrite_all_ids`,
+    /// or a client id in the reserved namespace.
+    always_remap: bool,
     state: Mutex<WaitState>,
 }
 
@@ -357,7 +363,7 @@ impl Table {
         if any_collision && queue_single {
             let ticket = Arc::new(Waiter {
                 raw_id: ids[0].into(),
-                rewrite_all: config.rewrite_all_ids,
+                always_remap: config.rewrite_all_ids || is_reserved(&keys[0]),
                 state: Mutex::new(WaitState::Waiting(None)),
             });
             let key = keys.into_iter().next().unwrap_or_default();
@@ -406,6 +412,7 @@ impl Table {
                     remapped: remap,
                     cancelled: false,
                     abandoned: false,
+                    at_server: true,
                 });
             members.push((key, serial));
         }
@@ -442,8 +449,13 @@ impl Table {
         let position = state
             .entries
             .iter()
-            .position(|entry| !entry.cancelled && !entry.remapped)
-            .or_else(|| state.entries.iter().position(|entry| !entry.cancelled))?;
+            .position(|entry| entry.at_server && !entry.cancelled && !entry.remapped)
+            .or_else(|| {
+                state
+                    .entries
+                    .iter()
+                    .position(|entry| entry.at_server && !entry.cancelled)
+            })?;
         let target = &mut state.entries[position];
         target.cancelled = true;
         let server_id = Arc::clone(&target.server_id);
@@ -463,7 +475,7 @@ impl Table {
             }
             let serial = self.next_serial();
             let remap =
-                (waiter.rewrite_all || state.is_shadowed()).then(|| self.mint(&waiter.raw_id));
+                (waiter.always_remap || state.is_shadowed()).then(|| self.mint(&waiter.raw_id));
             let server_id = remap
                 .clone()
                 .unwrap_or_else(|| Arc::from(waiter.raw_id.as_bytes()));
@@ -484,6 +496,7 @@ impl Table {
                 remapped: remap.is_some(),
                 cancelled: false,
                 abandoned: false,
+                at_server: false,
             });
             state.waiters.pop_front();
         }
@@ -619,6 +632,31 @@ impl Table {
         }
     }
 
+    /// Records that a queued request whose turn came has been handed to the
+    /// inner service.
+    fn mark_forwarded(&self, guard: &InFlight) {
+        let Some((key, ticket)) = &guard.queued else {
+            return;
+        };
+        let WaitState::Granted { serial, .. } = *ticket.lock() else {
+            return;
+        };
+        let mut shard = self.shard(&guard.session);
+        let entry = shard
+            .sessions
+            .get_mut(&*guard.session)
+            .and_then(|session| session.by_key.get_mut(key))
+            .and_then(|state| {
+                state
+                    .entries
+                    .iter_mut()
+                    .find(|entry| entry.serial == serial)
+            });
+        if let Some(entry) = entry {
+            entry.at_server = true;
+        }
+    }
+
     /// Counts ids restored in responses.
     pub(crate) fn note_restored(&self, count: usize) {
         self.restored_total
@@ -688,6 +726,11 @@ impl InFlight {
 
     pub(crate) fn table(&self) -> &Arc<Table> {
         &self.table
+    }
+
+    /// Records that the request, queued until now, goes to the inner service.
+    pub(crate) fn forwarded(&self) {
+        self.table.mark_forwarded(self);
     }
 
     /// Releases the ids of an exchange that ended normally: the server has
