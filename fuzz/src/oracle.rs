@@ -46,8 +46,21 @@ pub fn is_reserved(raw: &str) -> bool {
 }
 
 /// If `raw` is a server-side id `"mcp-id-guard:<16 hex>:<digits>:<JSON>"`,
-/// the client's original id JSON text carried inside it.
+/// written as guards write them (the prefix spelled out literally), the
+/// client's original id JSON text carried inside it.
 pub fn restore(raw: &str) -> Option<String> {
+    let literal = raw
+        .strip_prefix('"')
+        .is_some_and(|inside| inside.starts_with(PREFIX));
+    if !literal {
+        return None;
+    }
+    restore_decoded(raw)
+}
+
+/// Like [`restore`], but for any spelling of the string (`"\u006dcp-..."`
+/// too): what a crate that decodes before it compares would restore.
+pub fn restore_decoded(raw: &str) -> Option<String> {
     if !raw.starts_with('"') {
         return None;
     }
