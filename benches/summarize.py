@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Prints the tables of BENCHMARKS.md from criterion's saved estimates.
 
+The paired session comparison (`sessions/paired/...`) is printed by the
+bench itself, not saved by criterion.
+
     cargo bench --bench guard
     python3 benches/summarize.py [CRITERION_DIR]
 
@@ -74,17 +77,23 @@ def main():
         return results.get((group, function, value))
 
     print("### 1. Layer overhead (per request, in-process)\n")
-    print("| case | body | bare | guarded | added (guarded − bare) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| case | body | bare | guarded | guarded − bare | added, paired (95% CI) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for case in CASES:
         for size in SIZES:
             bare = get(f"overhead/{case}", "bare", size)
             guarded = get(f"overhead/{case}", "guarded", size)
+            added = get(f"overhead/{case}", "added", size)
             if not (bare and guarded):
                 continue
+            paired = (
+                f"**{duration(added[0])}** ({duration(added[1])} – {duration(added[2])})"
+                if added
+                else "–"
+            )
             print(
                 f"| {case.replace('_', '-')} | {size} | {duration(bare[0])} | "
-                f"{duration(guarded[0])} | **{duration(guarded[0] - bare[0])}** |"
+                f"{duration(guarded[0])} | {duration(guarded[0] - bare[0])} | {paired} |"
             )
 
     print("\n### 2. Naive `Value` round trip vs splice (request remap + response restore)\n")
