@@ -3,19 +3,20 @@
 //!
 //! ```text
 //! cargo run --release --example loadtest
-//! cargo run --release --example loadtest -- --duration 5 --rounds 6 --concurrency 64 --sessions 16
+//! cargo run --release --example loadtest -- --duration 3 --rounds 10 --concurrency 64 --sessions 16
 //! ```
 //!
 //! Flags (or the environment variables in brackets):
 //!
 //! | flag | default | |
 //! |---|---|---|
-//! | `--duration` (`LOADTEST_DURATION`) | 3 | seconds per measured run |
-//! | `--rounds` (`LOADTEST_ROUNDS`) | 4 | rounds; each runs every mode once |
+//! | `--duration` (`LOADTEST_DURATION`) | 1.5 | seconds per measured run |
+//! | `--rounds` (`LOADTEST_ROUNDS`) | 8 | rounds; each runs every mode once |
 //! | `--concurrency` (`LOADTEST_CONCURRENCY`) | 64 | requests in flight at any time |
 //! | `--sessions` (`LOADTEST_SESSIONS`) | 16 | MCP sessions the load is spread over |
 //! | `--warmup` (`LOADTEST_WARMUP`) | 1 | seconds of unmeasured load per mode first |
 //! | `--nodelay` (`LOADTEST_NODELAY`) | 1 | 0: serve with `tests/common`'s harness instead (axum defaults, Nagle on) |
+//! | `--modes` (`LOADTEST_MODES`) | `bare,guarded,colliding` | which runs to make (one alone is handy under a profiler) |
 //!
 //! The server is rmcp 3.11's `StreamableHttpService` in its default stateful
 //! mode with one tool, `echo`, nested at `/mcp` in an axum router, the guard
@@ -32,7 +33,9 @@
 //! run is compared with bare on unique ids.
 //!
 //! Every response is checked: HTTP 200, its own `ECHO:<sentinel>` result and
-//! exactly the id that was sent. Defaults take about 45 s.
+//! exactly the id that was sent. The summary gives each mode's throughput
+//! over all its runs and the median of its per-round ratios to bare (the
+//! more robust figure when the machine is shared). Defaults take about 45 s.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -66,7 +69,7 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// A single call may take at most this long; a hang fails the run.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Settings {
     duration: Duration,
     rounds: usize,
@@ -74,14 +77,15 @@ struct Settings {
     sessions: usize,
     warmup: Duration,
     nodelay: bool,
+    modes: Vec<Mode>,
 }
 
 impl Settings {
     fn from_args() -> anyhow::Result<Self> {
         let env = |name: &str| std::env::var(name).ok();
         let mut values = [
-            ("duration", env("LOADTEST_DURATION").unwrap_or("3".into())),
-            ("rounds", env("LOADTEST_ROUNDS").unwrap_or("4".into())),
+            ("duration", env("LOADTEST_DURATION").unwrap_or("1.5".into())),
+            ("rounds", env("LOADTEST_ROUNDS").unwrap_or("8".into())),
             (
                 "concurrency",
                 env("LOADTEST_CONCURRENCY").unwrap_or("64".into()),
@@ -89,13 +93,18 @@ impl Settings {
             ("sessions", env("LOADTEST_SESSIONS").unwrap_or("16".into())),
             ("warmup", env("LOADTEST_WARMUP").unwrap_or("1".into())),
             ("nodelay", env("LOADTEST_NODELAY").unwrap_or("1".into())),
+            (
+                "modes",
+                env("LOADTEST_MODES").unwrap_or("bare,guarded,colliding".into()),
+            ),
         ];
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             if arg == "-h" || arg == "--help" {
                 println!(
                     "usage: loadtest [--duration SECS] [--rounds N] [--concurrency N] \
-                     [--sessions N] [--warmup SECS] [--nodelay 0|1]"
+                     [--sessions N] [--warmup SECS] [--nodelay 0|1] \
+                     [--modes bare,guarded,colliding]"
                 );
                 std::process::exit(0);
             }
@@ -116,8 +125,15 @@ impl Settings {
                 .with_context(|| format!("unknown flag --{name} (see --help)"))?;
             slot.1 = value;
         }
+        let value = |name: &str| -> &str {
+            let (_, value) = values
+                .iter()
+                .find(|(known, _)| *known == name)
+                .expect("a known flag");
+            value
+        };
         let number = |name: &str| -> anyhow::Result<f64> {
-            let (_, value) = values.iter().find(|(known, _)| *known == name).unwrap();
+            let value = value(name);
             let number: f64 = value
                 .parse()
                 .with_context(|| format!("--{name}: {value:?} is not a number"))?;
@@ -131,6 +147,15 @@ impl Settings {
             sessions: number("sessions")? as usize,
             warmup: Duration::from_secs_f64(number("warmup")?),
             nodelay: number("nodelay")? != 0.0,
+            modes: value("modes")
+                .split(',')
+                .map(|name| match name.trim() {
+                    "bare" => Ok(Mode::Bare),
+                    "guarded" => Ok(Mode::Guarded),
+                    "colliding" => Ok(Mode::Colliding),
+                    other => bail!("--modes: unknown mode {other:?}"),
+                })
+                .collect::<anyhow::Result<_>>()?,
         };
         ensure!(
             settings.rounds > 0 && settings.concurrency > 0 && settings.sessions > 0,
@@ -496,7 +521,7 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
         if settings.nodelay { "on" } else { "off" },
     );
     if !settings.warmup.is_zero() {
-        for mode in Mode::ALL {
+        for &mode in &settings.modes {
             let warm = run(
                 &client,
                 target(mode),
@@ -518,7 +543,7 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
 
     let mut totals: [Totals; 3] = Default::default();
     for round in 0..settings.rounds {
-        let mut order = Mode::ALL;
+        let mut order = settings.modes.clone();
         if round % 2 == 1 {
             order.reverse();
         }
@@ -545,25 +570,27 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
     let bare_rounds = totals[Mode::Bare as usize].per_round.clone();
     println!();
     println!(
-        "| run | requests | errors | requests/s | p50 ms | p99 ms | vs bare (all rounds) | per-round ratio min..max |"
+        "| run | requests | errors | requests/s | p50 ms | p99 ms | vs bare, all rounds | vs bare, median of rounds (min..max) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    for mode in Mode::ALL {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for &mode in &settings.modes {
         let totals = &mut totals[mode as usize];
-        let ratios: Vec<f64> = totals
+        let mut ratios: Vec<f64> = totals
             .per_round
             .iter()
             .zip(&bare_rounds)
             .map(|(rate, bare)| rate / bare)
             .collect();
-        let (low, high) = ratios
-            .iter()
-            .fold((f64::INFINITY, 0.0f64), |(low, high), ratio| {
-                (low.min(*ratio), high.max(*ratio))
-            });
+        ratios.sort_by(f64::total_cmp);
+        let per_round = match (ratios.first(), ratios.last()) {
+            (Some(low), Some(high)) => {
+                format!("{:.3} ({low:.3}..{high:.3})", ratios[ratios.len() / 2])
+            }
+            _ => "-".to_owned(),
+        };
         let (p50, p99) = (totals.percentile(50.0), totals.percentile(99.0));
         println!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.3} | {:.3}..{:.3} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.3} | {per_round} |",
             mode.name(),
             totals.requests,
             totals.errors,
@@ -571,8 +598,6 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
             p50,
             p99,
             totals.rate() / bare_rate,
-            low,
-            high,
         );
     }
     println!();
