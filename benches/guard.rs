@@ -677,7 +677,10 @@ fn sessions(c: &mut Criterion) {
 }
 
 /// Times alternating batches on every table and prints, for each size, the
-/// median (and range) of its per-round ratio to the 1-session table.
+/// median time per request and its per-round ratio to the 1-session table.
+/// Each batch also runs through the bare service with the same request
+/// templates, so the harness's own cost of touching many templates (one
+/// header map per session) is measured and set apart from the guard's.
 fn paired_sessions<S, B>(rt: &tokio::runtime::Runtime, populated: &mut [Populated<S>])
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>>,
@@ -687,7 +690,9 @@ where
 {
     const ROUNDS: usize = 21;
     const BATCH: u64 = 20_000;
+    // Per size, per round: (guarded, bare) seconds per request.
     let mut times = vec![Vec::with_capacity(ROUNDS); populated.len()];
+    let mut bare = Fixed::new();
     for round in 0..ROUNDS {
         let mut order: Vec<usize> = (0..populated.len()).collect();
         if round % 2 == 1 {
@@ -695,29 +700,49 @@ where
         }
         for index in order {
             let table = &mut populated[index];
-            let elapsed = rt.block_on(timed(&mut table.guarded, &table.templates, BATCH));
-            times[index].push(elapsed.as_secs_f64() / BATCH as f64);
+            let guarded = rt.block_on(timed(&mut table.guarded, &table.templates, BATCH));
+            let bare = rt.block_on(timed(&mut bare, &table.templates, BATCH));
+            times[index].push((
+                guarded.as_secs_f64() / BATCH as f64,
+                bare.as_secs_f64() / BATCH as f64,
+            ));
         }
     }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (
+            values[values.len() / 2],
+            values[0],
+            values[values.len() - 1],
+        )
+    };
     println!(
-        "sessions/paired: {ROUNDS} rounds of {BATCH} requests per size, sizes in alternating order"
+        "sessions/paired: {ROUNDS} rounds of {BATCH} requests per size and service, sizes in alternating order"
     );
     for (table, series) in populated.iter().zip(&times) {
-        let mut ratios: Vec<f64> = series
-            .iter()
-            .zip(&times[0])
-            .map(|(time, one)| time / one)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        let mut sorted = series.clone();
-        sorted.sort_by(f64::total_cmp);
+        let (guarded, _, _) = median(series.iter().map(|(guarded, _)| *guarded).collect());
+        let (bare, _, _) = median(series.iter().map(|(_, bare)| *bare).collect());
+        let (ratio, low, high) = median(
+            series
+                .iter()
+                .zip(&times[0])
+                .map(|(time, one)| time.0 / one.0)
+                .collect(),
+        );
+        let (added_ratio, added_low, added_high) = median(
+            series
+                .iter()
+                .zip(&times[0])
+                .map(|(time, one)| (time.0 - time.1) / (one.0 - one.1))
+                .collect(),
+        );
         println!(
-            "sessions/paired/{}: median {:.3} µs per request; vs 1 session: median {:.3}x (range {:.3}..{:.3})",
+            "sessions/paired/{}: guarded {:.3} µs, bare {:.3} µs per request (medians); \
+             guarded vs 1 session {ratio:.3}x ({low:.3}..{high:.3}); \
+             guarded − bare vs 1 session {added_ratio:.3}x ({added_low:.3}..{added_high:.3})",
             table.count,
-            sorted[ROUNDS / 2] * 1e6,
-            ratios[ROUNDS / 2],
-            ratios[0],
-            ratios[ROUNDS - 1]
+            guarded * 1e6,
+            bare * 1e6,
         );
     }
 }
