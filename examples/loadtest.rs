@@ -16,7 +16,7 @@
 //! | `--sessions` (`LOADTEST_SESSIONS`) | 16 | MCP sessions the load is spread over |
 //! | `--warmup` (`LOADTEST_WARMUP`) | 1 | seconds of unmeasured load per mode first |
 //! | `--nodelay` (`LOADTEST_NODELAY`) | 1 | 0: serve with `tests/common`'s harness instead (axum defaults, Nagle on) |
-//! | `--modes` (`LOADTEST_MODES`) | `bare,guarded,colliding` | which runs to make (one alone is handy under a profiler) |
+//! | `--modes` (`LOADTEST_MODES`) | `bare,guarded,colliding` | which runs to make, in this order (one alone is handy under a profiler); `bare-long-ids` adds bare rmcp with unique string ids as long as server-side ids |
 //!
 //! The server is rmcp 3.11's `StreamableHttpService` in its default stateful
 //! mode with one tool, `echo`, nested at `/mcp` in an axum router, the guard
@@ -104,7 +104,7 @@ impl Settings {
                 println!(
                     "usage: loadtest [--duration SECS] [--rounds N] [--concurrency N] \
                      [--sessions N] [--warmup SECS] [--nodelay 0|1] \
-                     [--modes bare,guarded,colliding]"
+                     [--modes bare,guarded,colliding,bare-long-ids]"
                 );
                 std::process::exit(0);
             }
@@ -153,6 +153,7 @@ impl Settings {
                     "bare" => Ok(Mode::Bare),
                     "guarded" => Ok(Mode::Guarded),
                     "colliding" => Ok(Mode::Colliding),
+                    "bare-long-ids" => Ok(Mode::BareLongIds),
                     other => bail!("--modes: unknown mode {other:?}"),
                 })
                 .collect::<anyhow::Result<_>>()?,
@@ -169,22 +170,31 @@ impl Settings {
     }
 }
 
-/// One of the three ways the load runs.
+/// The ways the load runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Bare,
     Guarded,
     Colliding,
+    /// Bare, but every id is a unique string as long as a server-side id:
+    /// what the server's own cost of such ids is, apart from the guard's.
+    BareLongIds,
 }
 
 impl Mode {
-    const ALL: [Mode; 3] = [Mode::Bare, Mode::Guarded, Mode::Colliding];
+    const ALL: [Mode; 4] = [
+        Mode::Bare,
+        Mode::Guarded,
+        Mode::Colliding,
+        Mode::BareLongIds,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Mode::Bare => "bare rmcp, unique ids",
             Mode::Guarded => "guarded, unique ids",
             Mode::Colliding => "guarded, colliding ids (Remap)",
+            Mode::BareLongIds => "bare rmcp, unique long string ids",
         }
     }
 }
@@ -398,6 +408,9 @@ async fn run(
                         Mode::Bare | Mode::Guarded => {
                             let _ = write!(id, "{n}");
                         }
+                        Mode::BareLongIds => {
+                            let _ = write!(id, "\"mcp-id-guard-lookalike:0123456789abcdef:{n}:1\"");
+                        }
                     }
                     let started = Instant::now();
                     let outcome = call(&client, &target.uri, session, &id, &sentinel).await;
@@ -505,7 +518,7 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
         targets.push(Arc::new(Target { uri, sessions }));
     }
     let target = |mode: Mode| match mode {
-        Mode::Bare => &targets[0],
+        Mode::Bare | Mode::BareLongIds => &targets[0],
         Mode::Guarded | Mode::Colliding => &targets[1],
     };
     let ids = Arc::new(AtomicU64::new(1));
@@ -541,7 +554,7 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
     }
     let before = layer.stats();
 
-    let mut totals: [Totals; 3] = Default::default();
+    let mut totals: [Totals; 4] = Default::default();
     for round in 0..settings.rounds {
         let mut order = settings.modes.clone();
         if round % 2 == 1 {
@@ -629,5 +642,6 @@ fn short(mode: Mode) -> &'static str {
         Mode::Bare => "bare",
         Mode::Guarded => "guarded",
         Mode::Colliding => "colliding",
+        Mode::BareLongIds => "bare-long-ids",
     }
 }
