@@ -1,9 +1,11 @@
 //! Not public API: entry points into the guard's building blocks for the
 //! crate's own benchmarks and fuzz targets. No stability promise.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
-use crate::envelope::{peek, splice, Kind};
+use crate::envelope::{peek, splice, Kind, Peeked, Writer};
 use crate::id::IdMinter;
 use crate::rewrite::restore_edits;
 
@@ -11,7 +13,7 @@ use crate::rewrite::restore_edits;
 /// freshly minted server-side id, as remapping does. `None` when the body is
 /// not JSON-RPC or has no request.
 pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
-    let peeked = peek(body)?;
+    let peeked = peek(body, Writer::Client)?;
     let edits: Vec<_> = peeked
         .messages()
         .iter()
@@ -30,6 +32,44 @@ pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
 pub fn restore_response_ids(body: &[u8]) -> Option<Vec<u8>> {
     let edits = restore_edits(body);
     (!edits.is_empty()).then(|| splice(body, &edits))
+}
+
+/// One message as the guard's envelope peeker reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMessage {
+    /// `"request"`, `"notification"`, `"response"` or `"other"`.
+    pub kind: &'static str,
+    /// The byte range of the top-level `id` (absent or `null`: `None`).
+    pub id: Option<Range<usize>>,
+    /// For `notifications/cancelled`, the byte range of `params.requestId`.
+    pub cancels: Option<Range<usize>>,
+}
+
+/// How the guard reads a body: `None` when it does not read it as JSON-RPC,
+/// else whether it is a batch and its messages. `from_server`: the body is
+/// the inner server's (responses), else a client's (requests).
+pub fn read_body(body: &[u8], from_server: bool) -> Option<(bool, Vec<ReadMessage>)> {
+    let writer = if from_server {
+        Writer::Server
+    } else {
+        Writer::Client
+    };
+    let peeked = peek(body, writer)?;
+    let messages = peeked
+        .messages()
+        .iter()
+        .map(|message| ReadMessage {
+            kind: match message.kind {
+                Kind::Request => "request",
+                Kind::Notification => "notification",
+                Kind::Response => "response",
+                Kind::Other => "other",
+            },
+            id: message.id.clone(),
+            cancels: message.cancels.clone(),
+        })
+        .collect();
+    Some((matches!(peeked, Peeked::Batch(_)), messages))
 }
 
 /// A server-side id minter (one per guard instance in the real layer).

@@ -43,6 +43,23 @@
 //! server requests, GET and DELETE, other content types, bodies that are not
 //! JSON (the inner server reports its own parse error).
 //!
+//! # What the guard reads
+//! Only a message's envelope: its top-level keys, from the front up to the
+//! first object or array value (`params`, `result`) and, when that does not
+//! settle the message, from the back. So it finds `id` without reading the
+//! payload, at any body size, whether a library writes `id` first (rmcp,
+//! the Python SDK's responses) or last (the TypeScript SDK). The payload is
+//! not validated: a body whose envelope reads as a request is tracked even if
+//! its `params` are broken, and the server answers it with its own parse
+//! error. Bodies the envelope does not settle (an escaped key, a
+//! notification with a payload, `notifications/cancelled`, a client's
+//! response, a batch) are parsed whole; if that fails they pass untracked. A
+//! duplicated envelope key (`id`, `method`, `params`, `result`, `error`) seen
+//! either way makes a body unreadable, so it passes untracked, but one
+//! hidden inside the unread middle of a body is not seen: only the client
+//! that wrote such a body can be confused by it. From the inner server, an
+//! `id` with a `result` or `error` read before any `method` is a response.
+//!
 //! # When ids collide
 //! Ids collide when their decoded values are equal, and an integer `n` also
 //! collides with the string `"n"` (the Python SDK routes by `str(id)`): `1`,

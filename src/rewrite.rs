@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::envelope::{peek, Kind};
+use crate::envelope::{peek, Kind, Writer};
 use crate::id::{id_key, restore, IdKey};
 
 /// A byte range of a message and the bytes that replace it.
@@ -23,7 +23,7 @@ pub(crate) struct Responses {
 /// restore client ids, and the keys of the ids answered.
 pub(crate) fn inspect_responses(json: &[u8]) -> Responses {
     let mut found = Responses::default();
-    let Some(peeked) = peek(json) else {
+    let Some(peeked) = peek(json, Writer::Server) else {
         return found;
     };
     for message in peeked.messages() {

@@ -12,7 +12,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use crate::body::{RequestBody, ResponseBody};
-use crate::envelope::{peek, splice, Kind, Peeked};
+use crate::envelope::{peek, splice, Kind, Peeked, Writer};
 use crate::future::{media_type, ResponseFuture};
 use crate::layer::{Config, IdGuardLayer};
 use crate::reply;
@@ -302,12 +302,12 @@ pub(crate) fn prepare<B>(
         edits: Vec::new(),
         queued_id: None,
     };
-    // Not JSON, or JSON we cannot read as JSON-RPC: the inner server gives its
-    // own error for it.
-    let Some(peeked) = peek(&pending.body) else {
+    let Some(session) = pending.parts.headers.get(&MCP_SESSION_ID).cloned() else {
         return untracked(pending);
     };
-    let Some(session) = pending.parts.headers.get(&MCP_SESSION_ID).cloned() else {
+    // Not JSON, or JSON we cannot read as JSON-RPC: the inner server gives its
+    // own error for it.
+    let Some(peeked) = peek(&pending.body, Writer::Client) else {
         return untracked(pending);
     };
     let session = session.as_bytes();

@@ -2,7 +2,10 @@
 //! oracle: the collision key of an id, the self-describing server-side ids
 //! and how to unwrap them, which messages of a body are JSON-RPC requests,
 //! responses and cancellations, and where their ids sit. None of it calls
-//! into the crate.
+//! into the crate, except [`read`] for bodies that are not valid JSON: the
+//! guard reads only a body's envelope, so what it makes of a broken payload
+//! is defined by its reader alone (and checked against [`parse`] on every
+//! valid body).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -233,6 +236,61 @@ impl<'de> de::Deserialize<'de> for CancelParams<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_struct("CancelParams", &["requestId"], CancelVisitor)
     }
+}
+
+/// Who wrote a body: the guard trusts the inner server's messages more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// A client (request bodies).
+    Client,
+    /// The inner server (responses, SSE event data).
+    Server,
+}
+
+/// How the guard reads a body (crate docs, "What the guard reads"): a valid
+/// JSON body as [`parse`] reads it; a body that is not valid JSON may be
+/// taken at its envelope (the top-level keys around the payload), as the
+/// crate's reader finds it. Panics when the crate reads a valid body
+/// differently from [`parse`], except for a server's message with both a
+/// `method` and a `result` or `error`, which no server writes and which the
+/// crate may take as a response.
+pub fn read(input: &[u8], writer: Writer) -> Option<Body> {
+    let from_crate = mcp_id_guard::internals::read_body(input, writer == Writer::Server).map(
+        |(batch, messages)| {
+            let messages: Vec<Message> = messages
+                .into_iter()
+                .map(|message| Message {
+                    kind: match message.kind {
+                        "request" => Kind::Request,
+                        "notification" => Kind::Notification,
+                        "response" => Kind::Response,
+                        _ => Kind::Other,
+                    },
+                    id: message.id,
+                    cancels: message.cancels,
+                })
+                .collect();
+            if batch {
+                Body::Batch(messages)
+            } else {
+                Body::Single(messages.into_iter().next().expect("one message"))
+            }
+        },
+    );
+    let Some(parsed) = parse(input) else {
+        return from_crate;
+    };
+    if from_crate.as_ref() != Some(&parsed) {
+        let text = String::from_utf8_lossy(input);
+        let both = text.contains("\"method\"")
+            && (text.contains("\"result\"") || text.contains("\"error\""));
+        assert!(
+            writer == Writer::Server && both,
+            "the guard reads a valid body differently\n  body:   {text:?}\n  guard:  {from_crate:?}\n  oracle: {parsed:?}"
+        );
+        return from_crate;
+    }
+    Some(parsed)
 }
 
 /// Reads a body as JSON-RPC; `None` when it is not one JSON object or array.

@@ -308,7 +308,7 @@ impl Service<Request<RequestBody<Chunks>>> for Echo {
 /// The echo's answer to a forwarded request, recorded in `forwarded`.
 fn answer(plan: &Plan, forwarded: &mut Forwarded) -> Result<Response<Chunks>, Failure> {
     let ids: Vec<String> = match &forwarded.body {
-        Ok(body) => match oracle::parse(body) {
+        Ok(body) => match oracle::read(body, oracle::Writer::Client) {
             Some(parsed) => parsed
                 .request_ids()
                 .into_iter()
@@ -319,7 +319,9 @@ fn answer(plan: &Plan, forwarded: &mut Forwarded) -> Result<Response<Chunks>, Fa
         Err(_) => Vec::new(),
     };
     let is_batch = match &forwarded.body {
-        Ok(body) => oracle::parse(body).is_some_and(|parsed| parsed.is_batch()),
+        Ok(body) => {
+            oracle::read(body, oracle::Writer::Client).is_some_and(|parsed| parsed.is_batch())
+        }
         Err(_) => false,
     };
     if plan.format == Format::Fail {
@@ -1425,7 +1427,11 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
         });
     let tracked = in_legacy_session && method == Method::POST && is_json;
     let session = in_legacy_session.then(|| headers["mcp-session-id"].as_bytes().to_vec());
-    let parsed = if tracked { oracle::parse(&body) } else { None };
+    let parsed = if tracked {
+        oracle::read(&body, oracle::Writer::Client)
+    } else {
+        None
+    };
     let (originals, cancels) = match &parsed {
         Some(parsed) => {
             let originals = parsed

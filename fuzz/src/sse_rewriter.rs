@@ -130,7 +130,7 @@ fn response_ids(event: &[u8]) -> Vec<String> {
     let Some(data) = parsed.data else {
         return Vec::new();
     };
-    let Some(body) = oracle::parse(&data) else {
+    let Some(body) = oracle::read(&data, oracle::Writer::Server) else {
         return Vec::new();
     };
     body.messages()
@@ -153,7 +153,7 @@ fn restorations(event: &[u8]) -> Vec<(String, String)> {
     let Some(data) = parsed.data else {
         return Vec::new();
     };
-    let Some(body) = oracle::parse(&data) else {
+    let Some(body) = oracle::read(&data, oracle::Writer::Server) else {
         return Vec::new();
     };
     body.messages()
@@ -258,7 +258,7 @@ fn check_against_oracle(stream: &[u8], out: &[u8], escaped: bool) -> Result<(), 
 /// id replaced by the original it carries, as a client reads it from an
 /// event (a CR in the original arrives as a space).
 pub fn restored_data(data: &[u8]) -> Vec<u8> {
-    let Some(body) = oracle::parse(data) else {
+    let Some(body) = oracle::read(data, oracle::Writer::Server) else {
         return data.to_vec();
     };
     let mut out = Vec::with_capacity(data.len());
