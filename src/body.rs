@@ -147,7 +147,7 @@ enum ResponseKind<B> {
         body: B,
         in_flight: Option<InFlight>,
         table: Arc<Table>,
-        buffer: BytesMut,
+        buffer: Accumulated,
         trailers: Option<HeaderMap>,
         restored: Option<Bytes>,
         finished: bool,
@@ -196,7 +196,7 @@ impl<B: Body> ResponseBody<B> {
                 body,
                 in_flight,
                 table,
-                buffer: BytesMut::new(),
+                buffer: Accumulated::default(),
                 trailers: None,
                 restored: None,
                 finished: false,
@@ -265,15 +265,13 @@ where
                 while !*finished {
                     match ready!(body.as_mut().poll_frame(cx)) {
                         Some(Ok(frame)) => match frame.into_data() {
-                            Ok(mut data) => {
-                                buffer.extend_from_slice(&data.copy_to_bytes(data.remaining()))
-                            }
+                            Ok(mut data) => buffer.push(data.copy_to_bytes(data.remaining())),
                             Err(frame) => *trailers = frame.into_trailers().ok(),
                         },
                         Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                         None => {
                             *finished = true;
-                            let whole = std::mem::take(buffer).freeze();
+                            let whole = std::mem::take(buffer).into_bytes();
                             let edits = restore_edits(&whole);
                             note_restored(table, edits.len());
                             *restored = Some(if edits.is_empty() {
@@ -368,6 +366,41 @@ where
                 SizeHint::default()
             }
             ResponseKind::Guard { body } => body.size_hint(),
+        }
+    }
+}
+
+/// A body read so far (a tracked request's, or a JSON response to restore).
+/// A body that arrives in one chunk (the usual case) is kept as that chunk,
+/// without copying.
+#[derive(Debug, Default)]
+pub(crate) struct Accumulated {
+    single: Bytes,
+    joined: BytesMut,
+}
+
+impl Accumulated {
+    pub(crate) fn len(&self) -> usize {
+        self.single.len() + self.joined.len()
+    }
+
+    pub(crate) fn push(&mut self, chunk: Bytes) {
+        if self.len() == 0 {
+            self.single = chunk;
+            return;
+        }
+        if !self.single.is_empty() {
+            self.joined
+                .extend_from_slice(&std::mem::take(&mut self.single));
+        }
+        self.joined.extend_from_slice(&chunk);
+    }
+
+    pub(crate) fn into_bytes(self) -> Bytes {
+        if self.joined.is_empty() {
+            self.single
+        } else {
+            self.joined.freeze()
         }
     }
 }

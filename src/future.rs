@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -12,7 +12,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{Accumulated, RequestBody, ResponseBody};
 use crate::layer::Config;
 use crate::service::{
     body_too_large, body_unreadable, prepare, queue_timeout, PendingForward, Prepared,
@@ -312,38 +312,4 @@ fn wrap_response<B: Body>(
 /// The media type of a `Content-Type` value, without parameters.
 pub(crate) fn media_type(value: &str) -> &str {
     value.split(';').next().unwrap_or_default().trim()
-}
-
-/// A request body read so far. A body that arrives in one chunk (the usual
-/// case) is kept as that chunk, without copying.
-#[derive(Debug, Default)]
-struct Accumulated {
-    single: Bytes,
-    joined: BytesMut,
-}
-
-impl Accumulated {
-    fn len(&self) -> usize {
-        self.single.len() + self.joined.len()
-    }
-
-    fn push(&mut self, chunk: Bytes) {
-        if self.len() == 0 {
-            self.single = chunk;
-            return;
-        }
-        if !self.single.is_empty() {
-            self.joined
-                .extend_from_slice(&std::mem::take(&mut self.single));
-        }
-        self.joined.extend_from_slice(&chunk);
-    }
-
-    fn into_bytes(self) -> Bytes {
-        if self.joined.is_empty() {
-            self.single
-        } else {
-            self.joined.freeze()
-        }
-    }
 }
