@@ -244,7 +244,9 @@ impl EnvelopeKeys {
                 } else {
                     // One well-formed JSON value, so its range is UTF-8 that
                     // later steps can read as an id.
-                    serde_json::from_slice::<&RawValue>(token).ok()?;
+                    if !is_plain_id(token) {
+                        serde_json::from_slice::<&RawValue>(token).ok()?;
+                    }
                     self.id = Some(Some(value));
                 }
             }
@@ -283,6 +285,25 @@ impl EnvelopeKeys {
                 Some(message(Kind::Response, Some(id)))
             }
             _ => None,
+        }
+    }
+}
+
+/// Whether `token` is obviously one valid JSON value the way ids usually are:
+/// an integer, or a string of printable ASCII without escapes. Anything else
+/// is checked by serde_json.
+fn is_plain_id(token: &[u8]) -> bool {
+    match token {
+        [b'"', inside @ .., b'"'] => inside
+            .iter()
+            .all(|byte| (b' '..=b'~').contains(byte) && *byte != b'"' && *byte != b'\\'),
+        _ => {
+            let digits = token.strip_prefix(b"-").unwrap_or(token);
+            match digits {
+                [b'0'] => true,
+                [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+                _ => false,
+            }
         }
     }
 }
@@ -724,6 +745,18 @@ mod tests {
                 .collect();
             format!("{gap}{{{}{gap}}}{gap}", members.join(","))
         })
+    }
+
+    proptest::proptest! {
+        /// The shortcut never accepts what serde_json would refuse.
+        #[test]
+        fn plain_ids_are_valid_json(token in proptest::collection::vec(
+            proptest::sample::select(b"\"-0123456789aZ \\\x7f\x1f.e".to_vec()), 0..6,
+        )) {
+            if is_plain_id(&token) {
+                proptest::prop_assert!(serde_json::from_slice::<&RawValue>(&token).is_ok(), "{:?}", token);
+            }
+        }
     }
 
     proptest::proptest! {
