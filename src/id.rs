@@ -33,17 +33,24 @@ pub(crate) type IdKey = Box<str>;
 
 /// Computes the collision key of an id's JSON text.
 pub(crate) fn id_key(raw: &str) -> IdKey {
+    id_key_text(raw).into()
+}
+
+/// The collision key of an id's JSON text, borrowed from it whenever it can
+/// be (the key of `7` is `7`, of `"abc"` is `abc`): the session table looks
+/// up every request's id, and most of them are never stored.
+pub(crate) fn id_key_text(raw: &str) -> Cow<'_, str> {
     if raw.starts_with('"') {
         if let Ok(decoded) = serde_json::from_str::<Cow<'_, str>>(raw) {
-            return decoded.into();
+            return decoded;
         }
     } else if is_integer(raw) {
         let digits = raw.trim_start_matches('-');
         if digits.bytes().all(|digit| digit == b'0') {
-            return "0".into();
+            return Cow::Borrowed("0");
         }
     }
-    raw.into()
+    Cow::Borrowed(raw)
 }
 
 fn is_integer(raw: &str) -> bool {

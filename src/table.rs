@@ -12,16 +12,32 @@
 //! still answer it — until its exchange ends normally, or, once abandoned,
 //! for `abandoned_id_ttl`. A new request with a shadowed id is never refused:
 //! it goes with a server-side id, whatever the policy.
+//!
+//! # Cost per request
+//! Every tracked request goes through [`Table::admit`] and, when its exchange
+//! ends, [`Table::release`], so both are kept cheap and flat in the number of
+//! sessions: the session id and each request id are hashed once, before the
+//! lock is taken (the guard keeps the hashes for the release); each is looked
+//! up once; a lone request, the usual case, allocates nothing when its
+//! session already has requests in flight and its id is short; and a session
+//! is one table slot holding its hash, so a lookup among thousands of
+//! sessions compares hashes before it reads any id.
 
+use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::ops::Index;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::id::{id_key, is_reserved, IdKey, IdMinter};
+use hashbrown::hash_table::Entry as Slot;
+use hashbrown::HashTable;
+
+use crate::id::{id_key_text, is_reserved, IdKey, IdMinter};
 use crate::layer::Config;
 use crate::stats::Stats;
 use crate::OnDuplicate;
@@ -35,24 +51,104 @@ const SHARDS: usize = 64;
 /// abandoned id is released at once (and logged).
 const MAX_ABANDONED: usize = 65_536;
 
-/// One lock's worth of sessions.
-type Shard = Mutex<ShardState>;
+/// Collision keys up to this many bytes are stored inline in their slot.
+const INLINE_KEY: usize = 22;
+
+/// A session left empty is kept for reuse by the shard's next new session if
+/// its key table holds at most this many keys (a bound on what a shard keeps).
+const SPARE_KEYS: usize = 16;
+
+/// One lock's worth of sessions, on cache lines of its own: requests on
+/// different shards, on different cores, then never contend for a line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(Mutex<ShardState>);
 
 #[derive(Debug, Default)]
 struct ShardState {
-    /// Sessions with requests in flight or abandoned ids, by raw session id.
-    sessions: HashMap<Arc<[u8]>, Session>,
+    /// Sessions with requests in flight or abandoned ids, by the hash of the
+    /// raw session id.
+    sessions: HashTable<Session>,
     /// Abandoned ids in the order they were abandoned, which is also the
     /// order they expire in (one TTL per layer).
     abandoned: VecDeque<Abandoned>,
+    /// Source of the serials of this shard's sessions and entries.
+    next_serial: u64,
+    /// The last session that ended, empty, for the shard's next new session:
+    /// a session whose requests come one at a time starts and ends with each
+    /// of them, and reusing its id buffer and key table spares allocating
+    /// both every time.
+    spare: Option<Session>,
+    // The counters every request updates, summed over the shards by
+    // `Table::stats`. Under the lock the request holds anyway they cost
+    // nothing, where shared atomics would bounce one cache line between all
+    // the cores serving requests.
+    in_flight: usize,
+    tracked_sessions: usize,
+    passed_total: u64,
+    remapped_total: u64,
+}
+
+impl ShardState {
+    /// A serial unique within the shard: it names a session or an entry for
+    /// as long as it exists, without keeping (or comparing) a copy of its id.
+    fn serial(serials: &mut u64) -> u64 {
+        let serial = *serials;
+        *serials += 1;
+        serial
+    }
+
+    /// A new, empty session, made of the spare one if there is one.
+    fn new_session(
+        spare: &mut Option<Session>,
+        serials: &mut u64,
+        hash: u64,
+        id: &[u8],
+    ) -> Session {
+        let serial = Self::serial(serials);
+        match spare.take() {
+            Some(mut session) => {
+                session.hash = hash;
+                session.serial = serial;
+                // Session ids of one server usually have one length.
+                if session.id.len() == id.len() {
+                    session.id.copy_from_slice(id);
+                } else {
+                    session.id = id.into();
+                }
+                session
+            }
+            None => Session {
+                hash,
+                serial,
+                id: id.into(),
+                keys: HashTable::new(),
+                in_flight: 0,
+            },
+        }
+    }
+
+    /// Keeps a session that was just removed, empty, as the spare.
+    fn keep_spare(spare: &mut Option<Session>, session: Session) {
+        if session.keys.capacity() <= SPARE_KEYS {
+            *spare = Some(session);
+        }
+    }
+}
+
+/// Where a session sits in its shard: the hash of its id and its serial.
+#[derive(Debug, Clone, Copy)]
+struct SessionRef {
+    hash: u64,
+    serial: u64,
 }
 
 /// Where an abandoned id sits, to drop it when it expires.
 #[derive(Debug)]
 struct Abandoned {
     expires: Instant,
-    session: Arc<[u8]>,
-    key: IdKey,
+    session: SessionRef,
+    key_hash: u64,
     serial: u64,
 }
 
@@ -60,14 +156,11 @@ struct Abandoned {
 #[derive(Debug)]
 pub(crate) struct Table {
     shards: Box<[Shard]>,
-    shard_hasher: RandomState,
+    /// Hashes session ids and collision keys. Keyed per layer (seeded by the
+    /// OS), so that clients cannot choose ids that pile up in one bucket.
+    hasher: RandomState,
     minter: IdMinter,
-    serials: AtomicU64,
-    in_flight: AtomicUsize,
-    sessions: AtomicUsize,
     abandoned: AtomicUsize,
-    passed_total: AtomicU64,
-    remapped_total: AtomicU64,
     rejected_total: AtomicU64,
     queued_total: AtomicU64,
     cancelled_total: AtomicU64,
@@ -75,26 +168,42 @@ pub(crate) struct Table {
 }
 
 /// One session's requests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Session {
+    hash: u64,
+    serial: u64,
+    /// The raw session id.
+    id: Box<[u8]>,
     /// Entries and waiters by the collision key of the client's id.
-    by_key: HashMap<IdKey, KeyState>,
+    keys: HashTable<KeyState>,
     /// Requests of the session whose exchange has not ended, queued and
     /// cancelled ones included: what the per-session cap counts.
     in_flight: usize,
 }
 
 impl Session {
+    /// The hash is compared first: it is in the slot, the id is behind a
+    /// pointer.
+    fn is(&self, hash: u64, id: &[u8]) -> bool {
+        self.hash == hash && *self.id == *id
+    }
+
     fn is_empty(&self) -> bool {
-        self.in_flight == 0 && self.by_key.is_empty()
+        self.in_flight == 0 && self.keys.is_empty()
+    }
+
+    fn find(sessions: &mut HashTable<Session>, at: SessionRef) -> Option<&mut Session> {
+        sessions.find_mut(at.hash, |session| session.serial == at.serial)
     }
 }
 
 /// The requests of one session that share a client id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct KeyState {
+    hash: u64,
+    key: StoredKey,
     /// Forwarded requests, oldest first.
-    entries: VecDeque<Entry>,
+    entries: InlineVec<Entry>,
     /// Requests waiting for the id under [`OnDuplicate::Queue`], first come
     /// first served.
     waiters: VecDeque<Arc<Waiter>>,
@@ -103,11 +212,10 @@ struct KeyState {
 /// One forwarded request.
 #[derive(Debug)]
 struct Entry {
+    /// Unique within the shard: a guard finds its entries by it.
     serial: u64,
-    /// The JSON text of the id the inner server knows the request by.
-    server_id: Arc<[u8]>,
-    /// `server_id` was minted by a guard (else it is the client's own id).
-    remapped: bool,
+    /// The id the inner server knows the request by.
+    server_id: ServerId,
     /// A `notifications/cancelled` named it.
     cancelled: bool,
     /// Its exchange ended before the response did.
@@ -119,6 +227,11 @@ struct Entry {
 }
 
 impl Entry {
+    /// The server id was minted by a guard (else it is the client's own id).
+    fn remapped(&self) -> bool {
+        matches!(self.server_id, ServerId::Minted(_))
+    }
+
     /// The client still waits for it.
     fn is_live(&self) -> bool {
         !self.cancelled && !self.abandoned
@@ -127,11 +240,200 @@ impl Entry {
     /// The server may still answer it under the client's own id, though the
     /// client no longer waits for that answer.
     fn shadows(&self) -> bool {
-        !self.remapped && !self.is_live()
+        !self.remapped() && !self.is_live()
+    }
+}
+
+/// The JSON text of the id the inner server knows a request by.
+///
+/// Only a cancellation needs the text of a client's own id, and that text is
+/// nearly always the collision key itself (a number) or the key in quotes (a
+/// string without escapes): it is rebuilt from the key then rather than
+/// copied for every request.
+#[derive(Debug)]
+enum ServerId {
+    /// The client's id, written exactly as its key.
+    Bare,
+    /// The client's id, written as its key in double quotes.
+    Quoted,
+    /// The client's id, written some other way (escapes, `-0`, ...).
+    Verbatim(Arc<[u8]>),
+    /// A server-side id minted by a guard.
+    Minted(Arc<[u8]>),
+}
+
+impl ServerId {
+    /// The client's own id `raw`, whose collision key is `key`.
+    fn own(raw: &str, key: &[u8]) -> Self {
+        let raw = raw.as_bytes();
+        if raw == key {
+            Self::Bare
+        } else if raw.len() == key.len() + 2
+            && raw.first() == Some(&b'"')
+            && raw.last() == Some(&b'"')
+            && &raw[1..raw.len() - 1] == key
+        {
+            // Escapes would make the text differ from the decoded key.
+            Self::Quoted
+        } else {
+            Self::Verbatim(Arc::from(raw))
+        }
+    }
+
+    /// The JSON text, given the collision key of the entry.
+    fn text(&self, key: &[u8]) -> Arc<[u8]> {
+        match self {
+            Self::Bare => Arc::from(key),
+            Self::Quoted => {
+                let mut text = Vec::with_capacity(key.len() + 2);
+                text.push(b'"');
+                text.extend_from_slice(key);
+                text.push(b'"');
+                Arc::from(text)
+            }
+            Self::Verbatim(text) | Self::Minted(text) => Arc::clone(text),
+        }
+    }
+}
+
+/// A collision key, inline when short: nearly all ids are short numbers or
+/// strings, and a new id then costs no allocation.
+#[derive(Debug)]
+enum StoredKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl StoredKey {
+    fn new(key: &str) -> Self {
+        let key = key.as_bytes();
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Self::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(key.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// A sequence whose first element is stored inline. Nearly always there is
+/// exactly one (a POST carries one request, an id is in flight once), and
+/// that case then costs no allocation.
+#[derive(Debug)]
+pub(crate) struct InlineVec<T> {
+    /// `None` only when the sequence is empty.
+    first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for InlineVec<T> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> InlineVec<T> {
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            first: None,
+            rest: Vec::with_capacity(capacity.saturating_sub(1)),
+        }
+    }
+
+    fn push(&mut self, value: T) {
+        if self.first.is_none() {
+            self.first = Some(value);
+        } else {
+            self.rest.push(value);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.first.iter_mut().chain(&mut self.rest)
+    }
+
+    fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        match index {
+            0 => self.first.as_mut(),
+            _ => self.rest.get_mut(index - 1),
+        }
+    }
+
+    /// Removes the element at `index`, keeping the order of the others.
+    fn remove(&mut self, index: usize) {
+        if index > 0 {
+            self.rest.remove(index - 1);
+        } else if self.rest.is_empty() {
+            self.first = None;
+        } else {
+            self.first = Some(self.rest.remove(0));
+        }
+    }
+}
+
+impl<T> Index<usize> for InlineVec<T> {
+    type Output = T;
+
+    fn index(&self, index: usize) -> &T {
+        match (index, &self.first) {
+            (0, Some(first)) => first,
+            _ => &self.rest[index - 1],
+        }
+    }
+}
+
+impl<T> IntoIterator for InlineVec<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
     }
 }
 
 impl KeyState {
+    fn new(probe: &Probe<'_>) -> Self {
+        Self {
+            hash: probe.hash,
+            key: StoredKey::new(&probe.key),
+            entries: InlineVec::default(),
+            waiters: VecDeque::new(),
+        }
+    }
+
+    /// The hash is compared first: it is in the slot.
+    fn is(&self, probe: &Probe<'_>) -> bool {
+        self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
+    }
+
+    /// Whether it holds the entry `serial` (serials are unique in a shard:
+    /// this tells keys apart whose hashes are equal).
+    fn holds(&self, hash: u64, serial: u64) -> bool {
+        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
+    }
+
     /// Whether a new request with this id is a duplicate for the policy, or
     /// others already wait for it.
     ///
@@ -148,7 +450,7 @@ impl KeyState {
     fn blocks(&self, any_live: bool) -> bool {
         self.entries
             .iter()
-            .any(|entry| entry.is_live() && (any_live || !entry.remapped))
+            .any(|entry| entry.is_live() && (any_live || !entry.remapped()))
     }
 
     /// Whether a new request with this id must go with a server-side id.
@@ -158,6 +460,34 @@ impl KeyState {
 
     fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.waiters.is_empty()
+    }
+
+    /// The key's state in `keys`, created empty if need be.
+    fn get_or_insert<'k>(keys: &'k mut HashTable<KeyState>, probe: &Probe<'_>) -> &'k mut Self {
+        keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
+            .or_insert_with(|| KeyState::new(probe))
+            .into_mut()
+    }
+}
+
+/// One request id of a POST, hashed once before the lock is taken.
+#[derive(Debug)]
+struct Probe<'a> {
+    /// The id's JSON text.
+    raw: &'a str,
+    /// Its collision key.
+    key: Cow<'a, str>,
+    /// The hash of the key.
+    hash: u64,
+    /// It collides with a request in flight, or an earlier one of its batch.
+    colliding: bool,
+    /// Its id is shadowed.
+    shadowed: bool,
+}
+
+impl Probe<'_> {
+    fn same_key(&self, other: &Probe<'_>) -> bool {
+        self.hash == other.hash && self.key == other.key
     }
 }
 
@@ -179,7 +509,10 @@ pub(crate) enum Route {
 #[derive(Debug)]
 pub(crate) enum Admission {
     /// Forward, request `i` as `routes[i]` says.
-    Admitted { guard: InFlight, routes: Vec<Route> },
+    Admitted {
+        guard: InFlight,
+        routes: InlineVec<Route>,
+    },
     /// Policy `Queue`: wait for the ticket, then forward as it says. The
     /// guard already counts the request.
     Queued {
@@ -236,18 +569,25 @@ impl Waiter {
     }
 }
 
+/// A short, non-reversible tag of a session id's hash for logs.
+fn tag(session_hash: u64) -> String {
+    format!("{:08x}", session_hash >> 32)
+}
+
+/// The shard of a session. The hash tables take a slot from a hash's lowest
+/// bits and a tag from its highest seven; the shard comes from bits neither
+/// uses, so that the sessions of one shard still spread over its table.
+fn shard_index(session_hash: u64) -> usize {
+    (session_hash >> 40) as usize & (SHARDS - 1)
+}
+
 impl Table {
     pub(crate) fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            shard_hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: RandomState::new(),
             minter: IdMinter::new(),
-            serials: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-            sessions: AtomicUsize::new(0),
             abandoned: AtomicUsize::new(0),
-            passed_total: AtomicU64::new(0),
-            remapped_total: AtomicU64::new(0),
             rejected_total: AtomicU64::new(0),
             queued_total: AtomicU64::new(0),
             cancelled_total: AtomicU64::new(0),
@@ -258,22 +598,33 @@ impl Table {
     /// A short, non-reversible tag of a session id for logs: session ids are
     /// bearer secrets and are never logged raw.
     pub(crate) fn session_tag(&self, session: &[u8]) -> String {
-        format!("{:08x}", self.shard_hasher.hash_one(session) >> 32)
+        tag(self.hasher.hash_one(session))
     }
 
-    fn shard(&self, session: &[u8]) -> MutexGuard<'_, ShardState> {
-        let index = self.shard_hasher.hash_one(session) as usize & (SHARDS - 1);
+    fn lock(&self, index: usize) -> MutexGuard<'_, ShardState> {
         // Nothing panics while a shard is held, but a poisoned lock must not
         // turn into leaked entries: the data is still consistent.
-        let mut shard = self.shards[index]
+        self.shards[index]
+            .0
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn shard(&self, session_hash: u64) -> MutexGuard<'_, ShardState> {
+        let mut shard = self.lock(shard_index(session_hash));
         self.expire_abandoned(&mut shard);
         shard
     }
 
-    fn next_serial(&self) -> u64 {
-        self.serials.fetch_add(1, Ordering::Relaxed)
+    fn probe<'a>(&self, raw: &'a str) -> Probe<'a> {
+        let key = id_key_text(raw);
+        Probe {
+            raw,
+            hash: self.hasher.hash_one(key.as_bytes()),
+            key,
+            colliding: false,
+            shadowed: false,
+        }
     }
 
     fn mint(&self, raw: &str) -> Arc<[u8]> {
@@ -290,12 +641,32 @@ impl Table {
         is_batch: bool,
         config: &Config,
     ) -> Admission {
-        let keys: Vec<IdKey> = ids.iter().map(|raw| id_key(raw)).collect();
-        let mut shard = self.shard(session);
-        let existing = shard.sessions.get(session);
+        let session_hash = self.hasher.hash_one(session);
+        // A lone request, the usual case, needs no vector.
+        let mut single: [Probe<'_>; 1];
+        let mut many: Vec<Probe<'_>>;
+        let probes: &mut [Probe<'_>] = if let [raw] = ids {
+            single = [self.probe(raw)];
+            &mut single
+        } else {
+            many = ids.iter().map(|raw| self.probe(raw)).collect();
+            &mut many
+        };
+
+        let mut locked = self.shard(session_hash);
+        let shard = &mut *locked;
+        let slot = shard.sessions.entry(
+            session_hash,
+            |entry| entry.is(session_hash, session),
+            |entry| entry.hash,
+        );
+        let existing = match &slot {
+            Slot::Occupied(occupied) => Some(occupied.get()),
+            Slot::Vacant(_) => None,
+        };
         let current = existing.map_or(0, |entry| entry.in_flight);
         if current + ids.len() > config.max_in_flight_per_session {
-            drop(shard);
+            drop(locked);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
             return Admission::OverCapacity;
@@ -303,22 +674,21 @@ impl Table {
 
         // A request collides with a live request of the session with the same
         // id (see `KeyState::is_taken`), and with an earlier request of the
-        // same batch.
+        // same batch. Every decision is taken against the state before this
+        // POST, so all of them come first.
         let any_live_collides = config.on_duplicate != OnDuplicate::Remap || config.rewrite_all_ids;
-        let state_of = |key: &IdKey| existing.and_then(|entry| entry.by_key.get(key));
-        let colliding: Vec<bool> = keys
-            .iter()
-            .enumerate()
-            .map(|(index, key)| {
-                state_of(key).is_some_and(|state| state.is_taken(any_live_collides))
-                    || keys[..index].contains(key)
-            })
-            .collect();
-        let shadowed: Vec<bool> = keys
-            .iter()
-            .map(|key| state_of(key).is_some_and(KeyState::is_shadowed))
-            .collect();
-        let any_collision = colliding.contains(&true);
+        for index in 0..probes.len() {
+            let (earlier, rest) = probes.split_at_mut(index);
+            let probe = &rest[0];
+            let state =
+                existing.and_then(|entry| entry.keys.find(probe.hash, |state| state.is(probe)));
+            let colliding = state.is_some_and(|state| state.is_taken(any_live_collides))
+                || earlier.iter().any(|other| other.same_key(probe));
+            let shadowed = state.is_some_and(KeyState::is_shadowed);
+            rest[0].colliding = colliding;
+            rest[0].shadowed = shadowed;
+        }
+        let any_collision = probes.iter().any(|probe| probe.colliding);
         // Only a lone request waits; holding a whole batch for one member
         // would delay its other requests behind unrelated work.
         let queue_single = config.on_duplicate == OnDuplicate::Queue && !is_batch;
@@ -328,101 +698,123 @@ impl Table {
             OnDuplicate::Reject => true,
         };
         if any_collision && refuse {
-            drop(shard);
+            drop(locked);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
+            let colliding = probes.iter().map(|probe| probe.colliding).collect();
             return Admission::Duplicate { colliding };
         }
 
-        // Reuse the stored key so an existing session costs no allocation.
-        let stored_session = match shard.sessions.get_key_value(session) {
-            Some((stored, _)) => Arc::clone(stored),
-            None => Arc::from(session),
+        let entry = match slot {
+            Slot::Occupied(occupied) => occupied.into_mut(),
+            Slot::Vacant(vacant) => {
+                let entry = ShardState::new_session(
+                    &mut shard.spare,
+                    &mut shard.next_serial,
+                    session_hash,
+                    session,
+                );
+                vacant.insert(entry).into_mut()
+            }
         };
-        let entry = shard
-            .sessions
-            .entry(Arc::clone(&stored_session))
-            .or_default();
         if entry.in_flight == 0 {
-            self.sessions.fetch_add(1, Ordering::Relaxed);
+            shard.tracked_sessions += 1;
         }
         entry.in_flight += ids.len();
-        self.in_flight.fetch_add(ids.len(), Ordering::Relaxed);
-
-        let guard = |members, queued| InFlight {
-            table: Arc::clone(self),
-            session: Arc::clone(&stored_session),
-            members,
-            queued,
-            count: ids.len(),
-            completed: false,
-            abandoned_id_ttl: config.abandoned_id_ttl,
-            awaits_responses: config.on_duplicate != OnDuplicate::Remap,
+        shard.in_flight += ids.len();
+        let at = SessionRef {
+            hash: session_hash,
+            serial: entry.serial,
         };
 
         if any_collision && queue_single {
+            let probe = &probes[0];
             let ticket = Arc::new(Waiter {
-                raw_id: ids[0].into(),
-                always_remap: config.rewrite_all_ids || is_reserved(&keys[0]),
+                raw_id: probe.raw.into(),
+                always_remap: config.rewrite_all_ids || is_reserved(&probe.key),
                 state: Mutex::new(WaitState::Waiting(None)),
             });
-            let key = keys.into_iter().next().unwrap_or_default();
-            entry
-                .by_key
-                .entry(key.clone())
-                .or_default()
+            KeyState::get_or_insert(&mut entry.keys, probe)
                 .waiters
                 .push_back(Arc::clone(&ticket));
-            drop(shard);
+            drop(locked);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
+            let queued = Some((probe.hash, Arc::clone(&ticket)));
             return Admission::Queued {
-                guard: guard(Vec::new(), Some((key, Arc::clone(&ticket)))),
+                guard: self.in_flight(at, InlineVec::default(), queued, probes, config),
                 ticket,
             };
         }
 
-        let mut members = Vec::with_capacity(keys.len());
-        let mut routes = Vec::with_capacity(keys.len());
-        let (mut passed, mut remapped) = (0u64, 0u64);
-        let decisions = ids.iter().zip(keys).zip(colliding).zip(shadowed);
-        for (((raw, key), duplicate), shadowed) in decisions {
-            let serial = self.next_serial();
-            let remap = duplicate || shadowed || is_reserved(&key) || config.rewrite_all_ids;
+        let mut members = InlineVec::with_capacity(probes.len());
+        let mut routes = InlineVec::with_capacity(probes.len());
+        for probe in probes.iter() {
+            let serial = ShardState::serial(&mut shard.next_serial);
+            let duplicate = probe.colliding;
+            let remap =
+                duplicate || probe.shadowed || is_reserved(&probe.key) || config.rewrite_all_ids;
+            let state = KeyState::get_or_insert(&mut entry.keys, probe);
             let server_id = if remap {
-                remapped += 1;
-                let server_id = self.mint(raw);
+                shard.remapped_total += 1;
+                let server_id = self.mint(probe.raw);
                 routes.push(Route::Remapped {
                     server_id: Arc::clone(&server_id),
                     duplicate,
                 });
-                server_id
+                ServerId::Minted(server_id)
             } else {
-                passed += 1;
+                shard.passed_total += 1;
                 routes.push(Route::AsIs);
-                Arc::from(raw.as_bytes())
+                ServerId::own(probe.raw, state.key.as_bytes())
             };
-            entry
-                .by_key
-                .entry(key.clone())
-                .or_default()
-                .entries
-                .push_back(Entry {
-                    serial,
-                    server_id,
-                    remapped: remap,
-                    cancelled: false,
-                    abandoned: false,
-                    at_server: true,
-                });
-            members.push((key, serial));
+            state.entries.push(Entry {
+                serial,
+                server_id,
+                cancelled: false,
+                abandoned: false,
+                at_server: true,
+            });
+            members.push(Member {
+                key_hash: probe.hash,
+                serial,
+            });
         }
-        drop(shard);
+        drop(locked);
 
-        self.passed_total.fetch_add(passed, Ordering::Relaxed);
-        self.remapped_total.fetch_add(remapped, Ordering::Relaxed);
         Admission::Admitted {
-            guard: guard(members, None),
+            guard: self.in_flight(at, members, None, probes, config),
             routes,
+        }
+    }
+
+    /// The registration of an admitted POST.
+    fn in_flight(
+        self: &Arc<Self>,
+        session: SessionRef,
+        members: InlineVec<Member>,
+        queued: Option<(u64, Arc<Waiter>)>,
+        probes: &[Probe<'_>],
+        config: &Config,
+    ) -> InFlight {
+        // Policies that turn a collision into a visible refusal or a wait free
+        // the ids as soon as their responses have passed.
+        let awaited = if config.on_duplicate == OnDuplicate::Remap {
+            Vec::new()
+        } else {
+            probes
+                .iter()
+                .map(|probe| IdKey::from(&*probe.key))
+                .collect()
+        };
+        InFlight {
+            table: Arc::clone(self),
+            session,
+            members,
+            queued,
+            awaited,
+            count: probes.len(),
+            completed: false,
+            abandoned_id_ttl: config.abandoned_id_ttl,
         }
     }
 
@@ -441,59 +833,62 @@ impl Table {
     /// unchanged), else the JSON text of the id the server knows the target by,
     /// for `requestId`.
     pub(crate) fn cancel(&self, session: &[u8], request_id: &str) -> Option<Arc<[u8]>> {
-        let key = id_key(request_id);
-        let mut shard = self.shard(session);
-        let state = shard.sessions.get_mut(session)?.by_key.get_mut(&key)?;
+        let session_hash = self.hasher.hash_one(session);
+        let probe = self.probe(request_id);
+        let mut locked = self.shard(session_hash);
+        let shard = &mut *locked;
+        let state = shard
+            .sessions
+            .find_mut(session_hash, |entry| entry.is(session_hash, session))?
+            .keys
+            .find_mut(probe.hash, |state| state.is(&probe))?;
         // The request the server knows by the client's own id, if any; else
         // the oldest remapped one.
         let position = state
             .entries
             .iter()
-            .position(|entry| entry.at_server && !entry.cancelled && !entry.remapped)
+            .position(|entry| entry.at_server && !entry.cancelled && !entry.remapped())
             .or_else(|| {
                 state
                     .entries
                     .iter()
                     .position(|entry| entry.at_server && !entry.cancelled)
             })?;
-        let target = &mut state.entries[position];
+        let target = state.entries.get_mut(position)?;
         target.cancelled = true;
-        let server_id = Arc::clone(&target.server_id);
-        self.grant_waiters(state);
-        drop(shard);
+        let server_id = target.server_id.text(state.key.as_bytes());
+        self.grant_waiters(&mut shard.next_serial, state);
+        drop(locked);
         self.cancelled_total.fetch_add(1, Ordering::Relaxed);
         Some(server_id)
     }
 
     /// Hands the id to waiting requests, first come first served, while the
     /// client has no live request with it.
-    fn grant_waiters(&self, state: &mut KeyState) {
+    fn grant_waiters(&self, serials: &mut u64, state: &mut KeyState) {
         while let Some(waiter) = state.waiters.front() {
             // Waiters exist only under `Queue`, where any live request blocks.
             if state.blocks(true) {
                 return;
             }
-            let serial = self.next_serial();
+            let serial = ShardState::serial(serials);
             let remap =
                 (waiter.always_remap || state.is_shadowed()).then(|| self.mint(&waiter.raw_id));
-            let server_id = remap
-                .clone()
-                .unwrap_or_else(|| Arc::from(waiter.raw_id.as_bytes()));
+            let server_id = match &remap {
+                Some(server_id) => ServerId::Minted(Arc::clone(server_id)),
+                None => ServerId::own(&waiter.raw_id, state.key.as_bytes()),
+            };
             let mut wait_state = waiter.lock();
             if let WaitState::Waiting(waker) = &mut *wait_state {
                 if let Some(waker) = waker.take() {
                     waker.wake();
                 }
             }
-            *wait_state = WaitState::Granted {
-                serial,
-                remap: remap.clone(),
-            };
+            *wait_state = WaitState::Granted { serial, remap };
             drop(wait_state);
-            state.entries.push_back(Entry {
+            state.entries.push(Entry {
                 serial,
                 server_id,
-                remapped: remap.is_some(),
                 cancelled: false,
                 abandoned: false,
                 at_server: false,
@@ -503,84 +898,107 @@ impl Table {
     }
 
     fn release(&self, guard: &InFlight) {
-        let mut shard = self.shard(&guard.session);
-        let shard = &mut *shard;
-        let Some(session) = shard.sessions.get_mut(&*guard.session) else {
-            self.in_flight.fetch_sub(guard.count, Ordering::Relaxed);
+        let mut locked = self.shard(guard.session.hash);
+        let shard = &mut *locked;
+        shard.in_flight = shard.in_flight.saturating_sub(guard.count);
+        let Ok(mut slot) = shard.sessions.find_entry(guard.session.hash, |entry| {
+            entry.serial == guard.session.serial
+        }) else {
             return;
         };
+        let session = slot.get_mut();
         // An exchange that did not end normally may still be answered by the
         // server; keep its ids shadowed for a while. So may a cancelled one,
         // even when the server closed its stream: a handler that ignores the
-        // cancellation still answers, under the client's id.
-        let keep_until = (!guard.abandoned_id_ttl.is_zero())
-            .then(|| Instant::now().checked_add(guard.abandoned_id_ttl))
-            .flatten();
-        let completed = guard.completed;
-        let mut ended: Vec<(&IdKey, u64)> = guard
-            .members
-            .iter()
-            .map(|(key, serial)| (key, *serial))
-            .collect();
-        if let Some((key, ticket)) = &guard.queued {
-            match &*ticket.lock() {
-                WaitState::Granted { serial, .. } => ended.push((key, *serial)),
-                WaitState::Waiting(_) => remove_waiter(session, key, ticket),
+        // cancellation still answers, under the client's id. The clock is read
+        // only if an id is kept, and then once.
+        let keep_until = OnceCell::new();
+        let keep_until = || {
+            *keep_until.get_or_init(|| {
+                (!guard.abandoned_id_ttl.is_zero())
+                    .then(|| Instant::now().checked_add(guard.abandoned_id_ttl))
+                    .flatten()
+            })
+        };
+        let queued = guard.queued.as_ref().and_then(|(key_hash, ticket)| {
+            let granted = match &*ticket.lock() {
+                WaitState::Granted { serial, .. } => Some(*serial),
+                WaitState::Waiting(_) => None,
+            };
+            match granted {
+                Some(serial) => Some(Member {
+                    key_hash: *key_hash,
+                    serial,
+                }),
+                None => {
+                    remove_waiter(session, *key_hash, ticket);
+                    None
+                }
             }
-        }
-        for (key, serial) in ended {
-            if let Some(expires) = self.end_entry(session, key, serial, completed, keep_until) {
+        });
+        for member in guard.members.iter().copied().chain(queued) {
+            let kept = self.end_entry(
+                &mut shard.next_serial,
+                session,
+                member,
+                guard.completed,
+                keep_until,
+            );
+            if let Some(expires) = kept {
                 shard.abandoned.push_back(Abandoned {
                     expires,
-                    session: Arc::clone(&guard.session),
-                    key: key.clone(),
-                    serial,
+                    session: guard.session,
+                    key_hash: member.key_hash,
+                    serial: member.serial,
                 });
             }
         }
         session.in_flight = session.in_flight.saturating_sub(guard.count);
         let idle = session.in_flight == 0;
         if session.is_empty() {
-            shard.sessions.remove(&*guard.session);
+            ShardState::keep_spare(&mut shard.spare, slot.remove().0);
         }
         if idle {
-            self.sessions.fetch_sub(1, Ordering::Relaxed);
+            shard.tracked_sessions = shard.tracked_sessions.saturating_sub(1);
         }
-        self.in_flight.fetch_sub(guard.count, Ordering::Relaxed);
     }
 
     /// Ends a forwarded request's entry: removes it, or, when the server
     /// knows it by the client's own id and may still answer it (the exchange
     /// did not complete, or it was cancelled), keeps it as abandoned until
-    /// `keep_until` (returned). Passes the id on to the next waiter.
+    /// `keep_until()` (returned). Passes the id on to the next waiter.
     fn end_entry(
         &self,
+        serials: &mut u64,
         session: &mut Session,
-        key: &IdKey,
-        serial: u64,
+        member: Member,
         completed: bool,
-        keep_until: Option<Instant>,
+        keep_until: impl Fn() -> Option<Instant>,
     ) -> Option<Instant> {
-        let state = session.by_key.get_mut(key)?;
+        let Member { key_hash, serial } = member;
+        let Ok(mut slot) = session
+            .keys
+            .find_entry(key_hash, |state| state.holds(key_hash, serial))
+        else {
+            return None;
+        };
+        let state = slot.get_mut();
         let mut kept = None;
-        if let Some(position) = state
+        let position = state
             .entries
             .iter()
-            .position(|entry| entry.serial == serial)
-        {
-            let entry = &mut state.entries[position];
-            let may_still_answer = !entry.remapped && (!completed || entry.cancelled);
-            let keep = keep_until.filter(|_| {
-                may_still_answer && self.abandoned.load(Ordering::Relaxed) < MAX_ABANDONED
-            });
-            match keep {
-                Some(expires) => {
+            .position(|entry| entry.serial == serial);
+        if let Some(position) = position {
+            let entry = state.entries.get_mut(position)?;
+            let may_still_answer = !entry.remapped() && (!completed || entry.cancelled);
+            match may_still_answer.then(&keep_until).flatten() {
+                Some(expires) if self.abandoned.load(Ordering::Relaxed) < MAX_ABANDONED => {
                     entry.abandoned = true;
                     self.abandoned.fetch_add(1, Ordering::Relaxed);
                     kept = Some(expires);
                 }
-                None => {
-                    if keep_until.is_some() && may_still_answer {
+                keep => {
+                    if keep.is_some() {
                         tracing::warn!(
                             limit = MAX_ABANDONED,
                             "too many abandoned ids; releasing one at once"
@@ -589,17 +1007,21 @@ impl Table {
                     state.entries.remove(position);
                 }
             }
-            self.grant_waiters(state);
+            self.grant_waiters(serials, state);
         }
         if state.is_empty() {
-            session.by_key.remove(key);
+            slot.remove();
         }
         kept
     }
 
     /// Drops abandoned ids whose time is up, and sessions left empty.
-    /// Amortised O(1): expiries are in order.
+    /// Amortised O(1): expiries are in order. Reads the clock only when the
+    /// shard has abandoned ids at all.
     fn expire_abandoned(&self, shard: &mut ShardState) {
+        if shard.abandoned.is_empty() {
+            return;
+        }
         let now = Instant::now();
         while shard
             .abandoned
@@ -609,10 +1031,18 @@ impl Table {
             let Some(expired) = shard.abandoned.pop_front() else {
                 break;
             };
-            let Some(session) = shard.sessions.get_mut(&*expired.session) else {
+            let Ok(mut slot) = shard.sessions.find_entry(expired.session.hash, |entry| {
+                entry.serial == expired.session.serial
+            }) else {
                 continue;
             };
-            if let Some(state) = session.by_key.get_mut(&expired.key) {
+            let session = slot.get_mut();
+            let key_hash = expired.key_hash;
+            let found = session
+                .keys
+                .find_entry(key_hash, |state| state.holds(key_hash, expired.serial));
+            if let Ok(mut key_slot) = found {
+                let state = key_slot.get_mut();
                 let position = state
                     .entries
                     .iter()
@@ -620,14 +1050,14 @@ impl Table {
                 if let Some(position) = position {
                     state.entries.remove(position);
                     self.abandoned.fetch_sub(1, Ordering::Relaxed);
-                    self.grant_waiters(state);
+                    self.grant_waiters(&mut shard.next_serial, state);
                 }
                 if state.is_empty() {
-                    session.by_key.remove(&expired.key);
+                    key_slot.remove();
                 }
             }
             if session.is_empty() {
-                shard.sessions.remove(&*expired.session);
+                ShardState::keep_spare(&mut shard.spare, slot.remove().0);
             }
         }
     }
@@ -635,17 +1065,19 @@ impl Table {
     /// Records that a queued request whose turn came has been handed to the
     /// inner service.
     fn mark_forwarded(&self, guard: &InFlight) {
-        let Some((key, ticket)) = &guard.queued else {
+        let Some((key_hash, ticket)) = &guard.queued else {
             return;
         };
         let WaitState::Granted { serial, .. } = *ticket.lock() else {
             return;
         };
-        let mut shard = self.shard(&guard.session);
-        let entry = shard
-            .sessions
-            .get_mut(&*guard.session)
-            .and_then(|session| session.by_key.get_mut(key))
+        let mut shard = self.shard(guard.session.hash);
+        let entry = Session::find(&mut shard.sessions, guard.session)
+            .and_then(|session| {
+                session
+                    .keys
+                    .find_mut(*key_hash, |state| state.holds(*key_hash, serial))
+            })
             .and_then(|state| {
                 state
                     .entries
@@ -664,28 +1096,49 @@ impl Table {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        Stats {
-            in_flight_requests: self.in_flight.load(Ordering::Relaxed),
-            tracked_sessions: self.sessions.load(Ordering::Relaxed),
+        let mut stats = Stats {
             abandoned_ids: self.abandoned.load(Ordering::Relaxed),
-            passed_total: self.passed_total.load(Ordering::Relaxed),
-            remapped_total: self.remapped_total.load(Ordering::Relaxed),
             rejected_total: self.rejected_total.load(Ordering::Relaxed),
             queued_total: self.queued_total.load(Ordering::Relaxed),
             cancelled_total: self.cancelled_total.load(Ordering::Relaxed),
             restored_total: self.restored_total.load(Ordering::Relaxed),
+            ..Stats::default()
+        };
+        for index in 0..SHARDS {
+            let shard = self.lock(index);
+            stats.in_flight_requests += shard.in_flight;
+            stats.tracked_sessions += shard.tracked_sessions;
+            stats.passed_total += shard.passed_total;
+            stats.remapped_total += shard.remapped_total;
         }
+        stats
     }
 }
 
-fn remove_waiter(session: &mut Session, key: &IdKey, ticket: &Arc<Waiter>) {
-    let Some(state) = session.by_key.get_mut(key) else {
+fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) {
+    let found = session.keys.find_entry(key_hash, |state| {
+        state.hash == key_hash
+            && state
+                .waiters
+                .iter()
+                .any(|waiter| Arc::ptr_eq(waiter, ticket))
+    });
+    let Ok(mut slot) = found else {
         return;
     };
+    let state = slot.get_mut();
     state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
     if state.is_empty() {
-        session.by_key.remove(key);
+        slot.remove();
     }
+}
+
+/// A forwarded request of a registration: its key's hash and its entry's
+/// serial, all the release needs to find the entry.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    key_hash: u64,
+    serial: u64,
 }
 
 /// The registration of one POST's requests. Dropping it releases them,
@@ -697,31 +1150,24 @@ fn remove_waiter(session: &mut Session, key: &IdKey, ticket: &Arc<Waiter>) {
 #[derive(Debug)]
 pub(crate) struct InFlight {
     table: Arc<Table>,
-    session: Arc<[u8]>,
-    /// Forwarded requests: (collision key, entry serial).
-    members: Vec<(IdKey, u64)>,
-    /// A queued request: its key and ticket (granted or not).
-    queued: Option<(IdKey, Arc<Waiter>)>,
+    session: SessionRef,
+    /// Forwarded requests.
+    members: InlineVec<Member>,
+    /// A queued request: its key's hash and its ticket (granted or not).
+    queued: Option<(u64, Arc<Waiter>)>,
+    /// The collision keys of the requests whose responses end the exchange
+    /// early, or nothing when the policy does not need it.
+    awaited: Vec<IdKey>,
     count: usize,
     completed: bool,
     abandoned_id_ttl: Duration,
-    /// Free the ids as soon as their responses have passed (policies that
-    /// turn a collision into a visible refusal or a wait).
-    awaits_responses: bool,
 }
 
 impl InFlight {
     /// The collision keys of the requests whose responses end the exchange
     /// early, or nothing when the policy does not need it.
     pub(crate) fn awaited_keys(&self) -> Vec<IdKey> {
-        if !self.awaits_responses {
-            return Vec::new();
-        }
-        self.members
-            .iter()
-            .map(|(key, _)| key.clone())
-            .chain(self.queued.iter().map(|(key, _)| key.clone()))
-            .collect()
+        self.awaited.clone()
     }
 
     pub(crate) fn table(&self) -> &Arc<Table> {
@@ -744,7 +1190,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.table.release(self);
         tracing::debug!(
-            session = %self.table.session_tag(&self.session),
+            session = %tag(self.session.hash),
             requests = self.count,
             completed = self.completed,
             "released in-flight ids"
@@ -1054,7 +1500,8 @@ mod tests {
         };
         guard.complete();
         assert_eq!(table.stats().abandoned_ids, 0);
-        assert!(table.shard(b"session-a").sessions.is_empty());
+        let session_hash = table.hasher.hash_one(&b"session-a"[..]);
+        assert!(table.shard(session_hash).sessions.is_empty());
     }
 
     #[test]
@@ -1098,6 +1545,105 @@ mod tests {
         guard.complete();
         assert_drained(&table);
         assert_eq!(table.stats().abandoned_ids, 0);
+    }
+
+    #[test]
+    fn a_cancellation_names_the_client_id_as_it_was_written() {
+        let long = "\"a-request-id-longer-than-an-inline-key\"";
+        let cases = [
+            ("7", "\"7\""),
+            ("\"abc\"", "\"abc\""),
+            ("\"\\u0061\"", "\"a\""),
+            ("-0", "0"),
+            ("\"a\\\"b\"", "\"a\\\"b\""),
+            (long, long),
+            (
+                "123456789012345678901234567890",
+                "\"123456789012345678901234567890\"",
+            ),
+        ];
+        for (written, cancelled_as) in cases {
+            let table = Arc::new(Table::new());
+            let held = admit(&table, &[written], OnDuplicate::Remap);
+            assert!(
+                matches!(&held, Admission::Admitted { routes, .. } if routes[0] == Route::AsIs)
+            );
+            assert_eq!(
+                table.cancel(b"session-a", cancelled_as).as_deref(),
+                Some(written.as_bytes()),
+                "{written} cancelled as {cancelled_as}"
+            );
+            end(held);
+        }
+    }
+
+    #[test]
+    fn long_ids_collide_by_key_within_a_batch_and_across_posts() {
+        let table = Arc::new(Table::new());
+        let long = "\"a-request-id-longer-than-an-inline-key\"";
+        let Admission::Admitted { guard, routes } =
+            admit(&table, &[long, "1", long], OnDuplicate::Remap)
+        else {
+            panic!("admitted expected")
+        };
+        assert_eq!(routes[0], Route::AsIs);
+        assert_eq!(routes[1], Route::AsIs);
+        assert!(matches!(
+            routes[2],
+            Route::Remapped {
+                duplicate: true,
+                ..
+            }
+        ));
+        let Admission::Duplicate { colliding } = admit(&table, &["2", long], OnDuplicate::Reject)
+        else {
+            panic!("duplicate expected")
+        };
+        assert_eq!(colliding, [false, true]);
+        guard.complete();
+        assert_drained(&table);
+        let Admission::Admitted { guard, routes } = admit(&table, &[long], OnDuplicate::Reject)
+        else {
+            panic!("admitted expected")
+        };
+        assert_eq!(routes[0], Route::AsIs, "released");
+        guard.complete();
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn stats_count_every_shard() {
+        let table = Arc::new(Table::new());
+        let sessions: Vec<String> = (0..500).map(|n| format!("session-{n}")).collect();
+        let held: Vec<Admission> = sessions
+            .iter()
+            .map(|session| {
+                table.admit(
+                    session.as_bytes(),
+                    &["1", "2"],
+                    true,
+                    &config(OnDuplicate::Remap),
+                )
+            })
+            .collect();
+        let stats = table.stats();
+        assert_eq!(
+            (stats.in_flight_requests, stats.tracked_sessions),
+            (1000, 500)
+        );
+        assert_eq!((stats.passed_total, stats.remapped_total), (1000, 0));
+        let used = table
+            .shards
+            .iter()
+            .filter(|shard| !shard.0.lock().unwrap().sessions.is_empty())
+            .count();
+        assert!(used > SHARDS / 2, "sessions spread over the shards: {used}");
+        held.into_iter().for_each(end);
+        assert_drained(&table);
+        assert!(table
+            .shards
+            .iter()
+            .all(|shard| shard.0.lock().unwrap().sessions.is_empty()));
     }
 
     #[test]
