@@ -1,8 +1,12 @@
 //! The one JSON-RPC envelope peeker, shared by the request path (find requests and
 //! their ids) and the response path (find responses whose ids need restoring).
 //!
-//! It borrows: ids are located as `&RawValue` slices of the input, so callers can
+//! It borrows: ids are located as byte ranges of the input, so callers can
 //! splice replacement bytes at exact offsets without re-serializing a message.
+//! It reads in two steps (see [`peek`]): the envelope's top-level keys from
+//! either end of a single object, which settles almost every message without
+//! touching its payload, and otherwise a whole serde_json parse with borrowed
+//! `&RawValue`s.
 
 use std::ops::Range;
 
