@@ -18,12 +18,10 @@
 //! ends, [`Table::release`], so both are kept cheap and flat in the number of
 //! sessions: the session id and each request id are hashed once, before the
 //! lock is taken (the guard keeps the hashes for the release); each is looked
-//! up once; a lone request, the usual case, allocates nothing when its id is
-//! short; a session is one table slot holding its hash and (when UUID-sized)
-//! its id, so a lookup among thousands of sessions compares hashes before it
-//! reads any id and follows no pointer; and the key states of all of a
-//! shard's sessions share one dense table, so that the state of 10 000
-//! sessions stays within a core's cache.
+//! up once; a lone request, the usual case, allocates nothing when its
+//! session already has requests in flight and its id is short; and a session
+//! is one table slot holding its hash, so a lookup among thousands of
+//! sessions compares hashes before it reads any id.
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -56,16 +54,16 @@ const MAX_ABANDONED: usize = 65_536;
 /// Collision keys up to this many bytes are stored inline in their slot.
 const INLINE_KEY: usize = 22;
 
-/// A shard's tables are not shrunk below this many slots: a few kilobytes
-/// per shard, and no reallocation for small ups and downs.
-const MIN_SHRINK_CAPACITY: usize = 64;
-
 /// Session ids up to this many bytes (a UUID is 36) are stored inline in
 /// their slot.
 const INLINE_SESSION_ID: usize = 48;
 
 // `InlineBytes` records the length in a byte.
 const _: () = assert!(INLINE_KEY <= 255 && INLINE_SESSION_ID <= 255);
+
+/// A session left empty is kept for reuse by the shard's next new session if
+/// its key table holds at most this many keys (a bound on what a shard keeps).
+const SPARE_KEYS: usize = 16;
 
 /// One lock's worth of sessions, on cache lines of its own: requests on
 /// different shards, on different cores, then never contend for a line.
@@ -78,17 +76,16 @@ struct ShardState {
     /// Sessions with requests in flight or abandoned ids, by the hash of the
     /// raw session id.
     sessions: HashTable<Session>,
-    /// The key states of all the shard's sessions, by session serial and
-    /// collision key. One dense table per shard rather than one per session:
-    /// a table per session costs an allocation, a pointer to chase and its
-    /// minimum capacity, and with 10 000 sessions those tables alone outgrow
-    /// a core's cache.
-    keys: HashTable<KeyState>,
     /// Abandoned ids in the order they were abandoned, which is also the
     /// order they expire in (one TTL per layer).
     abandoned: VecDeque<Abandoned>,
     /// Source of the serials of this shard's sessions and entries.
     next_serial: u64,
+    /// The last session that ended, empty, for the shard's next new session:
+    /// a session whose requests come one at a time starts and ends with each
+    /// of them, and reusing its id buffer and key table spares allocating
+    /// both every time.
+    spare: Option<Session>,
     // The counters every request updates, summed over the shards by
     // `Table::stats`. Under the lock the request holds anyway they cost
     // nothing, where shared atomics would bounce one cache line between all
@@ -108,29 +105,35 @@ impl ShardState {
         serial
     }
 
-    /// Gives memory back once the shard's tables are mostly empty: hash
-    /// tables keep their peak capacity, and after a burst of 100 000 requests
-    /// the key table alone would keep megabytes. Capacity halves at most as
-    /// often as the entries fall to a quarter of it, so this is amortised
-    /// O(1) per removal.
-    fn shrink_if_sparse(&mut self) {
-        fn shrink<T>(table: &mut HashTable<T>, hash: impl Fn(&T) -> u64) {
-            if table.capacity() > MIN_SHRINK_CAPACITY && table.len() * 4 < table.capacity() {
-                table.shrink_to(table.len() * 2, hash);
+    /// A new, empty session, made of the spare one if there is one.
+    fn new_session(
+        spare: &mut Option<Session>,
+        serials: &mut u64,
+        hash: u64,
+        id: &[u8],
+    ) -> Session {
+        let serial = Self::serial(serials);
+        match spare.take() {
+            Some(mut session) => {
+                session.hash = hash;
+                session.serial = serial;
+                session.id = SessionId::new(id);
+                session
             }
+            None => Session {
+                hash,
+                serial,
+                id: SessionId::new(id),
+                keys: HashTable::new(),
+                in_flight: 0,
+            },
         }
-        shrink(&mut self.keys, KeyState::slot_hash);
-        shrink(&mut self.sessions, |session| session.hash);
     }
 
-    /// A new, empty session.
-    fn new_session(serials: &mut u64, hash: u64, id: &[u8]) -> Session {
-        Session {
-            hash,
-            serial: Self::serial(serials),
-            id: SessionId::new(id),
-            keys: 0,
-            in_flight: 0,
+    /// Keeps a session that was just removed, empty, as the spare.
+    fn keep_spare(spare: &mut Option<Session>, session: Session) {
+        if session.keys.capacity() <= SPARE_KEYS {
+            *spare = Some(session);
         }
     }
 }
@@ -172,8 +175,8 @@ struct Session {
     hash: u64,
     serial: u64,
     id: SessionId,
-    /// How many key states of the shard's `keys` are the session's.
-    keys: usize,
+    /// Entries and waiters by the collision key of the client's id.
+    keys: HashTable<KeyState>,
     /// Requests of the session whose exchange has not ended, queued and
     /// cancelled ones included: what the per-session cap counts.
     in_flight: usize,
@@ -186,16 +189,17 @@ impl Session {
     }
 
     fn is_empty(&self) -> bool {
-        self.in_flight == 0 && self.keys == 0
+        self.in_flight == 0 && self.keys.is_empty()
+    }
+
+    fn find(sessions: &mut HashTable<Session>, at: SessionRef) -> Option<&mut Session> {
+        sessions.find_mut(at.hash, |session| session.serial == at.serial)
     }
 }
 
 /// The requests of one session that share a client id.
 #[derive(Debug)]
 struct KeyState {
-    /// The serial of the session it belongs to.
-    session: u64,
-    /// The hash of the collision key.
     hash: u64,
     key: StoredKey,
     /// Forwarded requests, oldest first.
@@ -419,9 +423,8 @@ impl<T> IntoIterator for InlineVec<T> {
 }
 
 impl KeyState {
-    fn new(session: u64, probe: &Probe<'_>) -> Self {
+    fn new(probe: &Probe<'_>) -> Self {
         Self {
-            session,
             hash: probe.hash,
             key: StoredKey::new(probe.key.as_bytes()),
             entries: InlineVec::default(),
@@ -429,25 +432,15 @@ impl KeyState {
         }
     }
 
-    /// Where the state sits in its shard's `keys`.
-    fn slot_hash(&self) -> u64 {
-        slot_hash(self.session, self.hash)
-    }
-
     /// The hash is compared first: it is in the slot.
-    fn is(&self, session: u64, probe: &Probe<'_>) -> bool {
-        self.hash == probe.hash
-            && self.session == session
-            && self.key.as_bytes() == probe.key.as_bytes()
+    fn is(&self, probe: &Probe<'_>) -> bool {
+        self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
     }
 
-    /// Whether it is session `session`'s and holds the entry `serial`
-    /// (serials are unique in a shard: this tells keys apart whose hashes are
-    /// equal).
-    fn holds(&self, session: u64, hash: u64, serial: u64) -> bool {
-        self.hash == hash
-            && self.session == session
-            && self.entries.iter().any(|entry| entry.serial == serial)
+    /// Whether it holds the entry `serial` (serials are unique in a shard:
+    /// this tells keys apart whose hashes are equal).
+    fn holds(&self, hash: u64, serial: u64) -> bool {
+        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
     }
 
     /// Whether a new request with this id is a duplicate for the policy, or
@@ -478,46 +471,12 @@ impl KeyState {
         self.entries.is_empty() && self.waiters.is_empty()
     }
 
-    /// The session's state for the key in `keys`, created empty (and counted
-    /// in the session) if need be.
-    fn get_or_insert<'k>(
-        keys: &'k mut HashTable<KeyState>,
-        session: &mut Session,
-        probe: &Probe<'_>,
-    ) -> &'k mut Self {
-        let serial = session.serial;
-        match keys.entry(
-            slot_hash(serial, probe.hash),
-            |state| state.is(serial, probe),
-            KeyState::slot_hash,
-        ) {
-            Slot::Occupied(occupied) => occupied.into_mut(),
-            Slot::Vacant(vacant) => {
-                session.keys += 1;
-                vacant.insert(KeyState::new(serial, probe)).into_mut()
-            }
-        }
+    /// The key's state in `keys`, created empty if need be.
+    fn get_or_insert<'k>(keys: &'k mut HashTable<KeyState>, probe: &Probe<'_>) -> &'k mut Self {
+        keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
+            .or_insert_with(|| KeyState::new(probe))
+            .into_mut()
     }
-
-    /// The state of session `session` that holds entry `serial`.
-    fn holding(
-        keys: &mut HashTable<KeyState>,
-        session: u64,
-        key_hash: u64,
-        serial: u64,
-    ) -> Option<hashbrown::hash_table::OccupiedEntry<'_, KeyState>> {
-        keys.find_entry(slot_hash(session, key_hash), |state| {
-            state.holds(session, key_hash, serial)
-        })
-        .ok()
-    }
-}
-
-/// Where a session's key state sits in its shard's `keys`: the key's hash
-/// mixed with the session's serial, so that one session's keys spread over
-/// the table like everyone's. Keyed hashes stay unpredictable to clients.
-fn slot_hash(session: u64, key_hash: u64) -> u64 {
-    key_hash ^ session.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// One request id of a POST, hashed once before the lock is taken.
@@ -730,12 +689,8 @@ impl Table {
         for index in 0..probes.len() {
             let (earlier, rest) = probes.split_at_mut(index);
             let probe = &rest[0];
-            let state = existing.and_then(|entry| {
-                let serial = entry.serial;
-                shard.keys.find(slot_hash(serial, probe.hash), |state| {
-                    state.is(serial, probe)
-                })
-            });
+            let state =
+                existing.and_then(|entry| entry.keys.find(probe.hash, |state| state.is(probe)));
             let colliding = state.is_some_and(|state| state.is_taken(any_live_collides))
                 || earlier.iter().any(|other| other.same_key(probe));
             let shadowed = state.is_some_and(KeyState::is_shadowed);
@@ -762,7 +717,12 @@ impl Table {
         let entry = match slot {
             Slot::Occupied(occupied) => occupied.into_mut(),
             Slot::Vacant(vacant) => {
-                let entry = ShardState::new_session(&mut shard.next_serial, session_hash, session);
+                let entry = ShardState::new_session(
+                    &mut shard.spare,
+                    &mut shard.next_serial,
+                    session_hash,
+                    session,
+                );
                 vacant.insert(entry).into_mut()
             }
         };
@@ -783,7 +743,7 @@ impl Table {
                 always_remap: config.rewrite_all_ids || is_reserved(&probe.key),
                 state: Mutex::new(WaitState::Waiting(None)),
             });
-            KeyState::get_or_insert(&mut shard.keys, entry, probe)
+            KeyState::get_or_insert(&mut entry.keys, probe)
                 .waiters
                 .push_back(Arc::clone(&ticket));
             drop(locked);
@@ -802,7 +762,7 @@ impl Table {
             let duplicate = probe.colliding;
             let remap =
                 duplicate || probe.shadowed || is_reserved(&probe.key) || config.rewrite_all_ids;
-            let state = KeyState::get_or_insert(&mut shard.keys, entry, probe);
+            let state = KeyState::get_or_insert(&mut entry.keys, probe);
             let server_id = if remap {
                 shard.remapped_total += 1;
                 let server_id = self.mint(probe.raw);
@@ -886,15 +846,11 @@ impl Table {
         let probe = self.probe(request_id);
         let mut locked = self.shard(session_hash);
         let shard = &mut *locked;
-        let serial = shard
-            .sessions
-            .find(session_hash, |entry| entry.is(session_hash, session))?
-            .serial;
         let state = shard
+            .sessions
+            .find_mut(session_hash, |entry| entry.is(session_hash, session))?
             .keys
-            .find_mut(slot_hash(serial, probe.hash), |state| {
-                state.is(serial, &probe)
-            })?;
+            .find_mut(probe.hash, |state| state.is(&probe))?;
         // The request the server knows by the client's own id, if any; else
         // the oldest remapped one.
         let position = state
@@ -984,7 +940,7 @@ impl Table {
                     serial,
                 }),
                 None => {
-                    remove_waiter(&mut shard.keys, session, *key_hash, ticket);
+                    remove_waiter(session, *key_hash, ticket);
                     None
                 }
             }
@@ -992,7 +948,6 @@ impl Table {
         for member in guard.members.iter().copied().chain(queued) {
             let kept = self.end_entry(
                 &mut shard.next_serial,
-                &mut shard.keys,
                 session,
                 member,
                 guard.completed,
@@ -1010,12 +965,11 @@ impl Table {
         session.in_flight = session.in_flight.saturating_sub(guard.count);
         let idle = session.in_flight == 0;
         if session.is_empty() {
-            slot.remove();
+            ShardState::keep_spare(&mut shard.spare, slot.remove().0);
         }
         if idle {
             shard.tracked_sessions = shard.tracked_sessions.saturating_sub(1);
         }
-        shard.shrink_if_sparse();
     }
 
     /// Ends a forwarded request's entry: removes it, or, when the server
@@ -1025,14 +979,18 @@ impl Table {
     fn end_entry(
         &self,
         serials: &mut u64,
-        keys: &mut HashTable<KeyState>,
         session: &mut Session,
         member: Member,
         completed: bool,
         keep_until: impl Fn() -> Option<Instant>,
     ) -> Option<Instant> {
         let Member { key_hash, serial } = member;
-        let mut slot = KeyState::holding(keys, session.serial, key_hash, serial)?;
+        let Ok(mut slot) = session
+            .keys
+            .find_entry(key_hash, |state| state.holds(key_hash, serial))
+        else {
+            return None;
+        };
         let state = slot.get_mut();
         let mut kept = None;
         let position = state
@@ -1062,7 +1020,6 @@ impl Table {
         }
         if state.is_empty() {
             slot.remove();
-            session.keys -= 1;
         }
         kept
     }
@@ -1089,13 +1046,11 @@ impl Table {
                 continue;
             };
             let session = slot.get_mut();
-            let found = KeyState::holding(
-                &mut shard.keys,
-                session.serial,
-                expired.key_hash,
-                expired.serial,
-            );
-            if let Some(mut key_slot) = found {
+            let key_hash = expired.key_hash;
+            let found = session
+                .keys
+                .find_entry(key_hash, |state| state.holds(key_hash, expired.serial));
+            if let Ok(mut key_slot) = found {
                 let state = key_slot.get_mut();
                 let position = state
                     .entries
@@ -1108,14 +1063,12 @@ impl Table {
                 }
                 if state.is_empty() {
                     key_slot.remove();
-                    session.keys -= 1;
                 }
             }
             if session.is_empty() {
-                slot.remove();
+                ShardState::keep_spare(&mut shard.spare, slot.remove().0);
             }
         }
-        shard.shrink_if_sparse();
     }
 
     /// Records that a queued request whose turn came has been handed to the
@@ -1128,8 +1081,12 @@ impl Table {
             return;
         };
         let mut shard = self.shard(guard.session.hash);
-        let entry = KeyState::holding(&mut shard.keys, guard.session.serial, *key_hash, serial)
-            .map(|slot| slot.into_mut())
+        let entry = Session::find(&mut shard.sessions, guard.session)
+            .and_then(|session| {
+                session
+                    .keys
+                    .find_mut(*key_hash, |state| state.holds(*key_hash, serial))
+            })
             .and_then(|state| {
                 state
                     .entries
@@ -1167,15 +1124,9 @@ impl Table {
     }
 }
 
-fn remove_waiter(
-    keys: &mut HashTable<KeyState>,
-    session: &mut Session,
-    key_hash: u64,
-    ticket: &Arc<Waiter>,
-) {
-    let found = keys.find_entry(slot_hash(session.serial, key_hash), |state| {
+fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) {
+    let found = session.keys.find_entry(key_hash, |state| {
         state.hash == key_hash
-            && state.session == session.serial
             && state
                 .waiters
                 .iter()
@@ -1188,7 +1139,6 @@ fn remove_waiter(
     state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
     if state.is_empty() {
         slot.remove();
-        session.keys -= 1;
     }
 }
 
