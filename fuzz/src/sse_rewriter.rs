@@ -146,22 +146,11 @@ fn response_ids(event: &[u8]) -> Vec<String> {
 /// The top-level response ids of one event that the documented rule
 /// restores: (server-side id token, original text), in order.
 fn restorations(event: &[u8]) -> Vec<(String, String)> {
-    let parsed = oracle::sse_event(event);
-    if parsed.foreign_type {
-        return Vec::new();
-    }
-    let Some(data) = parsed.data else {
-        return Vec::new();
-    };
-    let Some(body) = oracle::read(&data, oracle::Writer::Server) else {
-        return Vec::new();
-    };
-    body.messages()
-        .iter()
-        .filter(|message| message.kind == Kind::Response)
-        .filter_map(|message| {
-            let token = std::str::from_utf8(&data[message.id.clone()?]).ok()?;
-            Some((token.to_owned(), oracle::restore(token)?))
+    response_ids(event)
+        .into_iter()
+        .filter_map(|token| {
+            let original = oracle::restore(&token)?;
+            Some((token, original))
         })
         .collect()
 }
