@@ -142,6 +142,7 @@
 //! tower-http's `RequestBodyLimitLayer`) surfaces as a failed read: `400`, not
 //! `413`. Set [`IdGuardLayer::max_body_bytes`] to the limit you want, or put
 //! such layers inside the guard.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
@@ -150,6 +151,7 @@ mod body;
 mod envelope;
 mod future;
 mod id;
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
 mod layer;
@@ -167,4 +169,5 @@ pub use service::IdGuard;
 pub use stats::Stats;
 
 #[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
