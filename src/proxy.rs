@@ -36,7 +36,7 @@
 //! # }
 //! ```
 //!
-//! The `mcp-id-guard` binary (`cargo install --path . --features proxy` from
+//! The `mcp-id-guard` binary (`cargo install --path . --features cli` from
 //! a checkout) serves exactly this service; the `embedded_proxy` example serves it from a
 //! program of one's own. Under axum, mount it with `route_service` or
 //! `fallback_service` (`nest_service` strips its prefix from the path before
