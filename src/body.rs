@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::HeaderMap;
+use http::header::CONTENT_LENGTH;
+use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
-use crate::envelope::splice;
+use crate::edit::splice;
 use crate::id::IdKey;
-use crate::rewrite::restore_edits;
+use crate::protocol::has_media_type;
+use crate::restore::restore_edits;
 use crate::sse::SseRewriter;
-use crate::table::{InFlight, Table};
+use crate::table::{Registration, Table};
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only
@@ -101,9 +103,9 @@ where
 
 /// Ends a registration whose exchange ended normally: the server has answered.
 /// Dropping it any other way marks its ids abandoned.
-fn complete(in_flight: &mut Option<InFlight>) {
-    if let Some(in_flight) = in_flight.take() {
-        in_flight.complete();
+fn complete(registration: &mut Option<Registration>) {
+    if let Some(registration) = registration.take() {
+        registration.complete();
     }
 }
 
@@ -138,14 +140,14 @@ enum ResponseKind<B> {
     Inner {
         #[pin]
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
     },
     /// An `application/json` body that carries a server-side id: read whole,
     /// then emitted with the client's id restored.
     RestoreJson {
         #[pin]
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         table: Arc<Table>,
         buffer: Accumulated,
         trailers: Option<HeaderMap>,
@@ -156,14 +158,14 @@ enum ResponseKind<B> {
     RestoreSse {
         #[pin]
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         table: Arc<Table>,
         rewriter: SseRewriter,
         trailers: Option<HeaderMap>,
         finished: bool,
     },
     /// A response the guard produced itself.
-    Guard { body: Full<Bytes> },
+    Answer { body: Full<Bytes> },
 }
 
 /// An empty inner body; lets tower-http's `TimeoutLayer` (which builds its
@@ -173,28 +175,32 @@ impl<B: Default> Default for ResponseBody<B> {
         Self {
             kind: ResponseKind::Inner {
                 body: B::default(),
-                in_flight: None,
+                registration: None,
             },
         }
     }
 }
 
 impl<B: Body> ResponseBody<B> {
-    pub(crate) fn inner(body: B, mut in_flight: Option<InFlight>) -> Self {
+    pub(crate) fn inner(body: B, mut registration: Option<Registration>) -> Self {
         // A body that is empty from the start is never polled.
         if body.is_end_stream() {
-            complete(&mut in_flight);
+            complete(&mut registration);
         }
         Self {
-            kind: ResponseKind::Inner { body, in_flight },
+            kind: ResponseKind::Inner { body, registration },
         }
     }
 
-    pub(crate) fn restore_json(body: B, in_flight: Option<InFlight>, table: Arc<Table>) -> Self {
+    pub(crate) fn restore_json(
+        body: B,
+        registration: Option<Registration>,
+        table: Arc<Table>,
+    ) -> Self {
         Self {
             kind: ResponseKind::RestoreJson {
                 body,
-                in_flight,
+                registration,
                 table,
                 buffer: Accumulated::default(),
                 trailers: None,
@@ -206,14 +212,14 @@ impl<B: Body> ResponseBody<B> {
 
     pub(crate) fn restore_sse(
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         table: Arc<Table>,
         awaited: Vec<IdKey>,
     ) -> Self {
         Self {
             kind: ResponseKind::RestoreSse {
                 body,
-                in_flight,
+                registration,
                 table,
                 rewriter: SseRewriter::awaiting(awaited),
                 trailers: None,
@@ -222,10 +228,50 @@ impl<B: Body> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn guard(body: Full<Bytes>) -> Self {
+    pub(crate) fn answer(body: Full<Bytes>) -> Self {
         Self {
-            kind: ResponseKind::Guard { body },
+            kind: ResponseKind::Answer { body },
         }
+    }
+
+    /// Moves the registration into the response body, choosing how the body is
+    /// rewritten when the request carried a server-side id.
+    pub(crate) fn wrap(
+        response: Response<B>,
+        registration: Option<Registration>,
+        restore: Option<Arc<Table>>,
+    ) -> Response<Self> {
+        let (mut parts, body) = response.into_parts();
+        // Under Reject and Queue an event stream is also watched for the
+        // responses, so the ids are free as soon as the client has them, even if
+        // the server keeps the stream open a little longer.
+        let awaited = registration
+            .as_ref()
+            .map(Registration::awaited_keys)
+            .unwrap_or_default();
+        let is_json = has_media_type(&parts.headers, "application/json");
+        let is_sse = has_media_type(&parts.headers, "text/event-stream");
+        let body = match restore {
+            Some(table) if is_json => {
+                parts.headers.remove(CONTENT_LENGTH);
+                Self::restore_json(body, registration, table)
+            }
+            Some(table) if is_sse => {
+                parts.headers.remove(CONTENT_LENGTH);
+                Self::restore_sse(body, registration, table, awaited)
+            }
+            None if is_sse && !awaited.is_empty() => {
+                let table = registration
+                    .as_ref()
+                    .map(|registration| Arc::clone(registration.table()));
+                match table {
+                    Some(table) => Self::restore_sse(body, registration, table, awaited),
+                    None => Self::inner(body, registration),
+                }
+            }
+            _ => Self::inner(body, registration),
+        };
+        Response::from_parts(parts, body)
     }
 }
 
@@ -243,19 +289,19 @@ where
         match self.project().kind.project() {
             ResponseKindProj::Inner {
                 mut body,
-                in_flight,
+                registration,
             } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
                 // hyper stops polling once `is_end_stream` says so, so the end
                 // is noticed here as well as on `None`.
                 if frame.is_none() || body.is_end_stream() {
-                    complete(in_flight);
+                    complete(registration);
                 }
                 Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
             }
             ResponseKindProj::RestoreJson {
                 mut body,
-                in_flight,
+                registration,
                 table,
                 buffer,
                 trailers,
@@ -281,7 +327,7 @@ where
                             });
                             // Released before the client can see the response,
                             // so an immediate reuse of the id never collides.
-                            complete(in_flight);
+                            complete(registration);
                         }
                     }
                 }
@@ -296,7 +342,7 @@ where
             }
             ResponseKindProj::RestoreSse {
                 mut body,
-                in_flight,
+                registration,
                 table,
                 rewriter,
                 trailers,
@@ -315,7 +361,7 @@ where
                             let out = rewriter.push(data.copy_to_bytes(data.remaining()));
                             note_restored(table, rewriter.take_restored());
                             if rewriter.all_answered() {
-                                complete(in_flight);
+                                complete(registration);
                             }
                             if let Some(out) = out {
                                 return Poll::Ready(Some(Ok(Frame::data(out))));
@@ -327,7 +373,7 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        complete(in_flight);
+                        complete(registration);
                         let rest = rewriter.finish();
                         note_restored(table, rewriter.take_restored());
                         if let Some(rest) = rest {
@@ -336,7 +382,7 @@ where
                     }
                 }
             },
-            ResponseKindProj::Guard { body } => Pin::new(body)
+            ResponseKindProj::Answer { body } => Pin::new(body)
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),
         }
@@ -354,7 +400,7 @@ where
             ResponseKind::RestoreSse {
                 finished, trailers, ..
             } => *finished && trailers.is_none(),
-            ResponseKind::Guard { body } => body.is_end_stream(),
+            ResponseKind::Answer { body } => body.is_end_stream(),
         }
     }
 
@@ -365,7 +411,7 @@ where
             ResponseKind::RestoreJson { .. } | ResponseKind::RestoreSse { .. } => {
                 SizeHint::default()
             }
-            ResponseKind::Guard { body } => body.size_hint(),
+            ResponseKind::Answer { body } => body.size_hint(),
         }
     }
 }

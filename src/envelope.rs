@@ -2,7 +2,8 @@
 //! their ids) and the response path (find responses whose ids need restoring).
 //!
 //! It borrows: ids are located as byte ranges of the input, so callers can
-//! splice replacement bytes at exact offsets without re-serializing a message.
+//! splice replacement bytes at exact offsets ([`crate::edit`]) without
+//! re-serializing a message.
 //! It reads in two steps (see [`peek`]): the envelope's top-level keys from
 //! either end of a single object, which settles almost every message without
 //! touching its payload, and otherwise a whole serde_json parse with borrowed
@@ -55,6 +56,37 @@ impl Peeked {
             Peeked::Single(message) => std::slice::from_ref(message),
             Peeked::Batch(messages) => messages,
         }
+    }
+
+    /// The requests' ids, in order: where each sits in `input` (the body this
+    /// was peeked from) and its JSON text.
+    pub(crate) fn request_ids<'a>(
+        &self,
+        input: &'a [u8],
+    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+        self.messages()
+            .iter()
+            .filter(|message| message.kind == Kind::Request)
+            .filter_map(move |message| {
+                let range = message.id.clone()?;
+                // The peeker only hands out ranges of valid JSON tokens,
+                // which are UTF-8.
+                let text = std::str::from_utf8(&input[range.clone()]).ok()?;
+                Some((range, text))
+            })
+    }
+
+    /// The `params.requestId` of each `notifications/cancelled`, in order:
+    /// where it sits in `input` and its JSON text.
+    pub(crate) fn cancelled_ids<'a>(
+        &self,
+        input: &'a [u8],
+    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+        self.messages().iter().filter_map(move |message| {
+            let range = message.cancels.clone()?;
+            let text = std::str::from_utf8(&input[range.clone()]).ok()?;
+            Some((range, text))
+        })
     }
 }
 
@@ -499,21 +531,6 @@ fn peek_object(input: &[u8], open: usize, writer: Writer) -> Option<Message> {
     }
 }
 
-/// Copies `input` with each `(range, replacement)` spliced in. Ranges must be
-/// sorted and disjoint (they are: they come from distinct messages in order).
-pub(crate) fn splice(input: &[u8], edits: &[(Range<usize>, Vec<u8>)]) -> Vec<u8> {
-    let added: usize = edits.iter().map(|(_, new)| new.len()).sum();
-    let mut out = Vec::with_capacity(input.len() + added);
-    let mut cursor = 0;
-    for (range, replacement) in edits {
-        out.extend_from_slice(&input[cursor..range.start]);
-        out.extend_from_slice(replacement);
-        cursor = range.end;
-    }
-    out.extend_from_slice(&input[cursor..]);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,12 +609,6 @@ mod tests {
             single(r#"{"method":"notifications/cancelled","params":{"requestId":null}}"#).cancels,
             None
         );
-    }
-
-    #[test]
-    fn splice_replaces_ranges() {
-        let out = splice(b"abcdef", &[(1..2, b"XY".to_vec()), (4..6, Vec::new())]);
-        assert_eq!(out, b"aXYcd");
     }
 
     /// The fast path's answer, when it gives one.

@@ -5,9 +5,10 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use crate::envelope::{peek, splice, Kind, Peeked, Writer};
+use crate::edit::splice;
+use crate::envelope::{peek, Kind, Peeked, Writer};
 use crate::id::IdMinter;
-use crate::rewrite::restore_edits;
+use crate::restore::restore_edits;
 
 /// Rewrites the id of every request in a JSON-RPC body (single or batch) to a
 /// freshly minted server-side id, as remapping does. `None` when the body is

@@ -148,6 +148,8 @@
 #![deny(unreachable_pub)]
 
 mod body;
+mod config;
+mod edit;
 mod envelope;
 mod future;
 mod id;
@@ -155,16 +157,19 @@ mod id;
 #[doc(hidden)]
 pub mod internals;
 mod layer;
+mod prepare;
+mod protocol;
 mod reply;
-mod rewrite;
+mod restore;
 mod service;
 mod sse;
 mod stats;
 mod table;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::OnDuplicate;
 pub use future::ResponseFuture;
-pub use layer::{IdGuardLayer, OnDuplicate};
+pub use layer::IdGuardLayer;
 pub use service::IdGuard;
 pub use stats::Stats;
 

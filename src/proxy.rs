@@ -145,7 +145,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
 use crate::envelope::{peek, Kind, Peeked, Writer};
-use crate::future::media_type;
+use crate::protocol::media_type;
 use crate::reply;
 
 mod body;

@@ -75,6 +75,36 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     response
 }
 
+/// `413` for a tracked POST over the body limit.
+pub(crate) fn body_too_large(limit: usize) -> Response<Full<Bytes>> {
+    single(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "null",
+        INVALID_REQUEST,
+        &format!("Invalid Request: request body exceeds the limit of {limit} bytes"),
+    )
+}
+
+/// `503` for a request that waited too long under `OnDuplicate::Queue`.
+pub(crate) fn queue_timeout(id: &str) -> Response<Full<Bytes>> {
+    single(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        SERVER_ERROR,
+        QUEUE_TIMEOUT_MESSAGE,
+    )
+}
+
+/// `400` for a tracked POST whose body failed while being read.
+pub(crate) fn body_unreadable() -> Response<Full<Bytes>> {
+    single(
+        StatusCode::BAD_REQUEST,
+        "null",
+        INVALID_REQUEST,
+        "Invalid Request: the request body could not be read",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,10 +14,10 @@ use std::ops::Range;
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 
-use crate::envelope::splice;
+use crate::edit::splice;
 use crate::id::IdKey;
 use crate::id::RESERVED_PREFIX;
-use crate::rewrite::{inspect_responses, Responses};
+use crate::restore::{inspect_responses, Responses};
 
 /// Incremental SSE rewriter state.
 #[derive(Debug, Default)]

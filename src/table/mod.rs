@@ -23,24 +23,34 @@
 //! is one table slot holding its hash, so a lookup among thousands of
 //! sessions compares hashes before it reads any id.
 
-use std::borrow::Cow;
+mod inline;
+mod queue;
+mod registration;
+mod session;
+
 use std::cell::OnceCell;
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::ops::Index;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
 
+use crate::config::{Config, OnDuplicate};
 use crate::id::{id_key_text, is_reserved, IdKey, IdMinter};
-use crate::layer::Config;
 use crate::stats::Stats;
-use crate::OnDuplicate;
+
+pub(crate) use inline::InlineVec;
+pub(crate) use queue::Waiter;
+pub(crate) use registration::Registration;
+
+use inline::SessionId;
+use queue::{remove_waiter, WaitState};
+use registration::Member;
+use session::{Entry, KeyState, Probe, ServerId, Session};
 
 /// Independent locks, so that sessions on different shards never wait for
 /// each other. A power of two keeps the shard pick a mask.
@@ -50,16 +60,6 @@ const SHARDS: usize = 64;
 /// disconnects in a loop cannot grow memory without bound; past it, an
 /// abandoned id is released at once (and logged).
 const MAX_ABANDONED: usize = 65_536;
-
-/// Collision keys up to this many bytes are stored inline in their slot.
-const INLINE_KEY: usize = 22;
-
-/// Session ids up to this many bytes (a UUID is 36) are stored inline in
-/// their slot.
-const INLINE_SESSION_ID: usize = 48;
-
-// `InlineBytes` records the length in a byte.
-const _: () = assert!(INLINE_KEY <= 255 && INLINE_SESSION_ID <= 255);
 
 /// A session left empty is kept for reuse by the shard's next new session if
 /// its key table holds at most this many keys (a bound on what a shard keeps).
@@ -169,337 +169,6 @@ pub(crate) struct Table {
     restored_total: AtomicU64,
 }
 
-/// One session's requests.
-#[derive(Debug)]
-struct Session {
-    hash: u64,
-    serial: u64,
-    id: SessionId,
-    /// Entries and waiters by the collision key of the client's id.
-    keys: HashTable<KeyState>,
-    /// Requests of the session whose exchange has not ended, queued and
-    /// cancelled ones included: what the per-session cap counts.
-    in_flight: usize,
-}
-
-impl Session {
-    /// The hash is compared first: a mismatch then costs no byte compare.
-    fn is(&self, hash: u64, id: &[u8]) -> bool {
-        self.hash == hash && self.id.as_bytes() == id
-    }
-
-    fn is_empty(&self) -> bool {
-        self.in_flight == 0 && self.keys.is_empty()
-    }
-
-    fn find(sessions: &mut HashTable<Session>, at: SessionRef) -> Option<&mut Session> {
-        sessions.find_mut(at.hash, |session| session.serial == at.serial)
-    }
-}
-
-/// The requests of one session that share a client id.
-#[derive(Debug)]
-struct KeyState {
-    hash: u64,
-    key: StoredKey,
-    /// Forwarded requests, oldest first.
-    entries: InlineVec<Entry>,
-    /// Requests waiting for the id under [`OnDuplicate::Queue`], first come
-    /// first served.
-    waiters: VecDeque<Arc<Waiter>>,
-}
-
-/// One forwarded request.
-#[derive(Debug)]
-struct Entry {
-    /// Unique within the shard: a guard finds its entries by it.
-    serial: u64,
-    /// The id the inner server knows the request by.
-    server_id: ServerId,
-    /// A `notifications/cancelled` named it.
-    cancelled: bool,
-    /// Its exchange ended before the response did.
-    abandoned: bool,
-    /// The request has been handed to the inner service. A queued request
-    /// holds its entry from the moment its turn comes until its future
-    /// forwards it; a cancellation must not name it before the server has it.
-    at_server: bool,
-}
-
-impl Entry {
-    /// The server id was minted by a guard (else it is the client's own id).
-    fn remapped(&self) -> bool {
-        matches!(self.server_id, ServerId::Minted(_))
-    }
-
-    /// The client still waits for it.
-    fn is_live(&self) -> bool {
-        !self.cancelled && !self.abandoned
-    }
-
-    /// The server may still answer it under the client's own id, though the
-    /// client no longer waits for that answer.
-    fn shadows(&self) -> bool {
-        !self.remapped() && !self.is_live()
-    }
-}
-
-/// The JSON text of the id the inner server knows a request by.
-///
-/// Only a cancellation needs the text of a client's own id, and that text is
-/// nearly always the collision key itself (a number) or the key in quotes (a
-/// string without escapes): it is rebuilt from the key then rather than
-/// copied for every request.
-#[derive(Debug)]
-enum ServerId {
-    /// The client's id, written exactly as its key.
-    Bare,
-    /// The client's id, written as its key in double quotes.
-    Quoted,
-    /// The client's id, written some other way (escapes, `-0`, ...).
-    Verbatim(Arc<[u8]>),
-    /// A server-side id minted by a guard.
-    Minted(Arc<[u8]>),
-}
-
-impl ServerId {
-    /// The client's own id `raw`, whose collision key is `key`.
-    fn own(raw: &str, key: &[u8]) -> Self {
-        let raw = raw.as_bytes();
-        if raw == key {
-            Self::Bare
-        } else if raw.len() == key.len() + 2
-            && raw.first() == Some(&b'"')
-            && raw.last() == Some(&b'"')
-            && &raw[1..raw.len() - 1] == key
-        {
-            // Escapes would make the text differ from the decoded key.
-            Self::Quoted
-        } else {
-            Self::Verbatim(Arc::from(raw))
-        }
-    }
-
-    /// The JSON text, given the collision key of the entry.
-    fn text(&self, key: &[u8]) -> Arc<[u8]> {
-        match self {
-            Self::Bare => Arc::from(key),
-            Self::Quoted => {
-                let mut text = Vec::with_capacity(key.len() + 2);
-                text.push(b'"');
-                text.extend_from_slice(key);
-                text.push(b'"');
-                Arc::from(text)
-            }
-            Self::Verbatim(text) | Self::Minted(text) => Arc::clone(text),
-        }
-    }
-}
-
-/// Bytes stored inline when at most `N` long, on the heap otherwise. Nearly
-/// all collision keys are short numbers or strings and nearly all session ids
-/// UUID-sized: inline they cost no allocation, and comparing one reads no
-/// memory beyond the slot that holds it (with 10 000 sessions, every pointer
-/// followed is a likely cache miss).
-#[derive(Debug)]
-enum InlineBytes<const N: usize> {
-    Inline { len: u8, bytes: [u8; N] },
-    Heap(Box<[u8]>),
-}
-
-/// A collision key.
-type StoredKey = InlineBytes<INLINE_KEY>;
-
-/// A raw session id.
-type SessionId = InlineBytes<INLINE_SESSION_ID>;
-
-impl<const N: usize> InlineBytes<N> {
-    fn new(value: &[u8]) -> Self {
-        if value.len() <= N {
-            let mut bytes = [0; N];
-            bytes[..value.len()].copy_from_slice(value);
-            Self::Inline {
-                // N is at most 255 (checked where the sizes are defined).
-                len: value.len() as u8,
-                bytes,
-            }
-        } else {
-            Self::Heap(value.into())
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
-}
-
-/// A sequence whose first element is stored inline. Nearly always there is
-/// exactly one (a POST carries one request, an id is in flight once), and
-/// that case then costs no allocation.
-#[derive(Debug)]
-pub(crate) struct InlineVec<T> {
-    /// `None` only when the sequence is empty.
-    first: Option<T>,
-    rest: Vec<T>,
-}
-
-impl<T> Default for InlineVec<T> {
-    fn default() -> Self {
-        Self {
-            first: None,
-            rest: Vec::new(),
-        }
-    }
-}
-
-impl<T> InlineVec<T> {
-    fn with_capacity(capacity: usize) -> Self {
-        Self {
-            first: None,
-            rest: Vec::with_capacity(capacity.saturating_sub(1)),
-        }
-    }
-
-    fn push(&mut self, value: T) {
-        if self.first.is_none() {
-            self.first = Some(value);
-        } else {
-            self.rest.push(value);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.first.iter().chain(&self.rest)
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.first.iter_mut().chain(&mut self.rest)
-    }
-
-    fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        match index {
-            0 => self.first.as_mut(),
-            _ => self.rest.get_mut(index - 1),
-        }
-    }
-
-    /// Removes the element at `index`, keeping the order of the others.
-    fn remove(&mut self, index: usize) {
-        if index > 0 {
-            self.rest.remove(index - 1);
-        } else if self.rest.is_empty() {
-            self.first = None;
-        } else {
-            self.first = Some(self.rest.remove(0));
-        }
-    }
-}
-
-impl<T> Index<usize> for InlineVec<T> {
-    type Output = T;
-
-    fn index(&self, index: usize) -> &T {
-        match (index, &self.first) {
-            (0, Some(first)) => first,
-            _ => &self.rest[index - 1],
-        }
-    }
-}
-
-impl<T> IntoIterator for InlineVec<T> {
-    type Item = T;
-    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.first.into_iter().chain(self.rest)
-    }
-}
-
-impl KeyState {
-    fn new(probe: &Probe<'_>) -> Self {
-        Self {
-            hash: probe.hash,
-            key: StoredKey::new(probe.key.as_bytes()),
-            entries: InlineVec::default(),
-            waiters: VecDeque::new(),
-        }
-    }
-
-    /// The hash is compared first: it is in the slot.
-    fn is(&self, probe: &Probe<'_>) -> bool {
-        self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
-    }
-
-    /// Whether it holds the entry `serial` (serials are unique in a shard:
-    /// this tells keys apart whose hashes are equal).
-    fn holds(&self, hash: u64, serial: u64) -> bool {
-        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
-    }
-
-    /// Whether a new request with this id is a duplicate for the policy, or
-    /// others already wait for it.
-    ///
-    /// Under `Remap` only a live request the server knows by the client's own
-    /// id counts: the newcomer is remapped, later ones too, and the first to
-    /// arrive after that request ended goes as-is again. Under `Reject` and
-    /// `Queue`, and whenever every id is rewritten, any live request of the
-    /// client with this id counts, remapped or not (a request remapped past a
-    /// shadow is still in flight under the client's id).
-    fn is_taken(&self, any_live: bool) -> bool {
-        !self.waiters.is_empty() || self.blocks(any_live)
-    }
-
-    fn blocks(&self, any_live: bool) -> bool {
-        self.entries
-            .iter()
-            .any(|entry| entry.is_live() && (any_live || !entry.remapped()))
-    }
-
-    /// Whether a new request with this id must go with a server-side id.
-    fn is_shadowed(&self) -> bool {
-        self.entries.iter().any(Entry::shadows)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.waiters.is_empty()
-    }
-
-    /// The key's state in `keys`, created empty if need be.
-    fn get_or_insert<'k>(keys: &'k mut HashTable<KeyState>, probe: &Probe<'_>) -> &'k mut Self {
-        keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
-            .or_insert_with(|| KeyState::new(probe))
-            .into_mut()
-    }
-}
-
-/// One request id of a POST, hashed once before the lock is taken.
-#[derive(Debug)]
-struct Probe<'a> {
-    /// The id's JSON text.
-    raw: &'a str,
-    /// Its collision key.
-    key: Cow<'a, str>,
-    /// The hash of the key.
-    hash: u64,
-    /// It collides with a request in flight, or an earlier one of its batch.
-    colliding: bool,
-    /// Its id is shadowed.
-    shadowed: bool,
-}
-
-impl Probe<'_> {
-    fn same_key(&self, other: &Probe<'_>) -> bool {
-        self.hash == other.hash && self.key == other.key
-    }
-}
-
 /// How one admitted request goes to the inner service.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -519,13 +188,13 @@ pub(crate) enum Route {
 pub(crate) enum Admission {
     /// Forward, request `i` as `routes[i]` says.
     Admitted {
-        guard: InFlight,
+        registration: Registration,
         routes: InlineVec<Route>,
     },
     /// Policy `Queue`: wait for the ticket, then forward as it says. The
     /// guard already counts the request.
     Queued {
-        guard: InFlight,
+        registration: Registration,
         ticket: Arc<Waiter>,
     },
     /// A collision the policy refuses (`Reject`, or a batch under `Queue`);
@@ -533,49 +202,6 @@ pub(crate) enum Admission {
     Duplicate { colliding: Vec<bool> },
     /// The session is at its in-flight cap. Nothing was registered.
     OverCapacity,
-}
-
-/// A queued request's place in line.
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    /// The client's id JSON text, to mint a server-side id at grant time.
-    raw_id: Box<str>,
-    /// Go with a server-side id whatever the key's state: `rewrite_all_ids`,
-    /// or a client id in the reserved namespace.
-    always_remap: bool,
-    state: Mutex<WaitState>,
-}
-
-#[derive(Debug)]
-enum WaitState {
-    Waiting(Option<Waker>),
-    /// The id is this request's now, as this entry; `remap` is the
-    /// server-side id to use, if any.
-    Granted {
-        serial: u64,
-        remap: Option<Arc<[u8]>>,
-    },
-}
-
-impl Waiter {
-    fn lock(&self) -> MutexGuard<'_, WaitState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Ready with the server-side id to use (`None`: the client's own) once
-    /// the request's turn has come.
-    pub(crate) fn poll_turn(&self, cx: &mut Context<'_>) -> Poll<Option<Arc<[u8]>>> {
-        let mut state = self.lock();
-        match &mut *state {
-            WaitState::Granted { remap, .. } => Poll::Ready(remap.clone()),
-            WaitState::Waiting(waker) => {
-                *waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
 }
 
 /// A short, non-reversible tag of a session id's hash for logs.
@@ -750,7 +376,7 @@ impl Table {
             self.queued_total.fetch_add(1, Ordering::Relaxed);
             let queued = Some((probe.hash, Arc::clone(&ticket)));
             return Admission::Queued {
-                guard: self.in_flight(at, InlineVec::default(), queued, probes, config),
+                registration: self.register(at, InlineVec::default(), queued, probes, config),
                 ticket,
             };
         }
@@ -791,20 +417,20 @@ impl Table {
         drop(locked);
 
         Admission::Admitted {
-            guard: self.in_flight(at, members, None, probes, config),
+            registration: self.register(at, members, None, probes, config),
             routes,
         }
     }
 
     /// The registration of an admitted POST.
-    fn in_flight(
+    fn register(
         self: &Arc<Self>,
         session: SessionRef,
         members: InlineVec<Member>,
         queued: Option<(u64, Arc<Waiter>)>,
         probes: &[Probe<'_>],
         config: &Config,
-    ) -> InFlight {
+    ) -> Registration {
         // Policies that turn a collision into a visible refusal or a wait free
         // the ids as soon as their responses have passed.
         let awaited = if config.on_duplicate == OnDuplicate::Remap {
@@ -815,7 +441,7 @@ impl Table {
                 .map(|probe| IdKey::from(&*probe.key))
                 .collect()
         };
-        InFlight {
+        Registration {
             table: Arc::clone(self),
             session,
             members,
@@ -906,13 +532,16 @@ impl Table {
         }
     }
 
-    fn release(&self, guard: &InFlight) {
-        let mut locked = self.shard(guard.session.hash);
+    fn release(&self, registration: &Registration) {
+        let mut locked = self.shard(registration.session.hash);
         let shard = &mut *locked;
-        shard.in_flight = shard.in_flight.saturating_sub(guard.count);
-        let Ok(mut slot) = shard.sessions.find_entry(guard.session.hash, |entry| {
-            entry.serial == guard.session.serial
-        }) else {
+        shard.in_flight = shard.in_flight.saturating_sub(registration.count);
+        let Ok(mut slot) = shard
+            .sessions
+            .find_entry(registration.session.hash, |entry| {
+                entry.serial == registration.session.serial
+            })
+        else {
             return;
         };
         let session = slot.get_mut();
@@ -924,12 +553,12 @@ impl Table {
         let keep_until = OnceCell::new();
         let keep_until = || {
             *keep_until.get_or_init(|| {
-                (!guard.abandoned_id_ttl.is_zero())
-                    .then(|| Instant::now().checked_add(guard.abandoned_id_ttl))
+                (!registration.abandoned_id_ttl.is_zero())
+                    .then(|| Instant::now().checked_add(registration.abandoned_id_ttl))
                     .flatten()
             })
         };
-        let queued = guard.queued.as_ref().and_then(|(key_hash, ticket)| {
+        let queued = registration.queued.as_ref().and_then(|(key_hash, ticket)| {
             let granted = match &*ticket.lock() {
                 WaitState::Granted { serial, .. } => Some(*serial),
                 WaitState::Waiting(_) => None,
@@ -945,24 +574,24 @@ impl Table {
                 }
             }
         });
-        for member in guard.members.iter().copied().chain(queued) {
+        for member in registration.members.iter().copied().chain(queued) {
             let kept = self.end_entry(
                 &mut shard.next_serial,
                 session,
                 member,
-                guard.completed,
+                registration.completed,
                 keep_until,
             );
             if let Some(expires) = kept {
                 shard.abandoned.push_back(Abandoned {
                     expires,
-                    session: guard.session,
+                    session: registration.session,
                     key_hash: member.key_hash,
                     serial: member.serial,
                 });
             }
         }
-        session.in_flight = session.in_flight.saturating_sub(guard.count);
+        session.in_flight = session.in_flight.saturating_sub(registration.count);
         let idle = session.in_flight == 0;
         if session.is_empty() {
             ShardState::keep_spare(&mut shard.spare, slot.remove().0);
@@ -1073,15 +702,15 @@ impl Table {
 
     /// Records that a queued request whose turn came has been handed to the
     /// inner service.
-    fn mark_forwarded(&self, guard: &InFlight) {
-        let Some((key_hash, ticket)) = &guard.queued else {
+    fn mark_forwarded(&self, registration: &Registration) {
+        let Some((key_hash, ticket)) = &registration.queued else {
             return;
         };
         let WaitState::Granted { serial, .. } = *ticket.lock() else {
             return;
         };
-        let mut shard = self.shard(guard.session.hash);
-        let entry = Session::find(&mut shard.sessions, guard.session)
+        let mut shard = self.shard(registration.session.hash);
+        let entry = Session::find(&mut shard.sessions, registration.session)
             .and_then(|session| {
                 session
                     .keys
@@ -1124,93 +753,11 @@ impl Table {
     }
 }
 
-fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) {
-    let found = session.keys.find_entry(key_hash, |state| {
-        state.hash == key_hash
-            && state
-                .waiters
-                .iter()
-                .any(|waiter| Arc::ptr_eq(waiter, ticket))
-    });
-    let Ok(mut slot) = found else {
-        return;
-    };
-    let state = slot.get_mut();
-    state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
-    if state.is_empty() {
-        slot.remove();
-    }
-}
-
-/// A forwarded request of a registration: its key's hash and its entry's
-/// serial, all the release needs to find the entry.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    key_hash: u64,
-    serial: u64,
-}
-
-/// The registration of one POST's requests. Dropping it releases them,
-/// exactly once: it lives in the response future and then in the response
-/// body, so every way an exchange can end (body finished or dropped, future
-/// dropped, inner error, panic unwinding) drops it. Only
-/// [`complete`](Self::complete) tells the table the server has answered;
-/// any other end leaves the ids shadowed for `abandoned_id_ttl`.
-#[derive(Debug)]
-pub(crate) struct InFlight {
-    table: Arc<Table>,
-    session: SessionRef,
-    /// Forwarded requests.
-    members: InlineVec<Member>,
-    /// A queued request: its key's hash and its ticket (granted or not).
-    queued: Option<(u64, Arc<Waiter>)>,
-    /// The collision keys of the requests whose responses end the exchange
-    /// early, or nothing when the policy does not need it.
-    awaited: Vec<IdKey>,
-    count: usize,
-    completed: bool,
-    abandoned_id_ttl: Duration,
-}
-
-impl InFlight {
-    /// The collision keys of the requests whose responses end the exchange
-    /// early, or nothing when the policy does not need it.
-    pub(crate) fn awaited_keys(&self) -> Vec<IdKey> {
-        self.awaited.clone()
-    }
-
-    pub(crate) fn table(&self) -> &Arc<Table> {
-        &self.table
-    }
-
-    /// Records that the request, queued until now, goes to the inner service.
-    pub(crate) fn forwarded(&self) {
-        self.table.mark_forwarded(self);
-    }
-
-    /// Releases the ids of an exchange that ended normally: the server has
-    /// answered, so nothing is kept.
-    pub(crate) fn complete(mut self) {
-        self.completed = true;
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.table.release(self);
-        tracing::debug!(
-            session = %tag(self.session.hash),
-            requests = self.count,
-            completed = self.completed,
-            "released in-flight ids"
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::task::Waker;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
 
     fn config(on_duplicate: OnDuplicate) -> Config {
         Config {
@@ -1232,7 +779,14 @@ mod tests {
     /// Ends a registration as a finished exchange (dropping it abandons it).
     fn end(admission: Admission) {
         match admission {
-            Admission::Admitted { guard, .. } | Admission::Queued { guard, .. } => guard.complete(),
+            Admission::Admitted {
+                registration: guard,
+                ..
+            }
+            | Admission::Queued {
+                registration: guard,
+                ..
+            } => guard.complete(),
             Admission::Duplicate { .. } | Admission::OverCapacity => {}
         }
     }
@@ -1396,14 +950,14 @@ mod tests {
         let table = Arc::new(Table::new());
         let first = admit(&table, &["1"], OnDuplicate::Queue);
         let Admission::Queued {
-            guard: second,
+            registration: second,
             ticket: second_ticket,
         } = admit(&table, &["1"], OnDuplicate::Queue)
         else {
             panic!("queued expected")
         };
         let Admission::Queued {
-            guard: third,
+            registration: third,
             ticket: third_ticket,
         } = admit(&table, &["1"], OnDuplicate::Queue)
         else {
@@ -1425,12 +979,15 @@ mod tests {
     fn a_queued_request_that_leaves_frees_its_place() {
         let table = Arc::new(Table::new());
         let first = admit(&table, &["1"], OnDuplicate::Queue);
-        let Admission::Queued { guard: second, .. } = admit(&table, &["1"], OnDuplicate::Queue)
+        let Admission::Queued {
+            registration: second,
+            ..
+        } = admit(&table, &["1"], OnDuplicate::Queue)
         else {
             panic!("queued expected")
         };
         let Admission::Queued {
-            guard: third,
+            registration: third,
             ticket,
         } = admit(&table, &["1"], OnDuplicate::Queue)
         else {
@@ -1468,7 +1025,10 @@ mod tests {
             ),
             (0, 0, 1)
         );
-        let Admission::Admitted { guard, routes } = admit(&table, &["1"], OnDuplicate::Reject)
+        let Admission::Admitted {
+            registration: guard,
+            routes,
+        } = admit(&table, &["1"], OnDuplicate::Reject)
         else {
             panic!("reuse after abandoning is never rejected")
         };
@@ -1486,12 +1046,20 @@ mod tests {
             ..config(OnDuplicate::Reject)
         };
         let table = Arc::new(Table::new());
-        let Admission::Admitted { guard, .. } = table.admit(b"s", &["1"], false, &short) else {
+        let Admission::Admitted {
+            registration: guard,
+            ..
+        } = table.admit(b"s", &["1"], false, &short)
+        else {
             panic!("admitted expected")
         };
         drop(guard);
         std::thread::sleep(Duration::from_millis(1));
-        let Admission::Admitted { guard, routes } = table.admit(b"s", &["1"], false, &short) else {
+        let Admission::Admitted {
+            registration: guard,
+            routes,
+        } = table.admit(b"s", &["1"], false, &short)
+        else {
             panic!("admitted expected")
         };
         assert_eq!(routes[0], Route::AsIs, "expired");
@@ -1503,7 +1071,10 @@ mod tests {
     #[test]
     fn completed_exchanges_leave_nothing_behind() {
         let table = Arc::new(Table::new());
-        let Admission::Admitted { guard, .. } = admit(&table, &["1", "2"], OnDuplicate::Remap)
+        let Admission::Admitted {
+            registration: guard,
+            ..
+        } = admit(&table, &["1", "2"], OnDuplicate::Remap)
         else {
             panic!("admitted expected")
         };
@@ -1523,7 +1094,11 @@ mod tests {
         let admit = |table: &Arc<Table>| table.admit(b"s", &["1"], false, &short);
         let first = admit(&table);
         assert!(table.cancel(b"s", "1").is_some());
-        let Admission::Admitted { routes, guard } = admit(&table) else {
+        let Admission::Admitted {
+            routes,
+            registration: guard,
+        } = admit(&table)
+        else {
             panic!("reuse after a cancellation is never rejected")
         };
         assert!(matches!(
@@ -1538,7 +1113,11 @@ mod tests {
         // that ignores cancellation may still answer it.
         end(first);
         assert_eq!(table.stats().abandoned_ids, 1);
-        let Admission::Admitted { routes, guard } = admit(&table) else {
+        let Admission::Admitted {
+            routes,
+            registration: guard,
+        } = admit(&table)
+        else {
             panic!("admitted expected")
         };
         assert!(
@@ -1547,7 +1126,11 @@ mod tests {
         );
         guard.complete();
         std::thread::sleep(Duration::from_millis(5));
-        let Admission::Admitted { routes, guard } = admit(&table) else {
+        let Admission::Admitted {
+            routes,
+            registration: guard,
+        } = admit(&table)
+        else {
             panic!("admitted expected")
         };
         assert_eq!(routes[0], Route::AsIs, "the shadow expired");
@@ -1590,8 +1173,10 @@ mod tests {
     fn long_ids_collide_by_key_within_a_batch_and_across_posts() {
         let table = Arc::new(Table::new());
         let long = "\"a-request-id-longer-than-an-inline-key\"";
-        let Admission::Admitted { guard, routes } =
-            admit(&table, &[long, "1", long], OnDuplicate::Remap)
+        let Admission::Admitted {
+            registration: guard,
+            routes,
+        } = admit(&table, &[long, "1", long], OnDuplicate::Remap)
         else {
             panic!("admitted expected")
         };
@@ -1611,7 +1196,10 @@ mod tests {
         assert_eq!(colliding, [false, true]);
         guard.complete();
         assert_drained(&table);
-        let Admission::Admitted { guard, routes } = admit(&table, &[long], OnDuplicate::Reject)
+        let Admission::Admitted {
+            registration: guard,
+            routes,
+        } = admit(&table, &[long], OnDuplicate::Reject)
         else {
             panic!("admitted expected")
         };

@@ -1,13 +1,9 @@
 //! Restoring client ids in JSON-RPC responses. Used for `application/json`
 //! bodies and for each SSE event's data, so both paths restore identically.
 
-use std::ops::Range;
-
+use crate::edit::Edit;
 use crate::envelope::{peek, Kind, Writer};
 use crate::id::{id_key, restore, IdKey};
-
-/// A byte range of a message and the bytes that replace it.
-pub(crate) type Edit = (Range<usize>, Vec<u8>);
 
 /// What the response path learns from one message (or batch).
 #[derive(Debug, Default)]
@@ -60,7 +56,7 @@ pub(crate) fn restore_edits(json: &[u8]) -> Vec<Edit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::splice;
+    use crate::edit::splice;
     use crate::id::IdMinter;
 
     #[test]
