@@ -16,14 +16,8 @@ use crate::restore::restore_edits;
 pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
     let peeked = peek(body, Writer::Client)?;
     let edits: Vec<_> = peeked
-        .messages()
-        .iter()
-        .filter(|message| message.kind == Kind::Request)
-        .filter_map(|message| {
-            let range = message.id.clone()?;
-            let raw = std::str::from_utf8(&body[range.clone()]).ok()?;
-            Some((range, minter.0.mint(raw)))
-        })
+        .request_ids(body)
+        .map(|(range, raw)| (range, minter.0.mint(raw)))
         .collect();
     (!edits.is_empty()).then(|| splice(body, &edits))
 }

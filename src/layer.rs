@@ -94,8 +94,8 @@ impl IdGuardLayer {
         self
     }
 
-    /// Sets how long the id of a given-up exchange stays shadowed (default
-    /// 5 minutes; zero turns shadowing off).
+    /// Sets how long the id of an abandoned exchange is remembered (default
+    /// 5 minutes; zero forgets it at once).
     ///
     /// When a client goes away before its exchange ends (it disconnects, or
     /// drops the request), the inner service fails, or the request is
@@ -105,8 +105,8 @@ impl IdGuardLayer {
     /// long, a new request with that id in the session is therefore given a
     /// server-side id, whatever the policy — never rejected or queued, since the
     /// client did nothing wrong — so the late answer cannot reach it. Pick a
-    /// value above your longest tool call. At most 65 536 shadows are kept per
-    /// layer; past that, given-up ids are released at once (and logged).
+    /// value above your longest tool call. At most 65 536 abandoned ids are
+    /// kept per layer; past that, they are released at once (and logged).
     pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
         self.config.abandoned_id_ttl = ttl;
         self

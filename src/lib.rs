@@ -89,14 +89,14 @@
 //! session, and several guard replicas in front of one server cannot collide
 //! without sharing state.
 //!
-//! # Given-up requests
+//! # Abandoned requests
 //! The server may still answer a request the client gave up on: a disconnect
 //! is not a cancellation (spec 2025-06-18, transports), and a handler may
 //! ignore a cancellation. An unguarded server hands that late answer to the
 //! next request that reuses the id. So when an exchange ends before its
 //! response (the client disconnected or dropped the request, the inner
 //! service failed, a panic) or was cancelled, and the server knew it by the
-//! client's own id, the id stays *shadowed* for
+//! client's own id, the id stays *abandoned* for
 //! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
 //! but a new request with it goes to the server with a server-side id, under
 //! every policy (never refused or queued: the client did nothing wrong).
@@ -109,7 +109,7 @@
 //! remapped one. `requestId` is rewritten to the id the server knows the
 //! request by: its server-side id, or the client's id as it was sent (so `"1"`
 //! cancels a request sent as `1` on servers that compare ids by type). The id
-//! is free for the client at once, and shadowed as above. A `requestId` that
+//! is free for the client at once, and abandoned as above. A `requestId` that
 //! matches nothing passes unchanged; a cancellation never affects another
 //! session. In a batch, each cancellation is handled on its own, after the
 //! batch's requests were admitted; a batch the guard refuses cancels nothing.

@@ -1,6 +1,6 @@
 //! The session table: which ids each session has in flight, the one decision
 //! function over it, cancellation, the queue of waiting duplicates, and the
-//! guard that releases a request's entries.
+//! registration that releases a request's entries.
 //!
 //! # Why ids outlive some exchanges
 //! The server may still answer a request after the client stopped caring:
@@ -8,10 +8,11 @@
 //! after `notifications/cancelled` when the handler does not stop. If the
 //! client's id were handed back as-is to the next request, that late answer
 //! would be routed to it: one user's data to another. So an entry whose
-//! server-visible id is the client's own *shadows* that id while the server may
-//! still answer it — until its exchange ends normally, or, once abandoned,
-//! for `abandoned_id_ttl`. A new request with a shadowed id is never refused:
-//! it goes with a server-side id, whatever the policy.
+//! server-visible id is the client's own stays *abandoned* while the server may
+//! still answer it: from when its client stopped waiting (exchange ended
+//! early, or cancelled) for `abandoned_id_ttl`. A new request with an
+//! abandoned id is never refused: it goes with a server-side id, whatever the
+//! policy.
 //!
 //! # Cost per request
 //! Every tracked request goes through [`Table::admit`] and, when its exchange
@@ -175,7 +176,7 @@ pub(crate) enum Route {
     /// With the client's own id.
     AsIs,
     /// With `server_id` (JSON text) instead; `duplicate` tells a collision
-    /// from a shadowed id, a client id in the reserved namespace or
+    /// from an abandoned id, a client id in the reserved namespace or
     /// `rewrite_all_ids`.
     Remapped {
         server_id: Arc<[u8]>,
@@ -192,7 +193,7 @@ pub(crate) enum Admission {
         routes: InlineVec<Route>,
     },
     /// Policy `Queue`: wait for the ticket, then forward as it says. The
-    /// guard already counts the request.
+    /// registration already counts the request.
     Queued {
         registration: Registration,
         ticket: Arc<Waiter>,
@@ -258,7 +259,7 @@ impl Table {
             hash: self.hasher.hash_one(key.as_bytes()),
             key,
             colliding: false,
-            shadowed: false,
+            abandoned: false,
         }
     }
 
@@ -319,9 +320,9 @@ impl Table {
                 existing.and_then(|entry| entry.keys.find(probe.hash, |state| state.is(probe)));
             let colliding = state.is_some_and(|state| state.is_taken(any_live_collides))
                 || earlier.iter().any(|other| other.same_key(probe));
-            let shadowed = state.is_some_and(KeyState::is_shadowed);
+            let abandoned = state.is_some_and(KeyState::has_abandoned);
             rest[0].colliding = colliding;
-            rest[0].shadowed = shadowed;
+            rest[0].abandoned = abandoned;
         }
         let any_collision = probes.iter().any(|probe| probe.colliding);
         // Only a lone request waits; holding a whole batch for one member
@@ -387,7 +388,7 @@ impl Table {
             let serial = ShardState::serial(&mut shard.next_serial);
             let duplicate = probe.colliding;
             let remap =
-                duplicate || probe.shadowed || is_reserved(&probe.key) || config.rewrite_all_ids;
+                duplicate || probe.abandoned || is_reserved(&probe.key) || config.rewrite_all_ids;
             let state = KeyState::get_or_insert(&mut entry.keys, probe);
             let server_id = if remap {
                 shard.remapped_total += 1;
@@ -406,7 +407,7 @@ impl Table {
                 serial,
                 server_id,
                 cancelled: false,
-                abandoned: false,
+                ended: false,
                 at_server: true,
             });
             members.push(Member {
@@ -508,7 +509,7 @@ impl Table {
             }
             let serial = ShardState::serial(serials);
             let remap =
-                (waiter.always_remap || state.is_shadowed()).then(|| self.mint(&waiter.raw_id));
+                (waiter.always_remap || state.has_abandoned()).then(|| self.mint(&waiter.raw_id));
             let server_id = match &remap {
                 Some(server_id) => ServerId::Minted(Arc::clone(server_id)),
                 None => ServerId::own(&waiter.raw_id, state.key.as_bytes()),
@@ -525,7 +526,7 @@ impl Table {
                 serial,
                 server_id,
                 cancelled: false,
-                abandoned: false,
+                ended: false,
                 at_server: false,
             });
             state.waiters.pop_front();
@@ -546,7 +547,7 @@ impl Table {
         };
         let session = slot.get_mut();
         // An exchange that did not end normally may still be answered by the
-        // server; keep its ids shadowed for a while. So may a cancelled one,
+        // server; keep its ids abandoned for a while. So may a cancelled one,
         // even when the server closed its stream: a handler that ignores the
         // cancellation still answers, under the client's id. The clock is read
         // only if an id is kept, and then once.
@@ -631,7 +632,7 @@ impl Table {
             let may_still_answer = !entry.remapped() && (!completed || entry.cancelled);
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) if self.abandoned.load(Ordering::Relaxed) < MAX_ABANDONED => {
-                    entry.abandoned = true;
+                    entry.ended = true;
                     self.abandoned.fetch_add(1, Ordering::Relaxed);
                     kept = Some(expires);
                 }
@@ -684,7 +685,7 @@ impl Table {
                 let position = state
                     .entries
                     .iter()
-                    .position(|entry| entry.serial == expired.serial && entry.abandoned);
+                    .position(|entry| entry.serial == expired.serial && entry.ended);
                 if let Some(position) = position {
                     state.entries.remove(position);
                     self.abandoned.fetch_sub(1, Ordering::Relaxed);
@@ -779,14 +780,9 @@ mod tests {
     /// Ends a registration as a finished exchange (dropping it abandons it).
     fn end(admission: Admission) {
         match admission {
-            Admission::Admitted {
-                registration: guard,
-                ..
+            Admission::Admitted { registration, .. } | Admission::Queued { registration, .. } => {
+                registration.complete()
             }
-            | Admission::Queued {
-                registration: guard,
-                ..
-            } => guard.complete(),
             Admission::Duplicate { .. } | Admission::OverCapacity => {}
         }
     }
@@ -1026,7 +1022,7 @@ mod tests {
             (0, 0, 1)
         );
         let Admission::Admitted {
-            registration: guard,
+            registration,
             routes,
         } = admit(&table, &["1"], OnDuplicate::Reject)
         else {
@@ -1039,24 +1035,21 @@ mod tests {
                 ..
             }
         ));
-        guard.complete();
+        registration.complete();
 
         let short = Config {
             abandoned_id_ttl: Duration::from_nanos(1),
             ..config(OnDuplicate::Reject)
         };
         let table = Arc::new(Table::new());
-        let Admission::Admitted {
-            registration: guard,
-            ..
-        } = table.admit(b"s", &["1"], false, &short)
+        let Admission::Admitted { registration, .. } = table.admit(b"s", &["1"], false, &short)
         else {
             panic!("admitted expected")
         };
-        drop(guard);
+        drop(registration);
         std::thread::sleep(Duration::from_millis(1));
         let Admission::Admitted {
-            registration: guard,
+            registration,
             routes,
         } = table.admit(b"s", &["1"], false, &short)
         else {
@@ -1064,21 +1057,19 @@ mod tests {
         };
         assert_eq!(routes[0], Route::AsIs, "expired");
         assert_eq!(table.stats().abandoned_ids, 0);
-        guard.complete();
+        registration.complete();
         assert_drained(&table);
     }
 
     #[test]
     fn completed_exchanges_leave_nothing_behind() {
         let table = Arc::new(Table::new());
-        let Admission::Admitted {
-            registration: guard,
-            ..
-        } = admit(&table, &["1", "2"], OnDuplicate::Remap)
+        let Admission::Admitted { registration, .. } =
+            admit(&table, &["1", "2"], OnDuplicate::Remap)
         else {
             panic!("admitted expected")
         };
-        guard.complete();
+        registration.complete();
         assert_eq!(table.stats().abandoned_ids, 0);
         let session_hash = table.hasher.hash_one(&b"session-a"[..]);
         assert!(table.shard(session_hash).sessions.is_empty());
@@ -1096,7 +1087,7 @@ mod tests {
         assert!(table.cancel(b"s", "1").is_some());
         let Admission::Admitted {
             routes,
-            registration: guard,
+            registration,
         } = admit(&table)
         else {
             panic!("reuse after a cancellation is never rejected")
@@ -1108,14 +1099,14 @@ mod tests {
                 ..
             }
         ));
-        guard.complete();
+        registration.complete();
         // The server closed the cancelled request's stream, but a handler
         // that ignores cancellation may still answer it.
         end(first);
         assert_eq!(table.stats().abandoned_ids, 1);
         let Admission::Admitted {
             routes,
-            registration: guard,
+            registration,
         } = admit(&table)
         else {
             panic!("admitted expected")
@@ -1124,17 +1115,17 @@ mod tests {
             matches!(routes[0], Route::Remapped { .. }),
             "still shadowed"
         );
-        guard.complete();
+        registration.complete();
         std::thread::sleep(Duration::from_millis(5));
         let Admission::Admitted {
             routes,
-            registration: guard,
+            registration,
         } = admit(&table)
         else {
             panic!("admitted expected")
         };
         assert_eq!(routes[0], Route::AsIs, "the shadow expired");
-        guard.complete();
+        registration.complete();
         assert_drained(&table);
         assert_eq!(table.stats().abandoned_ids, 0);
     }
@@ -1174,7 +1165,7 @@ mod tests {
         let table = Arc::new(Table::new());
         let long = "\"a-request-id-longer-than-an-inline-key\"";
         let Admission::Admitted {
-            registration: guard,
+            registration,
             routes,
         } = admit(&table, &[long, "1", long], OnDuplicate::Remap)
         else {
@@ -1194,17 +1185,17 @@ mod tests {
             panic!("duplicate expected")
         };
         assert_eq!(colliding, [false, true]);
-        guard.complete();
+        registration.complete();
         assert_drained(&table);
         let Admission::Admitted {
-            registration: guard,
+            registration,
             routes,
         } = admit(&table, &[long], OnDuplicate::Reject)
         else {
             panic!("admitted expected")
         };
         assert_eq!(routes[0], Route::AsIs, "released");
-        guard.complete();
+        registration.complete();
         assert_drained(&table);
     }
 

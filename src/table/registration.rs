@@ -23,7 +23,7 @@ pub(super) struct Member {
 /// body, so every way an exchange can end (body finished or dropped, future
 /// dropped, inner error, panic unwinding) drops it. Only
 /// [`complete`](Self::complete) tells the table the server has answered;
-/// any other end leaves the ids shadowed for `abandoned_id_ttl`.
+/// any other end leaves the ids abandoned for `abandoned_id_ttl`.
 #[derive(Debug)]
 pub(crate) struct Registration {
     pub(super) table: Arc<Table>,

@@ -60,8 +60,9 @@ pub(super) struct Entry {
     pub(super) server_id: ServerId,
     /// A `notifications/cancelled` named it.
     pub(super) cancelled: bool,
-    /// Its exchange ended before the response did.
-    pub(super) abandoned: bool,
+    /// Its exchange ended before the response did; kept only while the
+    /// server may still answer it.
+    pub(super) ended: bool,
     /// The request has been handed to the inner service. A queued request
     /// holds its entry from the moment its turn comes until its future
     /// forwards it; a cancellation must not name it before the server has it.
@@ -76,12 +77,12 @@ impl Entry {
 
     /// The client still waits for it.
     pub(super) fn is_live(&self) -> bool {
-        !self.cancelled && !self.abandoned
+        !self.cancelled && !self.ended
     }
 
     /// The server may still answer it under the client's own id, though the
     /// client no longer waits for that answer.
-    pub(super) fn shadows(&self) -> bool {
+    pub(super) fn is_abandoned(&self) -> bool {
         !self.remapped() && !self.is_live()
     }
 }
@@ -167,7 +168,7 @@ impl KeyState {
     /// arrive after that request ended goes as-is again. Under `Reject` and
     /// `Queue`, and whenever every id is rewritten, any live request of the
     /// client with this id counts, remapped or not (a request remapped past a
-    /// shadow is still in flight under the client's id).
+    /// abandoned id is still in flight under the client's id).
     pub(super) fn is_taken(&self, any_live: bool) -> bool {
         !self.waiters.is_empty() || self.blocks(any_live)
     }
@@ -179,8 +180,8 @@ impl KeyState {
     }
 
     /// Whether a new request with this id must go with a server-side id.
-    pub(super) fn is_shadowed(&self) -> bool {
-        self.entries.iter().any(Entry::shadows)
+    pub(super) fn has_abandoned(&self) -> bool {
+        self.entries.iter().any(Entry::is_abandoned)
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -209,8 +210,8 @@ pub(super) struct Probe<'a> {
     pub(super) hash: u64,
     /// It collides with a request in flight, or an earlier one of its batch.
     pub(super) colliding: bool,
-    /// Its id is shadowed.
-    pub(super) shadowed: bool,
+    /// Its id is abandoned by an earlier request (see [`Entry::is_abandoned`]).
+    pub(super) abandoned: bool,
 }
 
 impl Probe<'_> {
