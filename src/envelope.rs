@@ -8,6 +8,19 @@
 //! either end of a single object, which settles almost every message without
 //! touching its payload, and otherwise a whole serde_json parse with borrowed
 //! `&RawValue`s.
+//!
+//! # What it reads
+//! Only a message's envelope: its top-level keys, from the front up to the
+//! first object or array value (`params`, `result`) and, when that does not
+//! settle the message, from the back. So it finds `id` without reading the
+//! payload, at any body size, whether a library writes `id` first (rmcp, the
+//! Python SDK's responses) or last (the TypeScript SDK). The payload is not
+//! validated. Bodies the envelope does not settle (an escaped key, a
+//! notification with a payload, `notifications/cancelled`, a client's
+//! response, a batch) are parsed whole. A duplicated envelope key (`id`,
+//! `method`, `params`, `result`, `error`) seen either way makes a body
+//! unreadable. From the inner server, an `id` with a `result` or `error` read
+//! before any `method` is a response.
 
 use std::ops::Range;
 
