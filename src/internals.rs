@@ -6,7 +6,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::edit::splice;
-use crate::envelope::{peek, Kind, Peeked, Writer};
+use crate::envelope::{peek, Kind, Peeked};
 use crate::id::IdMinter;
 use crate::restore::restore_edits;
 
@@ -14,7 +14,7 @@ use crate::restore::restore_edits;
 /// freshly minted server-side id, as remapping does. `None` when the body is
 /// not JSON-RPC or has no request.
 pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
-    let peeked = peek(body, Writer::Client)?;
+    let peeked = peek(body)?;
     let edits: Vec<_> = peeked
         .request_ids(body)
         .map(|(range, raw)| (range, minter.0.mint(raw)))
@@ -44,12 +44,9 @@ pub struct ReadMessage {
 /// else whether it is a batch and its messages. `from_server`: the body is
 /// the inner server's (responses), else a client's (requests).
 pub fn read_body(body: &[u8], from_server: bool) -> Option<(bool, Vec<ReadMessage>)> {
-    let writer = if from_server {
-        Writer::Server
-    } else {
-        Writer::Client
-    };
-    let peeked = peek(body, writer)?;
+    // Both sides are read alike now; the flag stays for the fuzz oracle.
+    let _ = from_server;
+    let peeked = peek(body)?;
     let messages = peeked
         .messages()
         .iter()

@@ -2,7 +2,7 @@
 //! bodies and for each SSE event's data, so both paths restore identically.
 
 use crate::edit::Edit;
-use crate::envelope::{peek, Kind, Writer};
+use crate::envelope::{peek, Kind};
 use crate::id::{id_key, restore, IdKey};
 
 /// What the response path learns from one message (or batch).
@@ -19,7 +19,7 @@ pub(crate) struct Responses {
 /// restore client ids, and the keys of the ids answered.
 pub(crate) fn inspect_responses(json: &[u8]) -> Responses {
     let mut found = Responses::default();
-    let Some(peeked) = peek(json, Writer::Server) else {
+    let Some(peeked) = peek(json) else {
         return found;
     };
     for message in peeked.messages() {

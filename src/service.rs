@@ -10,9 +10,7 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::IdGuardLayer;
-use crate::protocol::{
-    has_media_type, is_sessionless_revision, MCP_PROTOCOL_VERSION, MCP_SESSION_ID,
-};
+use crate::protocol::{is_sessionless_revision, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::reply;
 use crate::stats::Stats;
 use crate::table::Table;
@@ -171,8 +169,8 @@ enum Handling {
     /// A GET in a legacy session: pass it through, restore client ids in the
     /// event stream it opens.
     RestoreStream,
-    /// A JSON POST in a legacy session: read the body, it may carry ids that
-    /// the session's other requests could collide with.
+    /// A POST in a legacy session: read the body, it may carry ids that the
+    /// session's other requests could collide with.
     Read,
 }
 
@@ -182,10 +180,12 @@ fn handling<B>(request: &Request<B>) -> Handling {
         && !headers
             .get(&MCP_PROTOCOL_VERSION)
             .is_some_and(|version| is_sessionless_revision(version.as_bytes()));
-    let is_json = || has_media_type(headers, "application/json");
     match *request.method() {
         _ if !in_legacy_session => Handling::Untouched,
-        Method::POST if is_json() => Handling::Read,
+        // Every POST, whatever its `Content-Type`: servers check it loosely
+        // (a list such as `application/json, text/plain` passes the Python
+        // SDK), so the header cannot tell which bodies a server reads.
+        Method::POST => Handling::Read,
         Method::GET => Handling::RestoreStream,
         _ => Handling::Untouched,
     }
@@ -223,7 +223,7 @@ mod tests {
                 Method::POST,
                 &[("content-type", "text/plain"), ("mcp-session-id", "s")]
             ),
-            Handling::Untouched
+            Handling::Read
         );
         let mut sessionless = json_in_session.to_vec();
         sessionless.push(("mcp-protocol-version", "2026-07-28"));
