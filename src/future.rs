@@ -11,7 +11,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::body::{Accumulated, RequestBody, ResponseBody};
+use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::prepare::{prepare, PendingForward, Prepared};
 use crate::reply::{body_too_large, body_unreadable, queue_timeout};
@@ -55,14 +55,16 @@ where
         /// Started at the first poll, inside the server's runtime.
         deadline: Option<Pin<Box<tokio::time::Sleep>>>,
         max_wait: Duration,
+        /// The longest id a client could have sent.
+        max_id: usize,
     },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
         future: S::Future,
         registration: Option<Registration>,
-        /// Restore client ids in the response, counting them in this table.
-        restore: Option<Arc<Table>>,
+        /// Restore client ids in the response.
+        restore: Option<Restoring>,
     },
     /// A response the guard gives itself.
     Answered {
@@ -84,7 +86,7 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<RequestBody<B>>>,
 {
-    pub(crate) fn called(future: S::Future, restore: Option<Arc<Table>>) -> Self {
+    pub(crate) fn called(future: S::Future, restore: Option<Restoring>) -> Self {
         Self {
             state: State::Calling {
                 future,
@@ -170,7 +172,10 @@ where
                                 } => State::Calling {
                                     future: service.call(request),
                                     registration,
-                                    restore: restore.then(|| Arc::clone(&read.table)),
+                                    restore: restore.then(|| Restoring {
+                                        table: Arc::clone(&read.table),
+                                        max_id: read.config.max_body_bytes,
+                                    }),
                                 },
                                 Prepared::Queue {
                                     pending,
@@ -183,6 +188,7 @@ where
                                     ticket,
                                     deadline: None,
                                     max_wait: read.config.max_queue_wait,
+                                    max_id: read.config.max_body_bytes,
                                 },
                                 Prepared::Answer(response) => State::Answered {
                                     response: Some(response),
@@ -204,13 +210,15 @@ where
                     ticket,
                     deadline,
                     max_wait,
+                    max_id,
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready(server_id) => {
                         match (service.take(), pending.take(), registration.take()) {
                             (Some(mut service), Some(pending), Some(registration)) => {
-                                let restore = server_id
-                                    .is_some()
-                                    .then(|| Arc::clone(registration.table()));
+                                let restore = server_id.is_some().then(|| Restoring {
+                                    table: Arc::clone(registration.table()),
+                                    max_id: *max_id,
+                                });
                                 let future =
                                     service.call(pending.into_request(server_id.as_deref()));
                                 registration.forwarded();

@@ -250,7 +250,12 @@ pub(crate) fn restore(raw: &str) -> Option<String> {
     if !well_formed {
         return None;
     }
-    // Only give back something that is itself one whole JSON value.
+    // Only give back something that is itself one whole JSON value, and that
+    // fits in an SSE data line (guards mint no line breaks: ids are strings
+    // or numbers).
+    if original.contains(['\r', '\n']) {
+        return None;
+    }
     let value = serde_json::from_str::<&RawValue>(original).ok()?;
     (value.get().len() == original.len()).then(|| original.to_owned())
 }
@@ -328,7 +333,7 @@ mod tests {
             r#""a\"b\\c""#,
             "-0",
             "1e3",
-            "{\"a\":\n[1, 2]}",
+            "{\"a\":[1, 2]}",
             r#""ü""#,
         ] {
             let minted = String::from_utf8(minter.mint(original)).unwrap();

@@ -6,7 +6,7 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::IdGuardLayer;
@@ -137,7 +137,10 @@ where
                 request.headers_mut().remove(ACCEPT_ENCODING);
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
-                    Some(Arc::clone(&self.table)),
+                    Some(Restoring {
+                        table: Arc::clone(&self.table),
+                        max_id: self.config.max_body_bytes,
+                    }),
                 )
             }
             Handling::Read => {

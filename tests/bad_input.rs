@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, Stats};
 use serde_json::json;
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 /// The client's request body: complete or streamed, and able to fail.
@@ -68,7 +68,6 @@ struct Seen {
 #[derive(Clone)]
 struct Echo {
     calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
     seen: Arc<Mutex<Vec<Seen>>>,
     entered: mpsc::UnboundedSender<String>,
     gate: Arc<Semaphore>,
@@ -77,7 +76,6 @@ struct Echo {
 /// The test's side of an [`Echo`].
 struct Probe {
     calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
     seen: Arc<Mutex<Vec<Seen>>>,
     entered: mpsc::UnboundedReceiver<String>,
     gate: Arc<Semaphore>,
@@ -107,14 +105,12 @@ fn echo() -> (Echo, Probe) {
     let (sender, receiver) = mpsc::unbounded_channel();
     let echo = Echo {
         calls: Arc::default(),
-        on_call: Arc::default(),
         seen: Arc::default(),
         entered: sender,
         gate: Arc::new(Semaphore::new(0)),
     };
     let probe = Probe {
         calls: Arc::clone(&echo.calls),
-        on_call: Arc::clone(&echo.on_call),
         seen: Arc::clone(&echo.seen),
         entered: receiver,
         gate: Arc::clone(&echo.gate),
@@ -149,7 +145,6 @@ impl Service<Request<RequestBody<ClientBody>>> for Echo {
 
     fn call(&mut self, request: Request<RequestBody<ClientBody>>) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.on_call.notify_one();
         let this = self.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();

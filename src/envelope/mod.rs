@@ -191,7 +191,10 @@ struct Member {
 
 /// The members of each message of a JSON text, in order; `None` entries are
 /// batch elements that are not objects.
-fn members(input: &[u8]) -> Result<(bool, Vec<Option<Vec<Member>>>), Unreadable> {
+type Messages = Vec<Option<Vec<Member>>>;
+
+/// Whether a JSON text is a batch, and its [`Messages`].
+fn members(input: &[u8]) -> Result<(bool, Messages), Unreadable> {
     let mut scanner = Scanner::default();
     let mut events = Vec::new();
     scanner
@@ -205,7 +208,7 @@ fn members(input: &[u8]) -> Result<(bool, Vec<Option<Vec<Member>>>), Unreadable>
     for event in events {
         match event {
             Event::MessageStart(_) => current = Some(Vec::new()),
-            Event::Key { token, escaped } => key = Some((token, escaped)),
+            Event::Key { token, escaped, .. } => key = Some((token, escaped)),
             Event::ValueStart(at) => value_start = at,
             Event::ValueEnd(end) => {
                 if let (Some(members), Some((key, escaped))) = (current.as_mut(), key.take()) {

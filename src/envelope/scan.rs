@@ -20,9 +20,14 @@ pub(crate) enum Event {
     /// A message (the top-level object, or an object element of a top-level
     /// array) opens at this offset.
     MessageStart(usize),
-    /// A key of the current message: its string token, quotes included, and
-    /// whether it holds a backslash escape.
-    Key { token: Range<usize>, escaped: bool },
+    /// A key of the current message: its string token, quotes included,
+    /// whether it holds a backslash escape, and which envelope key it is when
+    /// written plainly.
+    Key {
+        token: Range<usize>,
+        escaped: bool,
+        name: KeyName,
+    },
     /// The value of the last key starts at this offset.
     ValueStart(usize),
     /// The value of the last key ends just before this offset.
@@ -31,6 +36,47 @@ pub(crate) enum Event {
     MessageEnd(usize),
     /// An element of a top-level array that is not an object.
     OtherElement,
+}
+
+/// The envelope keys the response path acts on, as a plainly written key
+/// spells them (the request path decodes every key itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyName {
+    Id,
+    Method,
+    Result,
+    Error,
+    Other,
+}
+
+/// Enough of a key to name it: the envelope keys are at most 6 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct KeyPrefix {
+    bytes: [u8; 8],
+    len: usize,
+}
+
+impl KeyPrefix {
+    fn push(&mut self, part: &[u8]) {
+        let room = self.bytes.len().saturating_sub(self.len);
+        let take = part.len().min(room);
+        self.bytes[self.len..self.len + take].copy_from_slice(&part[..take]);
+        // Past the buffer the key is too long to be an envelope key.
+        self.len += part.len();
+    }
+
+    fn name(&self, escaped: bool) -> KeyName {
+        if escaped || self.len > self.bytes.len() {
+            return KeyName::Other;
+        }
+        match &self.bytes[..self.len] {
+            b"id" => KeyName::Id,
+            b"method" => KeyName::Method,
+            b"result" => KeyName::Result,
+            b"error" => KeyName::Error,
+            _ => KeyName::Other,
+        }
+    }
 }
 
 /// The text is not JSON the scanner can follow (at this offset).
@@ -108,6 +154,8 @@ pub(crate) struct Scanner {
     batch: bool,
     /// Offset of the next byte to read.
     offset: usize,
+    /// The key being read.
+    key: KeyPrefix,
 }
 
 impl Default for Scanner {
@@ -117,6 +165,7 @@ impl Default for Scanner {
             token: Token::None,
             batch: false,
             offset: 0,
+            key: KeyPrefix::default(),
         }
     }
 }
@@ -135,11 +184,6 @@ impl Scanner {
     /// was read).
     pub(crate) fn is_batch(&self) -> bool {
         self.batch
-    }
-
-    /// Whether the top-level value is complete.
-    pub(crate) fn is_done(&self) -> bool {
-        self.step == Step::Done
     }
 
     /// Offset of the next byte to read: how much has been fed.
@@ -228,6 +272,7 @@ impl Scanner {
             }
             (Step::KeyFirst | Step::Key, b'"') => {
                 self.step = Step::Colon;
+                self.key = KeyPrefix::default();
                 self.token = Token::String {
                     role: Role::Key,
                     start: here,
@@ -287,7 +332,12 @@ impl Scanner {
             *escape = false;
             return at + 1;
         }
-        match memchr::memchr2(b'"', b'\\', &chunk[at..]) {
+        let found = memchr::memchr2(b'"', b'\\', &chunk[at..]);
+        if role == Role::Key {
+            let end = found.map_or(chunk.len(), |found| at + found);
+            self.key.push(&chunk[at..end]);
+        }
+        match found {
             None => chunk.len(),
             Some(found) if chunk[at + found] == b'\\' => {
                 *escape = true;
@@ -300,6 +350,7 @@ impl Scanner {
                     events.push(Event::Key {
                         token: start..end,
                         escaped: *escaped,
+                        name: self.key.name(*escaped),
                     });
                     self.token = Token::None;
                 } else {
@@ -394,7 +445,10 @@ mod tests {
         let keys: Vec<&[u8]> = whole
             .iter()
             .filter_map(|event| match event {
-                Event::Key { token, .. } => Some(&text[token.clone()]),
+                Event::Key { token, name, .. } => {
+                    assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
+                    Some(&text[token.clone()])
+                }
                 _ => None,
             })
             .collect();
