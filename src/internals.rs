@@ -93,6 +93,17 @@ impl SseRewriter {
         joined(out)
     }
 
+    /// Feeds one chunk; appends the pieces that can go on to `out`, as the
+    /// real response body passes them on (one frame each, uncopied).
+    pub fn push_pieces(&mut self, chunk: Bytes, out: &mut std::collections::VecDeque<Bytes>) {
+        self.0.push(chunk, out);
+    }
+
+    /// Ends the stream; appends whatever was held back to `out`.
+    pub fn finish_pieces(&mut self, out: &mut std::collections::VecDeque<Bytes>) {
+        self.0.finish(out);
+    }
+
     /// Ends the stream; returns whatever was held back.
     pub fn finish(&mut self) -> Option<Bytes> {
         let mut out = std::collections::VecDeque::new();
