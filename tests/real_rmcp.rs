@@ -736,3 +736,59 @@ async fn reuse_after_giving_up_is_not_cross_wired() -> anyhow::Result<()> {
     assert!(failures.is_empty(), "{failures:#?}");
     Ok(())
 }
+
+/// rmcp reads the ids `1.0`, `1e0` and `10e-1` as the integer 1.
+const SPELLINGS_OF_ONE: [&str; 3] = ["1.0", "1e0", "10e-1"];
+
+/// Control: bare, a request whose id is another spelling of 1 cross-wires
+/// with a held `1` (B gets A's result or A never gets an answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn number_spellings_of_one_id_cross_wire_bare() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let pairs = futures::future::join_all(SPELLINGS_OF_ONE.map(|spelling| {
+        let server = &server;
+        async move {
+            let client = Client::connect(&server.url).await?;
+            let tag = format!("bare-{spelling}");
+            pair(server, &client, &tag, ("1", spelling), true, HANG_TIMEOUT).await
+        }
+    }))
+    .await;
+    for (spelling, pair) in SPELLINGS_OF_ONE.iter().zip(pairs) {
+        let (a, b) = pair?;
+        let b_got_a = b.outcome
+            == Outcome::Wrong {
+                got: a.sentinel.clone(),
+            };
+        assert!(
+            b_got_a || a.outcome == Outcome::Hung,
+            "{spelling}: the bare server should cross-wire: A {a:#?}\nB {b:#?}"
+        );
+    }
+    server.stop().await;
+    Ok(())
+}
+
+/// Through the guard, every spelling of 1 is the id 1: the second request is
+/// remapped, both get their own results, and B gets its id back exactly as
+/// it wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn number_spellings_of_one_id_are_one_id_through_the_guard() -> anyhow::Result<()> {
+    for spelling in SPELLINGS_OF_ONE {
+        let layer = IdGuardLayer::new();
+        let server = serve(Some(layer.clone())).await?;
+        let client = Client::connect(&server.url).await?;
+        let tag = format!("guarded-{spelling}");
+        let (a, b) = pair(&server, &client, &tag, ("1", spelling), true, OK_TIMEOUT).await?;
+        assert_own(&a);
+        assert_own(&b);
+        let stats = assert_drained(&layer).await;
+        assert_eq!(
+            (stats.passed_total, stats.remapped_total),
+            (1, 1),
+            "{spelling}"
+        );
+        server.stop().await;
+    }
+    Ok(())
+}
