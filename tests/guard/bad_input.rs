@@ -28,6 +28,9 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
+use crate::support::ids::{id_text, server_side};
+use crate::support::wait::{assert_drained, within};
+
 /// The client's request body: complete or streamed, and able to fail.
 type ClientBody = UnsyncBoxBody<Bytes, BodyError>;
 
@@ -48,13 +51,6 @@ impl std::error::Error for BodyError {}
 
 const SESSION: &str = "session-bad-input";
 const FORGED: &str = r#""mcp-id-guard:0123456789abcdef:1:7""#;
-
-/// Bounds anything that could hang.
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(20), future)
-        .await
-        .expect("timed out")
-}
 
 /// One request as the inner service received it.
 #[derive(Debug, Clone)]
@@ -271,24 +267,8 @@ fn guard(policy: OnDuplicate) -> (IdGuardLayer, IdGuard<Echo>, Probe) {
     (layer.clone(), layer.layer(inner), probe)
 }
 
-fn raw_id(json: &[u8]) -> String {
-    fields(json).expect("a JSON object")["id"].get().to_owned()
-}
-
-/// Decodes a server-side id and checks it is in the reserved namespace.
-fn assert_server_side(raw: &str) -> String {
-    let decoded: String = serde_json::from_str(raw).expect("a JSON string");
-    assert!(decoded.starts_with("mcp-id-guard:"), "{raw:.80}");
-    decoded
-}
-
 fn assert_untouched(layer: &IdGuardLayer) {
     assert_eq!(layer.stats(), Stats::default(), "nothing was tracked");
-}
-
-fn assert_drained(layer: &IdGuardLayer) {
-    let stats = layer.stats();
-    assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
 }
 
 /// Asserts a JSON-RPC error answer and returns its `id` JSON text.
@@ -297,7 +277,7 @@ fn assert_error(answer: &Answer, status: StatusCode, code: i64) -> String {
     assert_eq!(answer.headers["content-type"], "application/json");
     let value = answer.json();
     assert_error_object(&value, code);
-    raw_id(&answer.body)
+    id_text(&answer.body)
 }
 
 fn assert_error_object(value: &serde_json::Value, code: i64) {
@@ -425,11 +405,11 @@ async fn odd_numeric_ids_are_tracked_by_exact_text() {
         let held = spawn_send(&service, post(request_text(id, "hold")));
         assert_eq!(probe.entered().await, id);
         let answer = send(&service, post(request_text(id, "tools/call"))).await;
-        let seen = raw_id(&probe.seen()[1].body);
-        assert!(assert_server_side(&seen).ends_with(&format!(":{id}")));
+        let seen = id_text(&probe.seen()[1].body);
+        assert!(server_side(&seen).ends_with(&format!(":{id}")));
         assert_eq!(answer.body, answer_text(id).as_bytes(), "exact id text");
         let answer = send(&service, post(request_text(other_spelling, "tools/call"))).await;
-        assert_eq!(raw_id(&probe.seen()[2].body), other_spelling, "as is");
+        assert_eq!(id_text(&probe.seen()[2].body), other_spelling, "as is");
         assert_eq!(answer.body, answer_text(other_spelling).as_bytes());
         probe.release(1);
         assert_eq!(within(held).await.unwrap().body, answer_text(id).as_bytes());
@@ -465,8 +445,8 @@ async fn one_mebibyte_string_id() {
     let held = spawn_send(&service, post(request_text(&id, "hold")));
     assert_eq!(probe.entered().await, id);
     let answer = send(&service, post(request_text(&id, "tools/call"))).await;
-    let seen = raw_id(&probe.seen()[1].body);
-    let decoded = assert_server_side(&seen);
+    let seen = id_text(&probe.seen()[1].body);
+    let decoded = server_side(&seen);
     assert!(decoded.ends_with(&format!(":{id}")));
     assert_eq!(answer.body, answer_text(&id).as_bytes());
     probe.release(1);
@@ -498,10 +478,10 @@ async fn forged_prefixed_id_is_rewritten_and_restored() {
             assert_eq!(answer.status, StatusCode::OK);
             assert_eq!(answer.body, answer_text(FORGED).as_bytes());
         }
-        let seen: Vec<String> = probe.seen().iter().map(|s| raw_id(&s.body)).collect();
+        let seen: Vec<String> = probe.seen().iter().map(|s| id_text(&s.body)).collect();
         for raw in &seen {
             assert_ne!(raw, FORGED);
-            let decoded = assert_server_side(raw);
+            let decoded = server_side(raw);
             assert!(decoded.ends_with(&format!(":{FORGED}")), "{decoded}");
         }
         assert_ne!(seen[0], seen[1], "every rewrite is unique");
@@ -530,7 +510,7 @@ fn assert_too_large(answer: &Answer, limit: usize) {
     assert_eq!(answer.headers["content-type"], "application/json");
     let value = answer.json();
     assert_error_object(&value, -32600);
-    assert_eq!(raw_id(&answer.body), "null");
+    assert_eq!(id_text(&answer.body), "null");
     assert!(value["error"]["message"]
         .as_str()
         .unwrap()
@@ -798,7 +778,7 @@ async fn batch_with_duplicate_under_remap() {
     assert_eq!(seen.len(), 5);
     assert_eq!(seen[0], "1");
     for raw in &seen[1..4] {
-        assert_server_side(raw);
+        server_side(raw);
     }
     assert_eq!(seen[4], "2");
     let keys: std::collections::HashSet<String> = seen
@@ -857,7 +837,7 @@ async fn queued_duplicate_waits_then_goes_with_its_own_id() {
     );
     let answer = within(queued).await;
     assert_eq!(answer.body, answer_text("1").as_bytes());
-    assert_eq!(raw_id(&probe.seen()[1].body), "1", "its own id");
+    assert_eq!(id_text(&probe.seen()[1].body), "1", "its own id");
     assert_drained(&layer);
 }
 

@@ -35,14 +35,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_http::timeout::TimeoutLayer;
 
-/// Bounds every wait of the in-process rows.
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::ids::server_side;
+use crate::support::wait::{assert_drained, within};
+
 /// Bounds every read of the loopback rows.
 const READ: Duration = Duration::from_secs(10);
-
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(WAIT, future).await.expect("timed out")
-}
 
 // ---------------------------------------------------------------------------
 // The echo
@@ -193,22 +190,6 @@ fn assert_guard_error(body: &[u8], code: i64, ids: &[&str]) {
         let error: serde_json::Value = serde_json::from_str(fields["error"].get()).unwrap();
         assert_eq!(error["code"], code);
     }
-}
-
-fn assert_drained(layer: &IdGuardLayer) {
-    let stats = layer.stats();
-    assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
-        (0, 0),
-        "{stats:?}"
-    );
-}
-
-/// The decoded text of a server-side id (asserts it is one).
-fn server_side(raw: &str) -> String {
-    let decoded: String = serde_json::from_str(raw).expect("a server-side id is a string");
-    assert!(decoded.starts_with("mcp-id-guard:"), "{raw:.80}");
-    decoded
 }
 
 // ---------------------------------------------------------------------------
