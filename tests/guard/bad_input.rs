@@ -8,27 +8,23 @@
 //! `hold` until the test releases them, which creates in-flight collisions
 //! without sleeping.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::mpsc as futures_mpsc;
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, Stats};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, Stats};
 use serde_json::json;
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, Notify, Semaphore};
-use tower::{BoxError, Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 
 use crate::support::ids::{id_text, server_side};
+use crate::support::inner::{echo, fields, Echo, Probe};
 use crate::support::wait::{assert_drained, within};
 
 /// The client's request body: complete or streamed, and able to fail.
@@ -51,138 +47,6 @@ impl std::error::Error for BodyError {}
 
 const SESSION: &str = "session-bad-input";
 const FORGED: &str = r#""mcp-id-guard:0123456789abcdef:1:7""#;
-
-/// One request as the inner service received it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-/// The recording, echoing inner service.
-#[derive(Clone)]
-struct Echo {
-    calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    entered: mpsc::UnboundedSender<String>,
-    gate: Arc<Semaphore>,
-}
-
-/// The test's side of an [`Echo`].
-struct Probe {
-    calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    entered: mpsc::UnboundedReceiver<String>,
-    gate: Arc<Semaphore>,
-}
-
-impl Probe {
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// Waits until a held request reached the inner service; returns the id
-    /// it saw.
-    async fn entered(&mut self) -> String {
-        within(self.entered.recv()).await.expect("echo alive")
-    }
-
-    fn release(&self, count: usize) {
-        self.gate.add_permits(count);
-    }
-}
-
-fn echo() -> (Echo, Probe) {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let echo = Echo {
-        calls: Arc::default(),
-        on_call: Arc::default(),
-        seen: Arc::default(),
-        entered: sender,
-        gate: Arc::new(Semaphore::new(0)),
-    };
-    let probe = Probe {
-        calls: Arc::clone(&echo.calls),
-        on_call: Arc::clone(&echo.on_call),
-        seen: Arc::clone(&echo.seen),
-        entered: receiver,
-        gate: Arc::clone(&echo.gate),
-    };
-    (echo, probe)
-}
-
-type Fields = BTreeMap<String, Box<RawValue>>;
-
-fn fields(json: &[u8]) -> Option<Fields> {
-    serde_json::from_slice(json).ok()
-}
-
-/// The echo of one message, if it is a request.
-fn answer_to(message: &Fields) -> Option<String> {
-    message.get("method")?;
-    let id = message.get("id").filter(|id| id.get() != "null")?;
-    Some(format!(
-        r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-        id.get()
-    ))
-}
-
-impl Service<Request<RequestBody<ClientBody>>> for Echo {
-    type Response = Response<Full<Bytes>>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<RequestBody<ClientBody>>) -> Self::Future {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.on_call.notify_one();
-        let this = self.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let body = body.collect().await?.to_bytes();
-            this.seen.lock().unwrap().push(Seen {
-                method: parts.method.clone(),
-                headers: parts.headers.clone(),
-                body: body.clone(),
-            });
-            let answer = if let Some(message) = fields(&body) {
-                if message.get("method").map(|m| m.get()) == Some(r#""hold""#) {
-                    let id = message.get("id").map_or("null", |id| id.get());
-                    let _ = this.entered.send(id.to_owned());
-                    this.gate.acquire().await?.forget();
-                }
-                answer_to(&message)
-            } else if let Ok(batch) = serde_json::from_slice::<Vec<Box<RawValue>>>(&body) {
-                let answers: Vec<String> = batch
-                    .iter()
-                    .filter_map(|element| fields(element.get().as_bytes()))
-                    .filter_map(|message| answer_to(&message))
-                    .collect();
-                Some(format!("[{}]", answers.join(",")))
-            } else {
-                None
-            };
-            Ok(match answer {
-                Some(json) => Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(json)))?,
-                None => Response::builder()
-                    .status(StatusCode::ACCEPTED)
-                    .body(Full::default())?,
-            })
-        })
-    }
-}
 
 struct Answer {
     status: StatusCode,

@@ -243,17 +243,7 @@ async fn sigterm_cuts_open_streams_after_the_grace_period() -> anyhow::Result<()
     let grace = Duration::from_secs(1);
     let mut guard = Guard::start(&["--upstream", &rmcp.base, "--grace-period", "1s"], &[]).await?;
     let session = Session::open(&format!("{}/mcp", guard.base)).await?;
-    let mut stream = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .http
-            .get(&session.url)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", crate::support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let mut stream = tokio::time::timeout(OK_TIMEOUT, session.get_stream().send()).await??;
     assert_eq!(stream.status(), 200);
 
     let signalled = Instant::now();

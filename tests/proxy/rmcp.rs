@@ -238,17 +238,7 @@ async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
 
-    let stream = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .http
-            .get(&session.url)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", crate::support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let stream = tokio::time::timeout(OK_TIMEOUT, session.get_stream().send()).await??;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
 
@@ -266,16 +256,7 @@ async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
     assert_eq!(listed["result"]["tools"][0]["name"], "echo");
     drop(stream);
 
-    let deleted = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .http
-            .delete(&session.url)
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", crate::support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let deleted = tokio::time::timeout(OK_TIMEOUT, session.delete().send()).await??;
     assert!(
         deleted.status().is_success(),
         "DELETE: {}",

@@ -258,6 +258,24 @@ impl Session {
         self.request(message.to_string(), Some(&self.id))
     }
 
+    /// A `GET` in this session: the standalone SSE stream, to send as the
+    /// test likes.
+    pub fn get_stream(&self) -> reqwest::RequestBuilder {
+        self.http
+            .get(&self.url)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &self.id)
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+    }
+
+    /// A `DELETE` of this session, to send as the test likes.
+    pub fn delete(&self) -> reqwest::RequestBuilder {
+        self.http
+            .delete(&self.url)
+            .header("mcp-session-id", &self.id)
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+    }
+
     /// POSTs a raw body in this session and reads the answer to its end (or
     /// `within`: a wall-clock deadline over the whole exchange, as SSE
     /// keep-alives would defeat any read timeout).
@@ -342,13 +360,7 @@ impl Session {
     /// session has re-attached the stream, so events sent from then on
     /// arrive on it); `within` bounds the whole exchange.
     pub async fn resume(&self, last_event_id: &str, within: Duration) -> anyhow::Result<Opened> {
-        let request = self
-            .http
-            .get(&self.url)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", &self.id)
-            .header("mcp-protocol-version", PROTOCOL_VERSION)
-            .header("last-event-id", last_event_id);
+        let request = self.get_stream().header("last-event-id", last_event_id);
         let opened = open(request, within).await;
         if opened.status().is_none() {
             bail!("resume got no response head: {:?}", opened.exchange);

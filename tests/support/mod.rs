@@ -8,6 +8,7 @@
 //!   each call got back.
 //! - [`sse`]: the one SSE parser of the tests.
 //! - [`ids`]: reading JSON-RPC ids and responses.
+//! - [`inner`]: an in-process JSON-RPC echo for the guard to wrap.
 //! - [`wait`]: bounding waits and checking the guard let go of everything.
 //!
 //! Ordering between a test and the server never relies on sleeps: the echo
@@ -20,6 +21,7 @@
 
 pub mod client;
 pub mod ids;
+pub mod inner;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod server;
