@@ -29,6 +29,8 @@
 //! the clients' planned disconnect moments and the bounded polling of the
 //! guard's counters. Every wait is bounded.
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,8 +48,10 @@ use axum::Router;
 use bytes::Bytes;
 use futures::channel::mpsc;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
-use serde_json::value::RawValue;
 use serde_json::Value;
+use support::ids::raw_id;
+use support::sse;
+use support::wait::{is_drained, stats_when};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle};
 
@@ -764,42 +768,11 @@ impl Client {
     }
 }
 
-/// The exact JSON text of a message's top-level `id`.
-fn raw_id(json: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Envelope<'a> {
-        #[serde(borrow)]
-        id: Option<&'a RawValue>,
-    }
-    let envelope: Envelope<'_> = serde_json::from_str(json).ok()?;
-    envelope.id.map(|id| id.get().to_owned())
-}
-
-/// The JSON-RPC responses in the complete events of an SSE body.
-fn sse_answers(body: &str) -> Vec<String> {
-    let normalized = body.replace("\r\n", "\n");
-    let mut events: Vec<&str> = normalized.split("\n\n").collect();
-    events.pop(); // not terminated by a blank line
-    events
-        .into_iter()
-        .filter_map(|event| {
-            let data: Vec<&str> = event
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .map(|data| data.strip_prefix(' ').unwrap_or(data))
-                .collect();
-            let data = data.join("\n");
-            let value: Value = serde_json::from_str(&data).ok()?;
-            (value.get("result").is_some() || value.get("error").is_some()).then_some(data)
-        })
-        .collect()
-}
-
 fn classify_stream(planned: &Planned, body: &str) -> Outcome {
     if body.contains("mcp-id-guard:") {
         return Outcome::Wrong(format!("a server-side id reached the client: {body}"));
     }
-    let answers = sse_answers(body);
+    let answers = sse::responses(body);
     match answers.as_slice() {
         [] => Outcome::EndedWithoutAnswer,
         [answer] => {
@@ -1012,7 +985,7 @@ async fn soak(
     let elapsed = started.elapsed();
 
     let stats = match &guard {
-        Some(layer) => Some(drained(layer).await),
+        Some(layer) => Some(stats_when(layer, WAIT_BOUND, is_drained).await),
         None => None,
     };
     let aborted = lock(&server.upstream.aborted).clone();
@@ -1083,23 +1056,6 @@ async fn soak(
         upstream,
         stats,
     })
-}
-
-/// Polls the guard's counters until nothing is in flight and no session is
-/// tracked, or `WAIT_BOUND` passes; returns the last snapshot. The guard
-/// releases an exchange when the server side of its response ends, which may
-/// trail what the client saw.
-async fn drained(layer: &IdGuardLayer) -> Stats {
-    let deadline = Instant::now() + WAIT_BOUND;
-    loop {
-        let stats = layer.stats();
-        if (stats.in_flight_requests == 0 && stats.tracked_sessions == 0)
-            || Instant::now() >= deadline
-        {
-            return stats;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1431,7 +1387,7 @@ async fn send(
             return Some(Got::Refused(response.status().as_u16()));
         }
         let text = response.text().await.ok()?;
-        let answer = sse_answers(&text).into_iter().next()?;
+        let answer = sse::responses(&text).into_iter().next()?;
         let value: Value = serde_json::from_str(&answer).ok()?;
         let echo = value["result"]["echo"].as_str()?.to_owned();
         Some(if echo == sentinel {
