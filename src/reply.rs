@@ -123,6 +123,11 @@ pub(crate) fn unreadable(why: Unreadable) -> Response<Full<Bytes>> {
             PARSE_ERROR,
             "Parse error: the request body must be UTF-8 JSON (RFC 8259)",
         ),
+        Unreadable::Compressed => (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_REQUEST,
+            "Invalid Request: compressed request bodies (Content-Encoding) are not accepted",
+        ),
         Unreadable::DuplicateKey => (
             StatusCode::BAD_REQUEST,
             INVALID_REQUEST,
