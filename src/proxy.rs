@@ -150,9 +150,11 @@ use crate::reply;
 
 mod body;
 mod headers;
+mod rebinding;
 mod upstream;
 
 pub use body::ProxyBody;
+pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
 use upstream::Upstream;
@@ -204,6 +206,7 @@ pub struct Proxy {
     client: Client<HttpConnector, OutBody>,
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
+    preserve_host: bool,
 }
 
 impl fmt::Debug for Proxy {
@@ -260,6 +263,7 @@ impl Proxy {
 pub struct ProxyBuilder {
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
+    preserve_host: bool,
 }
 
 impl Default for ProxyBuilder {
@@ -267,6 +271,7 @@ impl Default for ProxyBuilder {
         Self {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            preserve_host: false,
         }
     }
 }
@@ -282,6 +287,15 @@ impl ProxyBuilder {
     /// How long an idle upstream connection stays in the pool (default 90 s).
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// Forwards the client's `Host` (or HTTP/2 `:authority`) to the upstream
+    /// unchanged instead of the upstream's own authority (default `false`), so
+    /// the upstream's own `Host` check keeps working as a second layer behind
+    /// [`HostPolicy`]. The upstream must then accept the names clients use.
+    pub fn preserve_host(mut self, enabled: bool) -> Self {
+        self.preserve_host = enabled;
         self
     }
 
@@ -306,6 +320,7 @@ impl ProxyBuilder {
             client,
             upstream: Arc::new(upstream),
             connect_timeout: self.connect_timeout,
+            preserve_host: self.preserve_host,
         })
     }
 }
@@ -390,6 +405,7 @@ impl Proxy {
             self.upstream.host(),
             client_host,
             client_ip,
+            self.preserve_host,
         );
         parts.uri = self.upstream.join(parts.uri.path_and_query());
         parts.version = Version::HTTP_11;

@@ -12,12 +12,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use mcp_id_guard::proxy::{ClientAddr, Proxy};
+use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tokio::net::TcpListener;
 use tower_layer::Layer;
@@ -54,14 +55,15 @@ struct Args {
     )]
     on_duplicate: Policy,
 
-    /// HTTP status of rejections under --on-duplicate reject.
+    /// HTTP status of rejections under --on-duplicate reject: any 4xx code,
+    /// such as 400 (as the Go SDK answers) or 409.
     #[arg(
         long,
         env = "MCP_ID_GUARD_REJECT_STATUS",
         default_value = "400",
-        value_parser = ["400", "409"]
+        value_parser = parse_reject_status
     )]
-    reject_status: String,
+    reject_status: http::StatusCode,
 
     /// Under --on-duplicate queue, how long a request may wait before it
     /// gets 503 (e.g. 30s).
@@ -78,6 +80,18 @@ struct Args {
     /// a client went away while its request was still running there.
     #[arg(long, env = "MCP_ID_GUARD_REWRITE_ALL_IDS")]
     rewrite_all_ids: bool,
+
+    /// How long the id of a request its client gave up on (disconnected,
+    /// cancelled) stays shadowed, so the server's late answer cannot reach a
+    /// new request with that id (e.g. 5m; 0 turns shadowing off). Pick a
+    /// value above your longest tool call.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ABANDONED_ID_TTL",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    abandoned_id_ttl: Duration,
 
     /// Largest JSON POST body the guard reads; larger ones get 413.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
@@ -102,6 +116,48 @@ struct Args {
     )]
     connect_timeout: Duration,
 
+    /// Host names clients may use to reach the proxy (comma-separated):
+    /// `name` or `name:*` for any port, `name:port`, IPv6 in brackets. A
+    /// request naming another host (in `Host` or HTTP/2 `:authority`) gets
+    /// 421: this is DNS-rebinding protection. Replaces the default, which on
+    /// a loopback --listen address is localhost, 127.0.0.1 and [::1] on any
+    /// port; on any other address, name the hosts or pass --allow-any-host.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        conflicts_with = "allow_any_host"
+    )]
+    allowed_hosts: Vec<String>,
+
+    /// Serve requests whatever host they name (no Host check), e.g. behind a
+    /// load balancer that checks it.
+    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_HOST")]
+    allow_any_host: bool,
+
+    /// Browser origins allowed to call the proxy (comma-separated):
+    /// `scheme://host`, `scheme://host:port`, `scheme://host:*`, or `null`.
+    /// Requests without Origin (from programs, not browsers) always pass; an
+    /// origin not listed gets 403. Default: http/https origins on localhost,
+    /// 127.0.0.1 and [::1] (any port).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        conflicts_with = "allow_any_origin"
+    )]
+    allowed_origins: Vec<String>,
+
+    /// Serve requests whatever their Origin (no Origin check).
+    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_ORIGIN")]
+    allow_any_origin: bool,
+
+    /// Forward the client's Host to the upstream unchanged (instead of the
+    /// upstream's own address), so the upstream's own Host check still sees
+    /// it. The upstream must then accept the names clients use.
+    #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
+    preserve_host: bool,
+
     /// On SIGINT/SIGTERM, how long open requests and streams may go on
     /// before they are cut (e.g. 10s).
     #[arg(
@@ -118,6 +174,16 @@ enum Policy {
     Remap,
     Reject,
     Queue,
+}
+
+/// A client-error status (400-499) for rejections.
+fn parse_reject_status(text: &str) -> Result<http::StatusCode, String> {
+    text.trim()
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| http::StatusCode::from_u16(code).ok())
+        .filter(http::StatusCode::is_client_error)
+        .ok_or_else(|| format!("{text:?} is not a 4xx status code such as 400 or 409"))
 }
 
 /// `5`, `5s`, `500ms`, `2m`: a whole number with an optional unit (seconds
@@ -172,9 +238,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Host/Origin checks the flags ask for; `None` with the reason when the
+/// flags leave the host names of a non-loopback listener unsaid.
+fn host_policy(args: &Args) -> Result<HostPolicy, String> {
+    let mut policy = HostPolicy::loopback();
+    if args.allow_any_host {
+        policy = policy.any_host();
+    } else if !args.allowed_hosts.is_empty() {
+        policy = policy
+            .allowed_hosts(&args.allowed_hosts)
+            .map_err(|error| format!("--allowed-hosts: {error}"))?;
+    } else if !args.listen.ip().is_loopback() {
+        return Err(format!(
+            "listening on {}, which is not a loopback address: name the host names clients use \
+             with --allowed-hosts (DNS-rebinding protection), or pass --allow-any-host if \
+             something in front of the proxy checks them",
+            args.listen
+        ));
+    }
+    if args.allow_any_origin {
+        policy = policy.any_origin();
+    } else if !args.allowed_origins.is_empty() {
+        policy = policy
+            .allowed_origins(&args.allowed_origins)
+            .map_err(|error| format!("--allowed-origins: {error}"))?;
+    }
+    Ok(policy)
+}
+
 async fn run(args: Args) -> Result<(), String> {
+    let hosts = std::sync::Arc::new(host_policy(&args)?);
     let proxy = Proxy::builder()
         .connect_timeout(args.connect_timeout)
+        .preserve_host(args.preserve_host)
         .build(&args.upstream)
         .map_err(|error| error.to_string())?;
     let policy = match args.on_duplicate {
@@ -182,18 +278,15 @@ async fn run(args: Args) -> Result<(), String> {
         Policy::Reject => OnDuplicate::Reject,
         Policy::Queue => OnDuplicate::Queue,
     };
-    let reject_status = if args.reject_status == "409" {
-        http::StatusCode::CONFLICT
-    } else {
-        http::StatusCode::BAD_REQUEST
-    };
+    let reject_status = args.reject_status;
     let guard = IdGuardLayer::new()
         .on_duplicate(policy)
         .reject_status(reject_status)
         .max_body_bytes(args.max_body_bytes)
         .max_in_flight_per_session(args.max_in_flight_per_session as usize)
         .max_queue_wait(args.max_queue_wait)
-        .rewrite_all_ids(args.rewrite_all_ids);
+        .rewrite_all_ids(args.rewrite_all_ids)
+        .abandoned_id_ttl(args.abandoned_id_ttl);
     let upstream = proxy.upstream().to_owned();
     let service = guard.layer(proxy);
 
@@ -239,12 +332,19 @@ async fn run(args: Args) -> Result<(), String> {
                     tracing::debug!(%error, "could not set TCP_NODELAY");
                 }
                 let service = service.clone();
+                let hosts = hosts.clone();
                 let per_connection = hyper::service::service_fn(move |mut request: Request<Incoming>| {
                     request.extensions_mut().insert(ClientAddr(peer));
                     let mut service = service.clone();
+                    // Checked before the guard reads anything: a rebound page's
+                    // request never reaches the upstream.
+                    let refused = hosts.check(&request).err();
                     async move {
+                        if let Some(refusal) = refused {
+                            return Ok::<_, std::convert::Infallible>(refusal.into_response().map(Either::Right));
+                        }
                         poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(&mut service, cx)).await?;
-                        service.call(request).await
+                        Ok(service.call(request).await?.map(Either::Left))
                     }
                 });
                 let connection = server
@@ -336,7 +436,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(args.on_duplicate, Policy::Reject);
-        assert_eq!(args.reject_status, "409");
+        assert_eq!(args.reject_status, http::StatusCode::CONFLICT);
+        assert_eq!(args.abandoned_id_ttl, Duration::from_secs(300));
         assert!(!args.rewrite_all_ids);
         let args = Args::try_parse_from([
             "mcp-id-guard",
@@ -347,8 +448,14 @@ mod tests {
             "--max-queue-wait",
             "2s",
             "--rewrite-all-ids",
+            "--reject-status",
+            "422",
+            "--abandoned-id-ttl",
+            "0",
         ])
         .unwrap();
+        assert_eq!(args.reject_status.as_u16(), 422);
+        assert_eq!(args.abandoned_id_ttl, Duration::ZERO);
         assert_eq!(args.on_duplicate, Policy::Queue);
         assert_eq!(args.max_queue_wait, Duration::from_secs(2));
         assert!(args.rewrite_all_ids);
@@ -357,8 +464,11 @@ mod tests {
             "--upstream",
             "http://h",
             "--reject-status",
-            "418"
+            "500"
         ])
         .is_err());
+        for bad in ["200", "99", "600", "4xx", ""] {
+            assert!(parse_reject_status(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }
