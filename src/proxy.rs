@@ -119,9 +119,14 @@
 //!
 //! # Timeouts
 //! Connecting to the upstream times out after
-//! [`connect_timeout`](ProxyBuilder::connect_timeout) (5 s by default). There
-//! is no overall request timeout: SSE streams and slow tool calls last as long
-//! as the upstream keeps them open. A client that disconnects drops the
+//! [`connect_timeout`](ProxyBuilder::connect_timeout) (5 s by default, then
+//! `502`). The response headers must arrive within
+//! [`response_timeout`](ProxyBuilder::response_timeout) (300 s by default,
+//! then `504 Gateway Timeout` with the same JSON-RPC error carrying the
+//! request's id), and a response body that sends nothing for
+//! [`idle_timeout`](ProxyBuilder::idle_timeout) (300 s) is cut. There is no
+//! overall request timeout: SSE streams and slow tool calls last as long as
+//! the upstream keeps them alive. A client that disconnects drops the
 //! upstream request, which closes that upstream connection; under the guard,
 //! the request's id is released at the same moment.
 use std::convert::Infallible;
@@ -176,6 +181,16 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an idle upstream connection stays in the pool by default.
 const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How long the upstream may take to send its response headers by default:
+/// long enough for slow tool calls answered as plain JSON, which servers
+/// send only once the tool has finished.
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long an upstream response body may go without sending anything by
+/// default. rmcp and python-sdk send an SSE keep-alive comment every 15 s,
+/// so a healthy stream never comes near it.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The body type the upstream client sends.
 type OutBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -207,6 +222,8 @@ pub struct Proxy {
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
     preserve_host: bool,
+    response_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Proxy {
@@ -264,6 +281,8 @@ pub struct ProxyBuilder {
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
     preserve_host: bool,
+    response_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
 }
 
 impl Default for ProxyBuilder {
@@ -272,6 +291,8 @@ impl Default for ProxyBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             preserve_host: false,
+            response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
     }
 }
@@ -287,6 +308,32 @@ impl ProxyBuilder {
     /// How long an idle upstream connection stays in the pool (default 90 s).
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// How long the upstream may take to answer a request with its response
+    /// headers (default 300 s; `None` waits for ever). Past it, the client
+    /// gets `504 Gateway Timeout` with a JSON-RPC `-32603` error carrying its
+    /// request id (as for `502`, see the [module docs](self)).
+    ///
+    /// Servers that stream (SSE) send their headers at once, so this bounds
+    /// only servers that answer a tool call with plain JSON: they send the
+    /// headers when the tool has finished. Set it above your longest tool
+    /// call.
+    pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long an upstream response body may send nothing (default 300 s;
+    /// `None` waits for ever). Past it, the client's response is cut, as
+    /// when the upstream connection breaks, and the upstream request is
+    /// dropped. Every frame counts as activity, SSE keep-alive comments
+    /// included, so a healthy stream from a server that sends them (rmcp,
+    /// python-sdk: every 15 s) is never cut. A server that sends none cuts
+    /// quiet streams after this long; MCP clients reconnect GET streams.
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
         self
     }
 
@@ -321,6 +368,8 @@ impl ProxyBuilder {
             upstream: Arc::new(upstream),
             connect_timeout: self.connect_timeout,
             preserve_host: self.preserve_host,
+            response_timeout: self.response_timeout,
+            idle_timeout: self.idle_timeout,
         })
     }
 }
@@ -412,12 +461,33 @@ impl Proxy {
         let method = parts.method.clone();
         let uri = parts.uri.clone();
 
-        match self.client.request(Request::from_parts(parts, body)).await {
+        let sent = self.client.request(Request::from_parts(parts, body));
+        let answered = match self.response_timeout {
+            Some(limit) => match tokio::time::timeout(limit, sent).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        timeout = ?limit,
+                        "upstream sent no response headers in time; answered 504"
+                    );
+                    return local(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        &ids,
+                        INTERNAL_ERROR,
+                        "Gateway Timeout: the upstream MCP server did not answer in time",
+                    );
+                }
+            },
+            None => sent.await,
+        };
+        match answered {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
-                Response::from_parts(parts, ProxyBody::upstream(body))
+                Response::from_parts(parts, ProxyBody::upstream(body, self.idle_timeout))
             }
             Err(error) => {
                 let message = if !error.is_connect() {

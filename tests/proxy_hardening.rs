@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use proxy_support::{Outcome, Rmcp, Session, ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
@@ -482,5 +483,428 @@ async fn non_loopback_listener_needs_named_hosts() -> anyhow::Result<()> {
     )
     .await??;
     assert!(!output.status.success(), "a bad pattern was accepted");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Clients that never finish: raw sockets
+// ---------------------------------------------------------------------------
+
+/// How long a control case watches a connection that must stay open.
+const STAYS_OPEN: Duration = Duration::from_millis(1500);
+/// The short limits the tests configure.
+const SHORT: &str = "300ms";
+
+/// Reads until the proxy closes the connection (EOF or reset) or `within`
+/// passes; returns how long the connection lasted from `since`, or `None` when
+/// it is still open. Anything the proxy answers first is read and ignored.
+async fn closed_within(
+    stream: &mut TcpStream,
+    since: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    let mut buffer = [0u8; 4096];
+    let read_all = async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return since.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, read_all).await.ok()
+}
+
+/// What each misbehaving client sends before falling silent.
+#[derive(Debug, Clone, Copy)]
+enum Silent {
+    Nothing,
+    /// 16 bytes of the HTTP/2 client preface.
+    PartialPreface,
+    /// The whole 24-byte preface, then no SETTINGS frame.
+    FullPreface,
+    /// Half an HTTP/1.1 request head.
+    PartialHead,
+    /// One whole request (answered by the proxy itself), then nothing.
+    KeptAlive,
+    /// A POST whose body trickles one byte per 600 ms (twice the limit).
+    TricklingBody,
+}
+
+const SILENT: [Silent; 6] = [
+    Silent::Nothing,
+    Silent::PartialPreface,
+    Silent::FullPreface,
+    Silent::PartialHead,
+    Silent::KeptAlive,
+    Silent::TricklingBody,
+];
+
+/// Opens a connection to `addr`, sends what `kind` sends, and watches it for
+/// `within`: how long it lasted from the moment the client fell silent
+/// (`None`: still open).
+async fn misbehave(addr: &str, kind: Silent, within: Duration) -> anyhow::Result<Option<Duration>> {
+    let mut stream = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(addr)).await??;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    match kind {
+        Silent::Nothing => {}
+        Silent::PartialPreface => stream.write_all(&PREFACE[..16]).await?,
+        Silent::FullPreface => stream.write_all(PREFACE).await?,
+        Silent::PartialHead => {
+            stream
+                .write_all(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")
+                .await?
+        }
+        Silent::KeptAlive => {
+            // A refused Host: the proxy answers without the upstream.
+            stream
+                .write_all(b"GET /mcp HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+                .await?;
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                anyhow::ensure!(
+                    stream.read(&mut byte).await? == 1,
+                    "closed before answering"
+                );
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).to_string();
+            anyhow::ensure!(head.starts_with("HTTP/1.1 421"), "{head}");
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    line.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .context("no content-length")?
+                .trim()
+                .parse()?;
+            let mut body = vec![0u8; length];
+            stream.read_exact(&mut body).await?;
+        }
+        Silent::TricklingBody => {
+            let since = Instant::now();
+            stream
+                .write_all(
+                    b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                      Accept: application/json, text/event-stream\r\nMcp-Session-Id: s\r\n\
+                      Content-Length: 64\r\n\r\n{",
+                )
+                .await?;
+            // One more byte every 600 ms while watching for the close.
+            let mut buffer = [0u8; 4096];
+            loop {
+                let pause = tokio::time::sleep(Duration::from_millis(600));
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        read = stream.read(&mut buffer) => match read {
+                            Ok(0) | Err(_) => return Ok(Some(since.elapsed())),
+                            Ok(_) => {}
+                        },
+                        () = &mut pause => break,
+                    }
+                }
+                if since.elapsed() > within {
+                    return Ok(None);
+                }
+                if stream.write_all(b" ").await.is_err() {
+                    return Ok(Some(since.elapsed()));
+                }
+            }
+        }
+    }
+    Ok(closed_within(&mut stream, Instant::now(), within).await)
+}
+
+/// A connection that sends nothing, part of the HTTP/2 preface, the whole
+/// preface, half a request head, nothing after a request, or a body one byte
+/// at a time: with the limits off (the old proxy) each is still open after
+/// 1.5 s; with 300 ms limits each is closed soon after 300 ms.
+#[tokio::test]
+async fn silent_and_trickling_clients_are_closed() -> anyhow::Result<()> {
+    let rmcp = Rmcp::start().await?;
+    let off = Guard::start(&[
+        "--upstream",
+        &rmcp.base,
+        "--header-read-timeout",
+        "0",
+        "--keep-alive-timeout",
+        "0",
+        "--request-body-timeout",
+        "0",
+    ])
+    .await?;
+    let on = Guard::start(&[
+        "--upstream",
+        &rmcp.base,
+        "--header-read-timeout",
+        SHORT,
+        "--keep-alive-timeout",
+        SHORT,
+        "--request-body-timeout",
+        SHORT,
+    ])
+    .await?;
+
+    let control =
+        futures::future::join_all(SILENT.map(|kind| misbehave(&off.addr, kind, STAYS_OPEN)));
+    let limited =
+        futures::future::join_all(SILENT.map(|kind| misbehave(&on.addr, kind, OK_TIMEOUT)));
+    let (control, limited) = tokio::join!(control, limited);
+    for ((kind, control), limited) in SILENT.iter().zip(control).zip(limited) {
+        let (control, limited) = (control?, limited?);
+        println!("{kind:?}: limits off: {control:?}; limits {SHORT}: closed after {limited:?}");
+        assert_eq!(control, None, "{kind:?}: closed without a limit");
+        let lasted = limited.with_context(|| format!("{kind:?}: not closed"))?;
+        assert!(
+            lasted >= Duration::from_millis(250),
+            "{kind:?}: closed too early ({lasted:?})"
+        );
+        assert!(
+            lasted < Duration::from_secs(3),
+            "{kind:?}: closed late ({lasted:?})"
+        );
+    }
+
+    // A client that works normally is not disturbed by the short limits.
+    let session = Session::open(&on.url()).await?;
+    for id in 1..=3 {
+        assert_eq!(
+            session.echo(json!(id), "normal", 0, OK_TIMEOUT).await,
+            Outcome::Own
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Upstreams that never answer, fall silent, or stream slowly but alive
+// ---------------------------------------------------------------------------
+
+/// A hand-made upstream: `/never` never answers; `/sse-silent` opens an SSE
+/// stream and then sends nothing; `/sse-alive` sends a keep-alive comment
+/// every 100 ms for 1.2 s, then the answer to id 7.
+async fn slow_upstream() -> anyhow::Result<proxy_support::Served> {
+    use http_body_util::{combinators::UnsyncBoxBody, BodyExt, StreamBody};
+    type Out = UnsyncBoxBody<bytes::Bytes, std::convert::Infallible>;
+    let sse = |frames: futures::stream::BoxStream<'static, &'static str>| -> http::Response<Out> {
+        use futures::StreamExt;
+        let body = StreamBody::new(frames.map(|text| {
+            Ok(http_body::Frame::data(bytes::Bytes::from_static(
+                text.as_bytes(),
+            )))
+        }));
+        http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(BodyExt::boxed_unsync(body))
+            .unwrap()
+    };
+    let service = tower::service_fn(
+        move |request: http::Request<hyper::body::Incoming>| async move {
+            use futures::StreamExt;
+            let response = match request.uri().path() {
+                "/never" => futures::future::pending().await,
+                "/sse-silent" => sse(futures::stream::once(async { ": open\n\n" })
+                    .chain(futures::stream::pending())
+                    .boxed()),
+                _ => sse(futures::stream::unfold(0u32, |sent| async move {
+                    match sent {
+                        0..=11 => {
+                            // The server's own pacing, not synchronisation.
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Some((": keep-alive\n\n", sent + 1))
+                        }
+                        12 => Some((
+                            "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n",
+                            sent + 1,
+                        )),
+                        _ => None,
+                    }
+                })
+                .boxed()),
+            };
+            Ok::<_, std::convert::Infallible>(response)
+        },
+    );
+    proxy_support::serve(service).await
+}
+
+/// POSTs a request with id 7 in session `s` to `url`; returns the status and
+/// the body, or `None` for what has not arrived within `within`.
+async fn call_slow(url: &str, within: Duration) -> (Option<u16>, Option<Result<String, String>>) {
+    let request = reqwest::Client::new()
+        .post(url)
+        .header("accept", ACCEPT)
+        .header("content-type", "application/json")
+        .header("mcp-session-id", "s")
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .body(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}).to_string());
+    let deadline = tokio::time::Instant::now() + within;
+    let Ok(Ok(response)) = tokio::time::timeout_at(deadline, request.send()).await else {
+        return (None, None);
+    };
+    let status = response.status().as_u16();
+    match tokio::time::timeout_at(deadline, response.text()).await {
+        Ok(body) => (
+            Some(status),
+            Some(body.map_err(|error| format!("{error:#}"))),
+        ),
+        Err(_) => (Some(status), None),
+    }
+}
+
+/// An upstream that never answers: awaited for ever with the timeout off
+/// (the old proxy), `504` with a JSON-RPC error carrying the request's id
+/// after 400 ms now. A stream that falls silent: open for ever before, cut
+/// after 400 ms now. A stream kept alive by comments outlives the limit
+/// threefold and delivers its answer.
+#[tokio::test]
+async fn upstream_timeouts_spare_live_streams() -> anyhow::Result<()> {
+    let upstream = slow_upstream().await?;
+    let base = format!("http://{}", upstream.addr);
+    let off = Guard::start(&[
+        "--upstream",
+        &base,
+        "--upstream-response-timeout",
+        "0",
+        "--upstream-idle-timeout",
+        "0",
+    ])
+    .await?;
+    let on = Guard::start(&[
+        "--upstream",
+        &base,
+        "--upstream-response-timeout",
+        "400ms",
+        "--upstream-idle-timeout",
+        "400ms",
+    ])
+    .await?;
+
+    let (never_url, silent_url) = (
+        format!("{}/never", off.base),
+        format!("{}/sse-silent", off.base),
+    );
+    let (never, silent) = tokio::join!(
+        call_slow(&never_url, STAYS_OPEN),
+        call_slow(&silent_url, STAYS_OPEN),
+    );
+    println!("limits off: /never {never:?}, /sse-silent {silent:?} after {STAYS_OPEN:?}");
+    assert_eq!(never, (None, None), "control: the never-answering upstream");
+    assert_eq!(silent, (Some(200), None), "control: the silent stream");
+
+    let started = Instant::now();
+    let (never, silent, alive) = tokio::join!(
+        async {
+            let answer = call_slow(&format!("{}/never", on.base), OK_TIMEOUT).await;
+            (answer, started.elapsed())
+        },
+        async {
+            let answer = call_slow(&format!("{}/sse-silent", on.base), OK_TIMEOUT).await;
+            (answer, started.elapsed())
+        },
+        async {
+            let answer = call_slow(&format!("{}/sse-alive", on.base), OK_TIMEOUT).await;
+            (answer, started.elapsed())
+        },
+    );
+    println!("limits 400ms: /never {never:?}\n/sse-silent {silent:?}\n/sse-alive {alive:?}");
+    let ((status, body), took) = never;
+    assert_eq!(status, Some(504));
+    let error: Value =
+        serde_json::from_str(&body.context("no body")?.map_err(anyhow::Error::msg)?)?;
+    assert_eq!(error["id"], 7, "{error}");
+    assert_eq!(error["error"]["code"], -32603);
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let ((status, body), took) = silent;
+    assert_eq!(status, Some(200));
+    assert!(
+        matches!(body, Some(Err(_))),
+        "the silent stream was not cut: {body:?}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let ((status, body), took) = alive;
+    assert_eq!(status, Some(200));
+    let body = body.context("no body")?.map_err(anyhow::Error::msg)?;
+    assert!(body.contains(r#""id":7,"result""#), "{body}");
+    assert!(took >= Duration::from_millis(1200), "{took:?}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors: the connection cap
+// ---------------------------------------------------------------------------
+
+/// Opens `count` connections to `addr` that never send anything.
+async fn silent_sockets(addr: &str, count: usize) -> anyhow::Result<Vec<TcpStream>> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        sockets.push(tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(addr)).await??);
+    }
+    Ok(sockets)
+}
+
+/// Under `ulimit -n 64`, 80 silent connections: with no cap and no head
+/// timeout (the old proxy), the process runs out of descriptors and a
+/// legitimate client is never served (and `accept` failures are logged at a
+/// bounded rate, not per attempt). With the default cap derived from the
+/// limit (16) and a 300 ms head timeout, the proxy stops accepting at the cap
+/// instead of failing, the silent connections are closed in turn, and the
+/// legitimate client is served.
+#[tokio::test]
+async fn connection_cap_keeps_descriptors_for_real_clients() -> anyhow::Result<()> {
+    let rmcp = Rmcp::start().await?;
+    let old = Guard::start_in(
+        Some(64),
+        &[
+            "--upstream",
+            &rmcp.base,
+            "--max-connections",
+            "100000",
+            "--header-read-timeout",
+            "0",
+        ],
+    )
+    .await?;
+    let _held = silent_sockets(&old.addr, 80).await?;
+    let served = tokio::time::timeout(Duration::from_secs(2), Session::open(&old.url())).await;
+    assert!(
+        !matches!(served, Ok(Ok(_))),
+        "control: a client was served with the descriptors exhausted"
+    );
+    let failures = old.wait_for_lines("accept failed").await?;
+    println!(
+        "control: client not served; {} 'accept failed' line(s) in 2 s: {:?}",
+        failures.len(),
+        failures.first()
+    );
+    assert!(failures.len() <= 2, "{failures:#?}");
+    drop(_held);
+    drop(old);
+
+    let new = Guard::start_in(
+        Some(64),
+        &["--upstream", &rmcp.base, "--header-read-timeout", SHORT],
+    )
+    .await?;
+    new.wait_for_lines("at most 16 open (descriptor limit 64)")
+        .await?;
+    let _held = silent_sockets(&new.addr, 80).await?;
+    let started = Instant::now();
+    let session = tokio::time::timeout(OK_TIMEOUT, Session::open(&new.url())).await??;
+    let waited = started.elapsed();
+    assert_eq!(
+        session.echo(json!(1), "served", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    println!("default cap 16: client served after {waited:?} behind 80 silent connections");
+    assert!(new.lines_with("accept failed").is_empty());
+    assert!(!new.lines_with("client connections open").is_empty());
     Ok(())
 }

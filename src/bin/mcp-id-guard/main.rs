@@ -5,10 +5,12 @@
 //! mcp-id-guard --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000
 //! ```
 
+use std::convert::Infallible;
 use std::future::poll_fn;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -17,13 +19,23 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing_subscriber::EnvFilter;
+
+mod connection;
+mod limits;
+
+use connection::TimedBody;
+
+/// The first pause after a failed `accept`.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// The longest pause after failed `accept`s in a row.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Guards an MCP streamable-HTTP server against concurrent requests that
 /// reuse a JSON-RPC id in one session: a reverse proxy that gives every
@@ -158,6 +170,75 @@ struct Args {
     #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
     preserve_host: bool,
 
+    /// How long a client may take to send a whole request head, from when
+    /// it connects (protocol detection and the HTTP/2 preface included) or
+    /// sends the first byte of a later request. Slow-header clients hold a
+    /// connection each; legitimate ones send a head in milliseconds. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_HEADER_READ_TIMEOUT",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
+    header_read_timeout: Duration,
+
+    /// Longest pause in a request body while the proxy waits for it; then
+    /// the request fails and the connection closes. MCP POST bodies are
+    /// small and sent at once. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_REQUEST_BODY_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    request_body_timeout: Duration,
+
+    /// How long a connection may stay open with no request in progress. As
+    /// nginx's default, and above the idle timeouts of common load balancers
+    /// in front (60s), so they close first. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_KEEP_ALIVE_TIMEOUT",
+        default_value = "75s",
+        value_parser = parse_duration
+    )]
+    keep_alive_timeout: Duration,
+
+    /// How long the upstream may take to send response headers; then the
+    /// client gets 504 with a JSON-RPC error carrying its id. Streaming
+    /// (SSE) servers send headers at once; servers answering with plain JSON
+    /// send them when the tool finishes: set it above your longest tool
+    /// call. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_RESPONSE_TIMEOUT",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    upstream_response_timeout: Duration,
+
+    /// Longest pause in an upstream response body (SSE stream) before the
+    /// client's response is cut. SSE keep-alive comments count as activity
+    /// (rmcp and python-sdk send one every 15s), so healthy streams stay
+    /// open; clients reconnect cut GET streams. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_IDLE_TIMEOUT",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    upstream_idle_timeout: Duration,
+
+    /// Most client connections open at once; past it the proxy stops
+    /// accepting until one closes. Default: half the descriptor limit
+    /// (ulimit -n) after a reserve, so client and upstream connections fit.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_connections: Option<u32>,
+
     /// On SIGINT/SIGTERM, how long open requests and streams may go on
     /// before they are cut (e.g. 10s).
     #[arg(
@@ -267,9 +348,11 @@ fn host_policy(args: &Args) -> Result<HostPolicy, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let hosts = std::sync::Arc::new(host_policy(&args)?);
+    let hosts = Arc::new(host_policy(&args)?);
     let proxy = Proxy::builder()
         .connect_timeout(args.connect_timeout)
+        .response_timeout(enabled(args.upstream_response_timeout))
+        .idle_timeout(enabled(args.upstream_idle_timeout))
         .preserve_host(args.preserve_host)
         .build(&args.upstream)
         .map_err(|error| error.to_string())?;
@@ -309,77 +392,175 @@ async fn run(args: Args) -> Result<(), String> {
         env!("CARGO_PKG_VERSION"),
     );
 
+    let descriptors = limits::descriptor_limit();
+    let max_connections = args.max_connections.map_or_else(
+        || limits::connections_for(descriptors),
+        |max| usize::try_from(max).unwrap_or(usize::MAX),
+    );
+    tracing::info!(
+        "client connections: at most {max_connections} open (descriptor limit {descriptors}); \
+         timeouts: request head {}, request body pause {}, keep-alive {}, upstream response {}, \
+         upstream pause {}",
+        shown(args.header_read_timeout),
+        shown(args.request_body_timeout),
+        shown(args.keep_alive_timeout),
+        shown(args.upstream_response_timeout),
+        shown(args.upstream_idle_timeout),
+    );
+
     let mut server = auto::Builder::new(TokioExecutor::new());
-    server.http1().timer(TokioTimer::new());
+    // The connection watchdog times request heads (hyper's own timer would
+    // also cut idle keep-alive connections, and never sees protocol
+    // detection or HTTP/2).
+    server
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None);
     server.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
+    let limits = connection::Limits {
+        header_read: enabled(args.header_read_timeout),
+        keep_alive: enabled(args.keep_alive_timeout),
+        body_idle: enabled(args.request_body_timeout),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // One permit per open client connection: when none is left, the proxy
+    // stops accepting (the kernel's backlog holds new connections) instead
+    // of running out of descriptors.
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let mut full_warning = limits::Every::new(Duration::from_secs(10));
+    let mut accept_warning = limits::Every::new(Duration::from_secs(10));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut shutdown = std::pin::pin!(shutdown_signal());
 
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of file descriptors and the like: back off a
-                        // little instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                }
-                let service = service.clone();
-                let hosts = hosts.clone();
-                let per_connection = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                    request.extensions_mut().insert(ClientAddr(peer));
-                    let mut service = service.clone();
-                    // Checked before the guard reads anything: a rebound page's
-                    // request never reaches the upstream.
-                    let refused = hosts.check(&request).err();
-                    async move {
-                        if let Some(refusal) = refused {
-                            return Ok::<_, std::convert::Infallible>(refusal.into_response().map(Either::Right));
-                        }
-                        poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(&mut service, cx)).await?;
-                        Ok(service.call(request).await?.map(Either::Left))
-                    }
-                });
-                let connection = server
-                    .serve_connection(TokioIo::new(stream), per_connection)
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%peer, error = %error, "connection ended with an error");
-                    }
-                });
-            }
-            signal = &mut shutdown => {
-                tracing::info!("{signal} received; no longer accepting connections");
-                break;
+    let signal = loop {
+        if permits.available_permits() == 0 {
+            if let Some(suppressed) = full_warning.ready() {
+                tracing::warn!(
+                    "{max_connections} client connections open (--max-connections); new ones wait \
+                     until one closes ({suppressed} more times since the last such line)"
+                );
             }
         }
-    }
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break "the connection table closed",
+            },
+            signal = &mut shutdown => break signal,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => {
+                    backoff = ACCEPT_BACKOFF_MIN;
+                    accepted
+                }
+                Err(error) => {
+                    // Out of descriptors and the like: each retry would fail
+                    // the same way at once. Back off (up to a second) and log
+                    // a line per interval, not per attempt.
+                    if let Some(suppressed) = accept_warning.ready() {
+                        tracing::warn!(
+                            %error,
+                            "accept failed; retrying in {backoff:?} ({suppressed} more failures since the last such line)"
+                        );
+                    }
+                    drop(permit);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        signal = &mut shutdown => break signal,
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
+                }
+            },
+            signal = &mut shutdown => break signal,
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+        let activity = connection::Activity::new();
+        let service = service.clone();
+        let hosts = hosts.clone();
+        let watched = Arc::clone(&activity);
+        let body_idle = limits.body_idle;
+        let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let active = watched.request_started(request.version() == http::Version::HTTP_2);
+            let (mut parts, body) = request.into_parts();
+            parts.extensions.insert(ClientAddr(peer));
+            let request = Request::from_parts(
+                parts,
+                connection::TimedBody::new(body, body_idle, Arc::clone(&watched)),
+            );
+            let mut service = service.clone();
+            // Checked before the guard reads anything: a rebound page's
+            // request never reaches the upstream.
+            let refused = hosts.check(&request).err();
+            async move {
+                if let Some(refusal) = refused {
+                    let response = refusal.into_response().map(Either::Right);
+                    return Ok::<_, Infallible>(
+                        response.map(|body| connection::Tracked::new(body, active)),
+                    );
+                }
+                poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx)).await?;
+                let response = service.call(request).await?.map(Either::Left);
+                Ok(response.map(|body| connection::Tracked::new(body, active)))
+            }
+        });
+        let served = server
+            .serve_connection(
+                TokioIo::new(connection::Watched::new(stream, Arc::clone(&activity))),
+                per_connection,
+            )
+            .into_owned();
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            connection::drive(
+                served,
+                |served| served.graceful_shutdown(),
+                activity,
+                limits,
+                stopped,
+                peer,
+            )
+            .await;
+            drop(permit);
+        });
+    };
+    tracing::info!("{signal} received; no longer accepting connections");
     drop(listener);
 
-    let open = graceful.count();
+    let _ = stop.send(true);
+    let open = max_connections - permits.available_permits();
     if open > 0 {
         tracing::info!(
             "waiting up to {:?} for {open} open connection(s) to finish",
             args.grace_period
         );
     }
-    match tokio::time::timeout(args.grace_period, graceful.shutdown()).await {
-        Ok(()) => tracing::info!("shut down"),
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    match tokio::time::timeout(args.grace_period, permits.acquire_many(all)).await {
+        Ok(_) => tracing::info!("shut down"),
         Err(_) => tracing::warn!(
             "grace period of {:?} over; cutting the connections still open",
             args.grace_period
         ),
     }
     Ok(())
+}
+
+/// A duration flag where `0` turns the limit off.
+fn enabled(limit: Duration) -> Option<Duration> {
+    (!limit.is_zero()).then_some(limit)
+}
+
+/// A duration flag for the startup line.
+fn shown(limit: Duration) -> String {
+    if limit.is_zero() {
+        "off".to_owned()
+    } else {
+        format!("{limit:?}")
+    }
 }
 
 /// Resolves with the signal's name on SIGINT (Ctrl-C) or SIGTERM.
