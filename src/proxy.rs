@@ -154,6 +154,7 @@ use crate::future::media_type;
 use crate::reply;
 
 mod body;
+mod capped;
 mod headers;
 mod rebinding;
 mod upstream;
@@ -162,6 +163,7 @@ pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
+use capped::{CappedConnector, UpstreamBusy};
 use upstream::Upstream;
 
 /// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
@@ -178,8 +180,18 @@ const PEEK_LIMIT: u64 = 4 * 1024 * 1024;
 /// The default upstream connect timeout.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long an idle upstream connection stays in the pool by default.
-const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an idle upstream connection stays in the pool by default: below
+/// the 5 s keep-alive of uvicorn and Node's HTTP server, so the proxy closes
+/// an idle connection before the upstream does (a request sent on a
+/// connection the upstream is closing at that moment would fail).
+const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Upstream connections open at once by default (envoy's default circuit
+/// breaker allows as many).
+const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// How long a request waits for a free upstream connection by default.
+const DEFAULT_CONNECTION_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the upstream may take to send its response headers by default:
 /// long enough for slow tool calls answered as plain JSON, which servers
@@ -218,7 +230,7 @@ pub struct ClientAddr(pub SocketAddr);
 /// Cloning is cheap; clones share one connection pool.
 #[derive(Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, OutBody>,
+    client: Client<CappedConnector, OutBody>,
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
     preserve_host: bool,
@@ -283,6 +295,8 @@ pub struct ProxyBuilder {
     preserve_host: bool,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
+    max_connections: Option<usize>,
+    connection_wait: Duration,
 }
 
 impl Default for ProxyBuilder {
@@ -293,6 +307,8 @@ impl Default for ProxyBuilder {
             preserve_host: false,
             response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections: Some(DEFAULT_MAX_CONNECTIONS),
+            connection_wait: DEFAULT_CONNECTION_WAIT,
         }
     }
 }
@@ -305,9 +321,29 @@ impl ProxyBuilder {
         self
     }
 
-    /// How long an idle upstream connection stays in the pool (default 90 s).
+    /// How long an idle upstream connection stays in the pool (default 4 s:
+    /// below the 5 s keep-alive of uvicorn and Node's HTTP server, so the
+    /// proxy, not the upstream, closes idle connections, and a request is
+    /// never sent on a connection the upstream is closing).
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// The most upstream connections open at once, idle pooled ones included
+    /// (default 1024; `None` for no cap). A request that finds them all busy
+    /// waits up to [`connection_wait`](Self::connection_wait) for one, then
+    /// gets `503 Service Unavailable` with a JSON-RPC `-32000` error carrying
+    /// its id. Each open SSE stream holds a connection.
+    pub fn max_connections(mut self, max: Option<usize>) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// How long a request waits for a free upstream connection under
+    /// [`max_connections`](Self::max_connections) (default 5 s).
+    pub fn connection_wait(mut self, wait: Duration) -> Self {
+        self.connection_wait = wait;
         self
     }
 
@@ -359,10 +395,15 @@ impl ProxyBuilder {
         // Small SSE events and JSON bodies must not wait for Nagle.
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
+        let connector = CappedConnector::new(connector, self.max_connections, self.connection_wait);
+        let mut client = Client::builder(TokioExecutor::new());
+        client
             .pool_idle_timeout(self.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+            .pool_timer(TokioTimer::new());
+        if let Some(max) = self.max_connections {
+            client.pool_max_idle_per_host(max);
+        }
+        let client = client.build(connector);
         Ok(Proxy {
             client,
             upstream: Arc::new(upstream),
@@ -490,6 +531,15 @@ impl Proxy {
                 Response::from_parts(parts, ProxyBody::upstream(body, self.idle_timeout))
             }
             Err(error) => {
+                if let Some(busy) = find::<UpstreamBusy>(&error) {
+                    tracing::warn!(%method, %uri, "{busy}; answered 503");
+                    return local(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &ids,
+                        reply::SERVER_ERROR,
+                        "Service Unavailable: every upstream connection is busy; retry later",
+                    );
+                }
                 let message = if !error.is_connect() {
                     "Bad Gateway: the upstream MCP server failed before answering"
                 } else if is_timeout(&error) {
@@ -589,6 +639,20 @@ fn local(status: StatusCode, ids: &ErrorIds, code: i32, message: &str) -> Respon
         }
     };
     response.map(ProxyBody::local)
+}
+
+/// The first error of type `E` in an error's chain.
+fn find<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// Whether an upstream error was a connect timeout.

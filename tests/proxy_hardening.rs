@@ -908,3 +908,269 @@ async fn connection_cap_keeps_descriptors_for_real_clients() -> anyhow::Result<(
     assert!(!new.lines_with("client connections open").is_empty());
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Upstream bounds
+// ---------------------------------------------------------------------------
+
+/// A hand-made upstream that holds every request until released and records
+/// which connections (client ports) it was reached on.
+struct Counting {
+    served: proxy_support::Served,
+    arrived: tokio::sync::Mutex<mpsc::UnboundedReceiver<std::net::SocketAddr>>,
+    release: tokio::sync::watch::Sender<bool>,
+    peers: Arc<Mutex<std::collections::HashSet<std::net::SocketAddr>>>,
+}
+
+impl Counting {
+    async fn start() -> anyhow::Result<Self> {
+        let (arrived_tx, arrived) = mpsc::unbounded_channel();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let peers = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let seen = Arc::clone(&peers);
+        let service = tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            let peer = request
+                .extensions()
+                .get::<mcp_id_guard::proxy::ClientAddr>()
+                .map(|addr| addr.0);
+            let (arrived_tx, mut released, seen) =
+                (arrived_tx.clone(), released.clone(), Arc::clone(&seen));
+            async move {
+                if let Some(peer) = peer {
+                    seen.lock().unwrap().insert(peer);
+                    let _ = arrived_tx.send(peer);
+                }
+                if request.uri().path() == "/hold" {
+                    let _ = released.wait_for(|released| *released).await;
+                }
+                // Answer the request's own id.
+                use http_body_util::BodyExt;
+                let body = request
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|body| body.to_bytes());
+                let id = body
+                    .ok()
+                    .and_then(|body| serde_json::from_slice::<Value>(&body).ok())
+                    .map_or(Value::Null, |message| message["id"].clone());
+                let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string();
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(answer)))
+                        .unwrap(),
+                )
+            }
+        });
+        Ok(Self {
+            served: proxy_support::serve(service).await?,
+            arrived: tokio::sync::Mutex::new(arrived),
+            release,
+            peers,
+        })
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.served.addr)
+    }
+
+    /// Waits (bounded) for `count` more requests to arrive.
+    async fn wait_arrivals(&self, count: usize) -> anyhow::Result<()> {
+        let mut arrived = self.arrived.lock().await;
+        for _ in 0..count {
+            tokio::time::timeout(OK_TIMEOUT, arrived.recv())
+                .await
+                .context("requests did not arrive")?;
+        }
+        Ok(())
+    }
+
+    /// Requests that arrived within `window`, beyond those waited for.
+    async fn more_arrivals(&self, window: Duration) -> usize {
+        let mut arrived = self.arrived.lock().await;
+        let mut count = 0;
+        while let Ok(Some(_)) = tokio::time::timeout(window, arrived.recv()).await {
+            count += 1;
+        }
+        count
+    }
+
+    fn connections(&self) -> usize {
+        self.peers.lock().unwrap().len()
+    }
+}
+
+/// POSTs a JSON request with `id` (in session `s`) to `url`.
+async fn post_id(url: &str, id: u64) -> anyhow::Result<(u16, Value)> {
+    let (status, body) = post_with(
+        url,
+        &[
+            ("mcp-session-id", "s"),
+            ("mcp-protocol-version", PROTOCOL_VERSION),
+        ],
+        &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {}}),
+    )
+    .await?;
+    Ok((
+        status,
+        serde_json::from_str(&body).with_context(|| body.clone())?,
+    ))
+}
+
+/// 40 concurrent requests the upstream holds: without a cap (the old
+/// proxy) they open 40 upstream connections; with `--max-upstream-connections
+/// 8` at most 8 reach the upstream, the rest wait for a connection and all 40
+/// are answered, over 8 connections, once the upstream lets go.
+#[tokio::test]
+async fn upstream_connections_are_capped() -> anyhow::Result<()> {
+    for (cap, expected) in [("100000", 40), ("8", 8)] {
+        let upstream = Counting::start().await?;
+        let guard = Guard::start(&[
+            "--upstream",
+            &upstream.base(),
+            "--max-upstream-connections",
+            cap,
+            "--upstream-queue-timeout",
+            "10s",
+        ])
+        .await?;
+        let url = format!("{}/hold", guard.base);
+        let calls: Vec<_> = (1..=40u64)
+            .map(|id| {
+                let url = url.clone();
+                tokio::spawn(async move { post_id(&url, id).await })
+            })
+            .collect();
+        upstream.wait_arrivals(expected).await?;
+        let extra = upstream.more_arrivals(Duration::from_millis(300)).await;
+        assert_eq!(extra, 0, "cap {cap}: more requests reached the upstream");
+        let connections = upstream.connections();
+        let _ = upstream.release.send(true);
+        for (id, call) in (1..=40u64).zip(calls) {
+            let (status, answer) = call.await??;
+            assert_eq!((status, &answer["id"]), (200, &json!(id)), "{answer}");
+        }
+        println!(
+            "cap {cap}: {expected} requests at the upstream at once, {connections} upstream connections; \
+             all 40 answered, {} connections in all",
+            upstream.connections()
+        );
+        assert_eq!(connections, expected);
+        assert!(upstream.connections() <= expected);
+    }
+    Ok(())
+}
+
+/// With every upstream connection busy past `--upstream-queue-timeout`, a
+/// request gets `503` with a JSON-RPC error carrying its id.
+#[tokio::test]
+async fn a_request_that_finds_no_connection_gets_503() -> anyhow::Result<()> {
+    let upstream = Counting::start().await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &upstream.base(),
+        "--max-upstream-connections",
+        "2",
+        "--upstream-queue-timeout",
+        "300ms",
+    ])
+    .await?;
+    let url = format!("{}/hold", guard.base);
+    let held: Vec<_> = (1..=2u64)
+        .map(|id| {
+            let url = url.clone();
+            tokio::spawn(async move { post_id(&url, id).await })
+        })
+        .collect();
+    upstream.wait_arrivals(2).await?;
+    let started = Instant::now();
+    let (status, answer) = post_id(&url, 3).await?;
+    let waited = started.elapsed();
+    println!("third request with 2 busy connections: {status} after {waited:?}: {answer}");
+    assert_eq!(status, 503);
+    assert_eq!(answer["id"], 3);
+    assert_eq!(answer["error"]["code"], -32000);
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    let _ = upstream.release.send(true);
+    for call in held {
+        assert_eq!(call.await??.0, 200);
+    }
+    Ok(())
+}
+
+/// Idle pooled connections are closed after `--pool-idle-timeout`: with a
+/// long one (the old 90 s) two requests 600 ms apart share a connection;
+/// with 200 ms the second needs a new one.
+#[tokio::test]
+async fn idle_pooled_connections_are_closed() -> anyhow::Result<()> {
+    for (idle, expected) in [("90s", 1), ("200ms", 2)] {
+        let upstream = Counting::start().await?;
+        let guard =
+            Guard::start(&["--upstream", &upstream.base(), "--pool-idle-timeout", idle]).await?;
+        let url = format!("{}/now", guard.base);
+        assert_eq!(post_id(&url, 1).await?.0, 200);
+        // The pool's own timer is what is tested: wait past it.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(post_id(&url, 2).await?.0, 200);
+        println!(
+            "pool idle {idle}: {} upstream connection(s)",
+            upstream.connections()
+        );
+        assert_eq!(upstream.connections(), expected, "pool idle {idle}");
+    }
+    Ok(())
+}
+
+/// Request heads: with the limit off (hyper's ~400 KiB, the old proxy) a
+/// 100 KiB header reaches the upstream; with the default 32 KiB limit a
+/// 40 KiB head gets `431` with a JSON-RPC error, a 100 KiB one `431` (or the
+/// connection closed while it is still being sent), and a 20 KiB one passes.
+#[tokio::test]
+async fn oversized_request_heads_get_431() -> anyhow::Result<()> {
+    let upstream = Counting::start().await?;
+    let off = Guard::start(&["--upstream", &upstream.base(), "--max-header-bytes", "0"]).await?;
+    let on = Guard::start(&["--upstream", &upstream.base()]).await?;
+    let big = |kib: usize| "a".repeat(kib * 1024);
+    let send = |url: String, value: String| async move {
+        let request = reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .header("x-padding", value)
+            .body(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string());
+        match tokio::time::timeout(OK_TIMEOUT, request.send()).await {
+            Ok(Ok(response)) => {
+                let status = response.status().as_u16();
+                let body = response.text().await.unwrap_or_default();
+                Ok((status, body))
+            }
+            Ok(Err(error)) => Err(format!("{error:#}")),
+            Err(_) => Err("timed out".to_owned()),
+        }
+    };
+    let control = send(format!("{}/now", off.base), big(100)).await;
+    assert_eq!(
+        control.as_ref().map(|answer| answer.0),
+        Ok(200),
+        "control: {control:?}"
+    );
+
+    let (status, body) = send(format!("{}/now", on.base), big(40))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(status, 431, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body)?["error"]["code"],
+        -32600
+    );
+    let huge = send(format!("{}/now", on.base), big(100)).await;
+    assert!(
+        matches!(huge, Ok((431, _)) | Err(_)),
+        "a 100 KiB head: {huge:?}"
+    );
+    let small = send(format!("{}/now", on.base), big(20)).await;
+    assert_eq!(small.as_ref().map(|answer| answer.0), Ok(200), "{small:?}");
+    println!("100 KiB head, limit off: 200; limit 32 KiB: 40 KiB -> 431 JSON, 100 KiB -> {:?}, 20 KiB -> 200",
+        huge.map(|answer| answer.0));
+    Ok(())
+}

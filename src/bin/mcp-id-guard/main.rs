@@ -13,8 +13,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use http_body_util::Either;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -31,6 +32,12 @@ mod connection;
 mod limits;
 
 use connection::TimedBody;
+
+/// Read buffer room beyond --max-header-bytes, so a head a little over the
+/// limit still gets the JSON-RPC answer.
+const HEAD_BUFFER_SLACK: usize = 8 * 1024;
+/// hyper's smallest HTTP/1 read buffer.
+const MIN_READ_BUFFER: usize = 8 * 1024;
 
 /// The first pause after a failed `accept`.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -239,6 +246,48 @@ struct Args {
     )]
     max_connections: Option<u32>,
 
+    /// Most upstream connections open at once, idle pooled ones included
+    /// (each open SSE stream holds one); requests that find none free wait
+    /// up to --upstream-queue-timeout, then get 503. Default: 1024 (envoy's
+    /// default), or less when the descriptor limit leaves less room.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_UPSTREAM_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_upstream_connections: Option<u32>,
+
+    /// How long a request waits for a free upstream connection before it
+    /// gets 503 with a JSON-RPC error carrying its id.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_QUEUE_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    upstream_queue_timeout: Duration,
+
+    /// How long an idle upstream connection stays pooled: below the 5s
+    /// keep-alive of uvicorn and Node's HTTP server, so the proxy closes idle
+    /// connections before the upstream does.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_POOL_IDLE_TIMEOUT",
+        default_value = "4s",
+        value_parser = parse_duration
+    )]
+    pool_idle_timeout: Duration,
+
+    /// Largest request head (request line and headers) in bytes; larger
+    /// ones get 431. Bounds each connection's read buffer too (nginx allows
+    /// about 32 KiB). 0: hyper's defaults (about 400 KiB).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_HEADER_BYTES",
+        default_value_t = 32 * 1024
+    )]
+    max_header_bytes: usize,
+
     /// On SIGINT/SIGTERM, how long open requests and streams may go on
     /// before they are cut (e.g. 10s).
     #[arg(
@@ -349,7 +398,15 @@ fn host_policy(args: &Args) -> Result<HostPolicy, String> {
 
 async fn run(args: Args) -> Result<(), String> {
     let hosts = Arc::new(host_policy(&args)?);
+    let descriptors = limits::descriptor_limit();
+    let max_upstream = args.max_upstream_connections.map_or_else(
+        || limits::connections_for(descriptors).min(1024),
+        |max| usize::try_from(max).unwrap_or(usize::MAX),
+    );
     let proxy = Proxy::builder()
+        .max_connections(Some(max_upstream))
+        .connection_wait(args.upstream_queue_timeout)
+        .pool_idle_timeout(args.pool_idle_timeout)
         .connect_timeout(args.connect_timeout)
         .response_timeout(enabled(args.upstream_response_timeout))
         .idle_timeout(enabled(args.upstream_idle_timeout))
@@ -392,15 +449,15 @@ async fn run(args: Args) -> Result<(), String> {
         env!("CARGO_PKG_VERSION"),
     );
 
-    let descriptors = limits::descriptor_limit();
     let max_connections = args.max_connections.map_or_else(
         || limits::connections_for(descriptors),
         |max| usize::try_from(max).unwrap_or(usize::MAX),
     );
     tracing::info!(
         "client connections: at most {max_connections} open (descriptor limit {descriptors}); \
-         timeouts: request head {}, request body pause {}, keep-alive {}, upstream response {}, \
+         upstream connections: at most {max_upstream}; request heads: at most {} bytes; timeouts: request head {}, request body pause {}, keep-alive {}, upstream response {}, \
          upstream pause {}",
+        if args.max_header_bytes == 0 { "hyper's default".to_owned() } else { args.max_header_bytes.to_string() },
         shown(args.header_read_timeout),
         shown(args.request_body_timeout),
         shown(args.keep_alive_timeout),
@@ -417,6 +474,17 @@ async fn run(args: Args) -> Result<(), String> {
         .timer(TokioTimer::new())
         .header_read_timeout(None);
     server.http2().timer(TokioTimer::new());
+    let max_header_bytes = (args.max_header_bytes > 0).then_some(args.max_header_bytes);
+    if let Some(max) = max_header_bytes {
+        // A head that outgrows the read buffer gets hyper's own bare 431;
+        // one that fits but is over the limit gets the JSON-RPC 431 below.
+        server
+            .http1()
+            .max_buf_size(max.saturating_add(HEAD_BUFFER_SLACK).max(MIN_READ_BUFFER));
+        server
+            .http2()
+            .max_header_list_size(u32::try_from(max).unwrap_or(u32::MAX));
+    }
     let limits = connection::Limits {
         header_read: enabled(args.header_read_timeout),
         keep_alive: enabled(args.keep_alive_timeout),
@@ -492,18 +560,29 @@ async fn run(args: Args) -> Result<(), String> {
                 connection::TimedBody::new(body, body_idle, Arc::clone(&watched)),
             );
             let mut service = service.clone();
+            let too_large = max_header_bytes
+                .filter(|max| head_size(&request) > *max)
+                .map(|max| header_too_large(max).map(Either::Right));
             // Checked before the guard reads anything: a rebound page's
             // request never reaches the upstream.
             let refused = hosts.check(&request).err();
             async move {
-                if let Some(refusal) = refused {
-                    let response = refusal.into_response().map(Either::Right);
+                if let Some(response) = too_large {
                     return Ok::<_, Infallible>(
                         response.map(|body| connection::Tracked::new(body, active)),
                     );
                 }
+                if let Some(refusal) = refused {
+                    let response = refusal
+                        .into_response()
+                        .map(|body| Either::Left(Either::Right(body)));
+                    return Ok(response.map(|body| connection::Tracked::new(body, active)));
+                }
                 poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx)).await?;
-                let response = service.call(request).await?.map(Either::Left);
+                let response = service
+                    .call(request)
+                    .await?
+                    .map(|body| Either::Left(Either::Left(body)));
                 Ok(response.map(|body| connection::Tracked::new(body, active)))
             }
         });
@@ -547,6 +626,44 @@ async fn run(args: Args) -> Result<(), String> {
         ),
     }
     Ok(())
+}
+
+/// The size of a request head as HTTP/1.1 sends it: request line, and each
+/// header as `name: value` and a line break.
+fn head_size<B>(request: &Request<B>) -> usize {
+    let uri = request.uri();
+    let target = uri
+        .path_and_query()
+        .map_or(1, |target| target.as_str().len())
+        + uri
+            .authority()
+            .map_or(0, |authority| authority.as_str().len());
+    let line = request.method().as_str().len() + target + 12;
+    request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + line
+}
+
+/// `431` with a JSON-RPC error (the body has not been read: `id` null).
+fn header_too_large(max: usize) -> http::Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32600,
+            "message": format!("Invalid Request: request headers exceed the limit of {max} bytes"),
+        },
+    });
+    let mut response = http::Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// A duration flag where `0` turns the limit off.
