@@ -78,12 +78,13 @@
 //! - **`Host`** is set to the upstream's authority (`127.0.0.1:8000`), so
 //!   servers that validate it against loopback names (rmcp's default
 //!   `allowed_hosts`, DNS-rebinding protection in other SDKs) accept proxied
-//!   requests. The client's `Host` (or HTTP/2 `:authority`) is kept in
+//!   requests, unless [`ProxyBuilder::preserve_host`] keeps the client's.
+//!   The client's `Host` (or HTTP/2 `:authority`) is kept in
 //!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
-//!   This also means the upstream's own `Host` check no longer sees what the
-//!   browser sent: keep the proxy on loopback (or behind something that
-//!   checks `Host`) if that check is your DNS-rebinding protection. `Origin`
-//!   is forwarded, so Origin allow-lists keep working.
+//!   Since the upstream's own `Host` check no longer sees what the browser
+//!   sent, check it in front of the proxy with [`HostPolicy`] (the
+//!   `mcp-id-guard` binary does, before the guard). `Origin` is forwarded,
+//!   so Origin allow-lists keep working.
 //! - **`X-Forwarded-For`** gets the client's IP appended (after any values
 //!   earlier proxies put there) when the request carries a [`ClientAddr`]
 //!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
@@ -111,6 +112,12 @@
 //! request's id is restored in this body like in any other response. In every
 //! other case (`GET`, `DELETE`, notifications, bodies of unknown length, which
 //! stream through unread) the `id` is `null`.
+//!
+//! When every upstream connection stays busy (see
+//! [`ProxyBuilder::max_connections`]) the answer is `503 Service Unavailable`
+//! with code `-32000`, and when the upstream sends no response headers in
+//! time, `504 Gateway Timeout` with code `-32603`; both carry the ids as
+//! above.
 //!
 //! Statuses the upstream answers itself (404 for an unknown session, 500, ...)
 //! pass through unchanged. When the upstream connection breaks after the
