@@ -165,6 +165,7 @@ mod capped;
 mod headers;
 mod rebinding;
 mod upstream;
+mod warnings;
 
 pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
@@ -231,6 +232,58 @@ type OutBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub SocketAddr);
 
+/// Why the proxy answered a request itself instead of the upstream: a
+/// response extension on the proxy's own `502`, `503` and `504` answers (it
+/// survives the guard), for metrics. Statuses the upstream sends itself carry
+/// none.
+///
+/// ```
+/// # use mcp_id_guard::proxy::UpstreamFailure;
+/// # let response = http::Response::new(());
+/// let kind = response.extensions().get::<UpstreamFailure>().map(|kind| kind.as_str());
+/// # assert_eq!(kind, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UpstreamFailure {
+    /// The connection was refused or failed (`502`).
+    Unreachable,
+    /// The upstream did not accept the connection within the connect
+    /// timeout (`502`).
+    ConnectTimeout,
+    /// The connection closed, or carried something that is not HTTP, before
+    /// the response headers (`502`).
+    FailedBeforeAnswer,
+    /// No response headers within
+    /// [`response_timeout`](ProxyBuilder::response_timeout) (`504`).
+    ResponseTimeout,
+    /// Every upstream connection stayed busy for
+    /// [`connection_wait`](ProxyBuilder::connection_wait) (`503`).
+    Busy,
+}
+
+impl UpstreamFailure {
+    /// Every kind, in declaration order.
+    pub const ALL: [Self; 5] = [
+        Self::Unreachable,
+        Self::ConnectTimeout,
+        Self::FailedBeforeAnswer,
+        Self::ResponseTimeout,
+        Self::Busy,
+    ];
+
+    /// A short name, such as `unreachable` or `response_timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::FailedBeforeAnswer => "failed_before_answer",
+            Self::ResponseTimeout => "response_timeout",
+            Self::Busy => "busy",
+        }
+    }
+}
+
 /// A [`tower_service::Service`] that forwards requests to an upstream HTTP
 /// server. See the [module docs](self) for what it forwards and how.
 ///
@@ -243,6 +296,7 @@ pub struct Proxy {
     preserve_host: bool,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
+    warnings: Arc<warnings::Warnings>,
 }
 
 impl fmt::Debug for Proxy {
@@ -418,6 +472,7 @@ impl ProxyBuilder {
             preserve_host: self.preserve_host,
             response_timeout: self.response_timeout,
             idle_timeout: self.idle_timeout,
+            warnings: Arc::default(),
         })
     }
 }
@@ -514,13 +569,18 @@ impl Proxy {
             Some(limit) => match tokio::time::timeout(limit, sent).await {
                 Ok(answered) => answered,
                 Err(_) => {
-                    tracing::warn!(
-                        %method,
-                        %uri,
-                        timeout = ?limit,
-                        "upstream sent no response headers in time; answered 504"
-                    );
-                    return local(
+                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::ResponseTimeout)
+                    {
+                        tracing::warn!(
+                            %method,
+                            %uri,
+                            timeout = ?limit,
+                            "upstream sent no response headers in time; answered 504 \
+                             ({suppressed} more since the last such line)"
+                        );
+                    }
+                    return failed(
+                        UpstreamFailure::ResponseTimeout,
                         StatusCode::GATEWAY_TIMEOUT,
                         &ids,
                         INTERNAL_ERROR,
@@ -539,29 +599,56 @@ impl Proxy {
             }
             Err(error) => {
                 if let Some(busy) = find::<UpstreamBusy>(&error) {
-                    tracing::warn!(%method, %uri, "{busy}; answered 503");
-                    return local(
+                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::Busy) {
+                        tracing::warn!(
+                            %method,
+                            %uri,
+                            "{busy}; answered 503 ({suppressed} more since the last such line)"
+                        );
+                    }
+                    return failed(
+                        UpstreamFailure::Busy,
                         StatusCode::SERVICE_UNAVAILABLE,
                         &ids,
                         reply::SERVER_ERROR,
                         "Service Unavailable: every upstream connection is busy; retry later",
                     );
                 }
-                let message = if !error.is_connect() {
-                    "Bad Gateway: the upstream MCP server failed before answering"
+                let (failure, message) = if !error.is_connect() {
+                    (
+                        UpstreamFailure::FailedBeforeAnswer,
+                        "Bad Gateway: the upstream MCP server failed before answering",
+                    )
                 } else if is_timeout(&error) {
-                    "Bad Gateway: the upstream MCP server did not accept the connection in time"
+                    (
+                        UpstreamFailure::ConnectTimeout,
+                        "Bad Gateway: the upstream MCP server did not accept the connection in time",
+                    )
                 } else {
-                    "Bad Gateway: the upstream MCP server could not be reached"
+                    (
+                        UpstreamFailure::Unreachable,
+                        "Bad Gateway: the upstream MCP server could not be reached",
+                    )
                 };
-                tracing::warn!(
-                    %method,
-                    %uri,
-                    error = %error_chain(&error),
-                    connect_timeout = ?self.connect_timeout,
-                    "upstream request failed; answered 502"
-                );
-                local(StatusCode::BAD_GATEWAY, &ids, INTERNAL_ERROR, message)
+                // An upstream that is down fails every request: one line per
+                // interval and kind, with the count, not one per request.
+                if let Some(suppressed) = self.warnings.ready(failure) {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        error = %error_chain(&error),
+                        connect_timeout = ?self.connect_timeout,
+                        "upstream request failed; answered 502 ({suppressed} more {} since the last such line)",
+                        failure.as_str(),
+                    );
+                }
+                failed(
+                    failure,
+                    StatusCode::BAD_GATEWAY,
+                    &ids,
+                    INTERNAL_ERROR,
+                    message,
+                )
             }
         }
     }
@@ -634,6 +721,19 @@ impl ErrorIds {
             None => Self::Null,
         }
     }
+}
+
+/// An answer to a request the upstream could not answer, marked with why.
+fn failed(
+    failure: UpstreamFailure,
+    status: StatusCode,
+    ids: &ErrorIds,
+    code: i32,
+    message: &str,
+) -> Response<ProxyBody> {
+    let mut response = local(status, ids, code, message);
+    response.extensions_mut().insert(failure);
+    response
 }
 
 /// An answer the proxy gives itself: a JSON-RPC error per id.

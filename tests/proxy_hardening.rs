@@ -200,6 +200,30 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "--allow-any-origin",
         "--preserve-host",
         "MCP_ID_GUARD_PRESERVE_HOST",
+        "--header-read-timeout",
+        "MCP_ID_GUARD_HEADER_READ_TIMEOUT",
+        "--request-body-timeout",
+        "MCP_ID_GUARD_REQUEST_BODY_TIMEOUT",
+        "--keep-alive-timeout",
+        "MCP_ID_GUARD_KEEP_ALIVE_TIMEOUT",
+        "--upstream-response-timeout",
+        "MCP_ID_GUARD_UPSTREAM_RESPONSE_TIMEOUT",
+        "--upstream-idle-timeout",
+        "MCP_ID_GUARD_UPSTREAM_IDLE_TIMEOUT",
+        "--max-connections",
+        "MCP_ID_GUARD_MAX_CONNECTIONS",
+        "--max-upstream-connections",
+        "MCP_ID_GUARD_MAX_UPSTREAM_CONNECTIONS",
+        "--upstream-queue-timeout",
+        "MCP_ID_GUARD_UPSTREAM_QUEUE_TIMEOUT",
+        "--pool-idle-timeout",
+        "MCP_ID_GUARD_POOL_IDLE_TIMEOUT",
+        "--max-header-bytes",
+        "MCP_ID_GUARD_MAX_HEADER_BYTES",
+        "--admin-listen",
+        "MCP_ID_GUARD_ADMIN_LISTEN",
+        "--log-format",
+        "MCP_ID_GUARD_LOG_FORMAT",
     ] {
         assert!(help.contains(expected), "{expected} missing from:\n{help}");
     }
@@ -1172,5 +1196,132 @@ async fn oversized_request_heads_get_431() -> anyhow::Result<()> {
     assert_eq!(small.as_ref().map(|answer| answer.0), Ok(200), "{small:?}");
     println!("100 KiB head, limit off: 200; limit 32 KiB: 40 KiB -> 431 JSON, 100 KiB -> {:?}, 20 KiB -> 200",
         huge.map(|answer| answer.0));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Operating it: admin endpoints, metrics, logs
+// ---------------------------------------------------------------------------
+
+/// GETs `url`; returns the status and body.
+async fn get(url: &str) -> anyhow::Result<(u16, String)> {
+    let response = tokio::time::timeout(OK_TIMEOUT, reqwest::get(url)).await??;
+    let status = response.status().as_u16();
+    Ok((
+        status,
+        tokio::time::timeout(OK_TIMEOUT, response.text()).await??,
+    ))
+}
+
+/// The admin address from the startup log.
+async fn admin_base(guard: &Guard) -> anyhow::Result<String> {
+    let lines = guard.wait_for_lines("admin endpoints on").await?;
+    Ok(lines[0]
+        .split("admin endpoints on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .context("no admin address")?
+        .to_owned())
+}
+
+/// `--admin-listen` serves `/healthz`, `/readyz` and `/metrics` on its own
+/// address (off by default): the guard's counters, answers by status,
+/// refusals, connections and a latency histogram, in the Prometheus text
+/// format.
+#[tokio::test]
+async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
+    let rmcp = Rmcp::start().await?;
+    let plain = Guard::start(&["--upstream", &rmcp.base]).await?;
+    let guard = Guard::start(&["--upstream", &rmcp.base, "--admin-listen", "127.0.0.1:0"]).await?;
+    let admin = admin_base(&guard).await?;
+    assert!(
+        plain.lines_with("admin endpoints").is_empty(),
+        "the admin listener is off by default"
+    );
+    assert_eq!(get(&format!("{admin}/healthz")).await?.0, 200);
+    assert_eq!(get(&format!("{admin}/readyz")).await?.0, 200);
+    assert_eq!(get(&format!("{admin}/nothing")).await?.0, 404);
+
+    let session = Session::open(&guard.url()).await?;
+    rmcp.holds.hold("A");
+    let a = tokio::spawn({
+        let session = session.clone();
+        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
+    });
+    rmcp.wait_started(&["A"]).await?;
+    assert_eq!(
+        session.echo(json!(1), "B", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    rmcp.holds.release("A");
+    assert_eq!(a.await?, Outcome::Own);
+    let (status, _) = post_with(&guard.url(), &REBOUND, &initialize()).await?;
+    assert_eq!(status, 421);
+
+    let (status, metrics) = get(&format!("{admin}/metrics")).await?;
+    assert_eq!(status, 200);
+    println!("{metrics}");
+    for expected in [
+        "mcp_id_guard_passed_total ",
+        "mcp_id_guard_remapped_total 1",
+        "mcp_id_guard_rejected_total 0",
+        "mcp_id_guard_restored_total 1",
+        "mcp_id_guard_in_flight_requests 0",
+        "mcp_id_guard_tracked_sessions 0",
+        "mcp_id_guard_abandoned_ids 0",
+        "mcp_id_guard_client_connections ",
+        "mcp_id_guard_responses_total{status=\"200\"}",
+        "mcp_id_guard_responses_total{status=\"421\"} 1",
+        "mcp_id_guard_refused_total{kind=\"host\"} 1",
+        "mcp_id_guard_request_duration_seconds_bucket{le=",
+        "mcp_id_guard_request_duration_seconds_count ",
+        "# EOF",
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing");
+    }
+    Ok(())
+}
+
+/// An upstream that is down: `/readyz` answers 503, every request gets 502
+/// and is counted by kind, and the warning is written once for 20 failures
+/// (with the count on the next line), not once per request.
+#[tokio::test]
+async fn a_down_upstream_is_reported_not_flooded() -> anyhow::Result<()> {
+    let dead = format!("http://127.0.0.1:{}", proxy_support::dead_port());
+    let guard = Guard::start(&["--upstream", &dead, "--admin-listen", "127.0.0.1:0"]).await?;
+    let admin = admin_base(&guard).await?;
+    assert_eq!(get(&format!("{admin}/readyz")).await?.0, 503);
+    for id in 1..=20 {
+        let (status, answer) = post_id(&guard.url(), id).await?;
+        assert_eq!((status, &answer["id"]), (502, &json!(id)));
+    }
+    let (_, metrics) = get(&format!("{admin}/metrics")).await?;
+    assert!(
+        metrics.contains("mcp_id_guard_upstream_failures_total{kind=\"unreachable\"} 20"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("mcp_id_guard_responses_total{status=\"502\"} 20"));
+    let warnings = guard.wait_for_lines("upstream request failed").await?;
+    println!(
+        "20 failed requests, {} warning line(s): {:?}",
+        warnings.len(),
+        warnings[0]
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    Ok(())
+}
+
+/// `--log-format json` writes one JSON object per line.
+#[tokio::test]
+async fn json_logs() -> anyhow::Result<()> {
+    let rmcp = Rmcp::start().await?;
+    let guard = Guard::start(&["--upstream", &rmcp.base, "--log-format", "json"]).await?;
+    let line = guard.wait_for_lines("listening on").await?.remove(0);
+    let parsed: Value = serde_json::from_str(&line).with_context(|| line.clone())?;
+    assert_eq!(parsed["level"], "INFO");
+    assert!(parsed["fields"]["message"]
+        .as_str()
+        .is_some_and(|message| message.contains("listening on")));
+    Session::open(&guard.url()).await?;
     Ok(())
 }

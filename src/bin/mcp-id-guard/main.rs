@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy};
+use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy, UpstreamFailure};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,6 +28,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing_subscriber::EnvFilter;
 
+mod admin;
 mod connection;
 mod limits;
 
@@ -288,6 +289,22 @@ struct Args {
     )]
     max_header_bytes: usize,
 
+    /// Serve /healthz, /readyz (the upstream accepts connections, else 503)
+    /// and /metrics (Prometheus text format) on this address, e.g.
+    /// 127.0.0.1:9090. Off by default. Keep it off the public network.
+    #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+
+    /// Log format on stderr: text, or json (one object per line, for log
+    /// pipelines).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+
     /// On SIGINT/SIGTERM, how long open requests and streams may go on
     /// before they are cut (e.g. 10s).
     #[arg(
@@ -297,6 +314,12 @@ struct Args {
         value_parser = parse_duration
     )]
     grace_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -340,11 +363,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -428,7 +453,7 @@ async fn run(args: Args) -> Result<(), String> {
         .rewrite_all_ids(args.rewrite_all_ids)
         .abandoned_id_ttl(args.abandoned_id_ttl);
     let upstream = proxy.upstream().to_owned();
-    let service = guard.layer(proxy);
+    let service = guard.clone().layer(proxy);
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -495,6 +520,33 @@ async fn run(args: Args) -> Result<(), String> {
     // stops accepting (the kernel's backlog holds new connections) instead
     // of running out of descriptors.
     let permits = Arc::new(Semaphore::new(max_connections));
+    let metrics = match args.admin_listen {
+        Some(address) => {
+            let metrics = Arc::new(admin::Metrics::new());
+            let admin = admin::Admin::new(
+                &metrics,
+                guard.clone(),
+                Arc::clone(&permits),
+                max_connections,
+                upstream_authority(&upstream),
+                args.connect_timeout,
+            );
+            let listener = TcpListener::bind(address)
+                .await
+                .map_err(|error| format!("cannot listen on {address} (--admin-listen): {error}"))?;
+            let local = listener
+                .local_addr()
+                .map_err(|error| format!("cannot read the admin address: {error}"))?;
+            tracing::info!("admin endpoints on http://{local} (/healthz, /readyz, /metrics)");
+            tokio::spawn(admin::serve(
+                listener,
+                Arc::new(admin),
+                args.header_read_timeout.max(Duration::from_secs(1)),
+            ));
+            Some(metrics)
+        }
+        None => None,
+    };
     let mut full_warning = limits::Every::new(Duration::from_secs(10));
     let mut accept_warning = limits::Every::new(Duration::from_secs(10));
     let mut backoff = ACCEPT_BACKOFF_MIN;
@@ -551,6 +603,7 @@ async fn run(args: Args) -> Result<(), String> {
         let hosts = hosts.clone();
         let watched = Arc::clone(&activity);
         let body_idle = limits.body_idle;
+        let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
             let active = watched.request_started(request.version() == http::Version::HTTP_2);
             let (mut parts, body) = request.into_parts();
@@ -560,30 +613,50 @@ async fn run(args: Args) -> Result<(), String> {
                 connection::TimedBody::new(body, body_idle, Arc::clone(&watched)),
             );
             let mut service = service.clone();
+            let metrics = metrics.clone();
+            let started = std::time::Instant::now();
             let too_large = max_header_bytes
                 .filter(|max| head_size(&request) > *max)
                 .map(|max| header_too_large(max).map(Either::Right));
             // Checked before the guard reads anything: a rebound page's
             // request never reaches the upstream.
-            let refused = hosts.check(&request).err();
+            let refused = match too_large {
+                Some(_) => None,
+                None => hosts.check(&request).err(),
+            };
             async move {
-                if let Some(response) = too_large {
-                    return Ok::<_, Infallible>(
-                        response.map(|body| connection::Tracked::new(body, active)),
-                    );
-                }
-                if let Some(refusal) = refused {
+                let (response, failure) = if let Some(response) = too_large {
+                    if let Some(metrics) = &metrics {
+                        metrics.refused("header_size");
+                    }
+                    (response, None)
+                } else if let Some(refusal) = refused {
+                    if let Some(metrics) = &metrics {
+                        let kind = if refusal.status() == http::StatusCode::FORBIDDEN {
+                            "origin"
+                        } else {
+                            "host"
+                        };
+                        metrics.refused(kind);
+                    }
                     let response = refusal
                         .into_response()
                         .map(|body| Either::Left(Either::Right(body)));
-                    return Ok(response.map(|body| connection::Tracked::new(body, active)));
+                    (response, None)
+                } else {
+                    poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx))
+                        .await?;
+                    let response = service.call(request).await?;
+                    let failure = response.extensions().get::<UpstreamFailure>().copied();
+                    (
+                        response.map(|body| Either::Left(Either::Left(body))),
+                        failure,
+                    )
+                };
+                if let Some(metrics) = &metrics {
+                    metrics.answered(response.status(), failure, started.elapsed());
                 }
-                poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx)).await?;
-                let response = service
-                    .call(request)
-                    .await?
-                    .map(|body| Either::Left(Either::Left(body)));
-                Ok(response.map(|body| connection::Tracked::new(body, active)))
+                Ok::<_, Infallible>(response.map(|body| connection::Tracked::new(body, active)))
             }
         });
         let served = server
@@ -664,6 +737,20 @@ fn header_too_large(max: usize) -> http::Response<Full<Bytes>> {
         http::HeaderValue::from_static("application/json"),
     );
     response
+}
+
+/// `host:port` of an upstream base URL such as `http://127.0.0.1:8000/mcp`
+/// (port 80 when it names none), for the readiness probe.
+fn upstream_authority(upstream: &str) -> String {
+    let authority = upstream
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.authority().cloned());
+    match authority {
+        Some(authority) if authority.port().is_some() => authority.as_str().to_owned(),
+        Some(authority) => format!("{}:80", authority.host()),
+        None => upstream.to_owned(),
+    }
 }
 
 /// A duration flag where `0` turns the limit off.
