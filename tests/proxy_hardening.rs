@@ -206,6 +206,8 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_REQUEST_BODY_TIMEOUT",
         "--keep-alive-timeout",
         "MCP_ID_GUARD_KEEP_ALIVE_TIMEOUT",
+        "--send-timeout",
+        "MCP_ID_GUARD_SEND_TIMEOUT",
         "--upstream-response-timeout",
         "MCP_ID_GUARD_UPSTREAM_RESPONSE_TIMEOUT",
         "--upstream-idle-timeout",
@@ -1323,5 +1325,91 @@ async fn json_logs() -> anyhow::Result<()> {
         .as_str()
         .is_some_and(|message| message.contains("listening on")));
     Session::open(&guard.url()).await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Clients that do not read
+// ---------------------------------------------------------------------------
+
+/// Tells the test when a flood stream is dropped.
+struct DropSignal(mpsc::UnboundedSender<()>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// An upstream whose every response streams 64 KiB chunks for ever; reports
+/// each response's start and its end (the proxy dropped it).
+async fn flood_upstream() -> anyhow::Result<(
+    proxy_support::Served,
+    mpsc::UnboundedReceiver<()>,
+    mpsc::UnboundedReceiver<()>,
+)> {
+    use futures::StreamExt;
+    let (started_tx, started) = mpsc::unbounded_channel();
+    let (dropped_tx, dropped) = mpsc::unbounded_channel();
+    let service = tower::service_fn(move |_request: http::Request<hyper::body::Incoming>| {
+        let _ = started_tx.send(());
+        let signal = DropSignal(dropped_tx.clone());
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let frames = futures::stream::unfold((signal, chunk), |(signal, chunk)| async move {
+            let frame = http_body::Frame::data(chunk.clone());
+            Some((Ok::<_, std::convert::Infallible>(frame), (signal, chunk)))
+        })
+        .boxed();
+        let body = http_body_util::StreamBody::new(frames);
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("content-type", "text/plain")
+                    .body(body)
+                    .unwrap(),
+            )
+        }
+    });
+    Ok((proxy_support::serve(service).await?, started, dropped))
+}
+
+/// A client that asks for a large response and never reads it: with no send
+/// timeout (the old proxy) its upstream stream stays open for as long as the
+/// client keeps the socket; with `--send-timeout 300ms` the connection is
+/// dropped once writes stay blocked that long, and the upstream stream with it.
+#[tokio::test]
+async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
+    for (limit, dropped_expected) in [("0", false), ("300ms", true)] {
+        let (upstream, mut started, mut dropped) = flood_upstream().await?;
+        let guard = Guard::start(&[
+            "--upstream",
+            &format!("http://{}", upstream.addr),
+            "--send-timeout",
+            limit,
+        ])
+        .await?;
+        let mut client =
+            tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+        client
+            .write_all(b"GET /flood HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await?;
+        tokio::time::timeout(OK_TIMEOUT, started.recv())
+            .await
+            .context("the upstream stream did not start")?;
+        let since = Instant::now();
+        let within = if dropped_expected {
+            OK_TIMEOUT
+        } else {
+            STAYS_OPEN
+        };
+        let ended = tokio::time::timeout(within, dropped.recv()).await.is_ok();
+        println!(
+            "--send-timeout {limit}: upstream stream {} after {:?}",
+            if ended { "dropped" } else { "still open" },
+            since.elapsed()
+        );
+        assert_eq!(ended, dropped_expected, "--send-timeout {limit}");
+        drop(client);
+    }
     Ok(())
 }

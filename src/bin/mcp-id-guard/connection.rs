@@ -43,6 +43,9 @@ pub(crate) struct Limits {
     pub(crate) keep_alive: Option<Duration>,
     /// A request body's longest pause.
     pub(crate) body_idle: Option<Duration>,
+    /// The longest a write to the client may stay blocked (the client does
+    /// not read what it asked for).
+    pub(crate) send: Option<Duration>,
 }
 
 /// What the watchdog knows about one connection, shared with its socket, its
@@ -61,6 +64,9 @@ pub(crate) struct Activity {
     /// Whether the connection speaks HTTP/2, where bytes arrive while idle
     /// (pings, settings) and do not start a request head.
     http2: AtomicBool,
+    /// Since when a write to the client has been blocked (ms since
+    /// `start`), or `NONE`.
+    write_blocked: AtomicU64,
     /// A request body timed out: close the connection.
     close: AtomicBool,
     /// Wakes the watchdog when the state above changes.
@@ -74,6 +80,7 @@ impl Activity {
             active: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             head_started: AtomicU64::new(NONE),
+            write_blocked: AtomicU64::new(NONE),
             served: AtomicBool::new(false),
             http2: AtomicBool::new(false),
             close: AtomicBool::new(false),
@@ -110,6 +117,28 @@ impl Activity {
             self.head_started.store(self.now_ms(), Ordering::Relaxed);
             self.changed.notify_one();
         }
+    }
+
+    /// A write to the client could not proceed (its receive window and our
+    /// send buffer are full).
+    fn write_blocked(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) == NONE {
+            self.write_blocked.store(self.now_ms(), Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    fn write_progressed(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) != NONE {
+            self.write_blocked.store(NONE, Ordering::Relaxed);
+        }
+    }
+
+    /// When a blocked write to the client must have progressed.
+    fn send_deadline(&self, limits: &Limits) -> Option<Instant> {
+        let blocked = self.write_blocked.load(Ordering::Relaxed);
+        let limit = limits.send?;
+        (blocked != NONE).then(|| self.at(blocked) + limit)
     }
 
     fn request_close(&self) {
@@ -319,13 +348,25 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    fn wrote(&self, blocked: bool) {
+        if blocked {
+            self.activity.write_blocked();
+        } else {
+            self.activity.write_progressed();
+        }
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(result.is_pending());
+        result
     }
 
     fn poll_write_vectored(
@@ -333,7 +374,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(result.is_pending());
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -368,11 +411,17 @@ pub(crate) async fn drive<C, E>(
     let mut closing = false;
     let mut hard_deadline: Option<Instant> = None;
     loop {
-        let deadline = if closing {
+        let mut deadline = if closing {
             hard_deadline.map(|at| (at, "did not close in time"))
         } else {
             activity.deadline(&limits)
         };
+        let send_deadline = activity.send_deadline(&limits);
+        if let Some(send_at) = send_deadline {
+            if deadline.is_none_or(|(at, _)| send_at < at) {
+                deadline = Some((send_at, "the client did not read its response in time"));
+            }
+        }
         let changed = activity.changed.notified();
         tokio::select! {
             biased;
@@ -395,6 +444,15 @@ pub(crate) async fn drive<C, E>(
             }
             () = tokio::time::sleep_until(deadline.map_or_else(Instant::now, |(at, _)| at)), if deadline.is_some() => {
                 let why = deadline.map_or("", |(_, why)| why);
+                if activity
+                    .send_deadline(&limits)
+                    .is_some_and(|at| at <= Instant::now())
+                {
+                    // Nothing more can be written to this client: drop the
+                    // connection (and with it the upstream request).
+                    tracing::debug!(%peer, "dropping connection: {why}");
+                    return;
+                }
                 if closing {
                     if activity.active.load(Ordering::Acquire) == 0 {
                         tracing::debug!(%peer, "closing connection: {why}");

@@ -10,6 +10,10 @@ const RESERVED_DESCRIPTORS: u64 = 32;
 /// The budget when the limit is unlimited or cannot be read.
 const FALLBACK_DESCRIPTORS: u64 = 1 << 20;
 
+/// The largest derived connection cap, whatever the limit says (some
+/// systems report limits near 2^63).
+const MAX_DERIVED_CONNECTIONS: u64 = 1 << 20;
+
 /// The soft `RLIMIT_NOFILE`: how many descriptors this process may open.
 pub(crate) fn descriptor_limit() -> u64 {
     #[cfg(unix)]
@@ -31,7 +35,7 @@ pub(crate) fn descriptor_limit() -> u64 {
 /// with "too many open files".
 pub(crate) fn connections_for(descriptors: u64) -> usize {
     let half = descriptors.saturating_sub(RESERVED_DESCRIPTORS) / 2;
-    usize::try_from(half.max(1)).unwrap_or(usize::MAX)
+    usize::try_from(half.clamp(1, MAX_DERIVED_CONNECTIONS)).unwrap_or(1 << 20)
 }
 
 /// Lets one warning of a kind through per interval and counts the rest, so
@@ -75,6 +79,7 @@ mod tests {
         assert_eq!(connections_for(1024), 496);
         assert_eq!(connections_for(64), 16);
         assert_eq!(connections_for(10), 1);
+        assert_eq!(connections_for(u64::MAX), 1 << 20);
         assert!(descriptor_limit() > 0);
     }
 

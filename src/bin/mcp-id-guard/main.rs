@@ -201,6 +201,18 @@ struct Args {
     )]
     request_body_timeout: Duration,
 
+    /// How long a write to a client may stay blocked because the client does
+    /// not read (nginx's send_timeout); then the connection is dropped,
+    /// with the upstream request it holds. A slow-reading client would
+    /// otherwise keep an upstream connection busy for ever. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_SEND_TIMEOUT",
+        default_value = "60s",
+        value_parser = parse_duration
+    )]
+    send_timeout: Duration,
+
     /// How long a connection may stay open with no request in progress. As
     /// nginx's default, and above the idle timeouts of common load balancers
     /// in front (60s), so they close first. 0: off.
@@ -480,11 +492,17 @@ async fn run(args: Args) -> Result<(), String> {
     );
     tracing::info!(
         "client connections: at most {max_connections} open (descriptor limit {descriptors}); \
-         upstream connections: at most {max_upstream}; request heads: at most {} bytes; timeouts: request head {}, request body pause {}, keep-alive {}, upstream response {}, \
-         upstream pause {}",
-        if args.max_header_bytes == 0 { "hyper's default".to_owned() } else { args.max_header_bytes.to_string() },
+         upstream connections: at most {max_upstream}; request heads: at most {} bytes; \
+         timeouts: request head {}, request body pause {}, blocked send {}, keep-alive {}, \
+         upstream response {}, upstream pause {}",
+        if args.max_header_bytes == 0 {
+            "hyper's default".to_owned()
+        } else {
+            args.max_header_bytes.to_string()
+        },
         shown(args.header_read_timeout),
         shown(args.request_body_timeout),
+        shown(args.send_timeout),
         shown(args.keep_alive_timeout),
         shown(args.upstream_response_timeout),
         shown(args.upstream_idle_timeout),
@@ -514,6 +532,7 @@ async fn run(args: Args) -> Result<(), String> {
         header_read: enabled(args.header_read_timeout),
         keep_alive: enabled(args.keep_alive_timeout),
         body_idle: enabled(args.request_body_timeout),
+        send: enabled(args.send_timeout),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // One permit per open client connection: when none is left, the proxy
