@@ -1413,3 +1413,47 @@ async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An HTTP/2 (h2c) connection left idle after a request: open after 1.5 s
+/// with no keep-alive limit (the old proxy), closed soon after 300 ms with
+/// `--keep-alive-timeout 300ms`. Pings and settings the client's HTTP/2
+/// stack sends do not count as a new request.
+#[tokio::test]
+async fn idle_http2_connections_are_closed() -> anyhow::Result<()> {
+    for (limit, closes) in [("0", false), (SHORT, true)] {
+        let guard = Guard::start(&[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--keep-alive-timeout",
+            limit,
+        ])
+        .await?;
+        let stream = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await?;
+        let connection = tokio::spawn(connection);
+        // A refused Host: answered by the proxy itself, no upstream needed.
+        let request = http::Request::get("http://evil.example/mcp")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let response = tokio::time::timeout(OK_TIMEOUT, sender.send_request(request)).await??;
+        assert_eq!(response.status(), 421);
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        drop(response);
+        let since = Instant::now();
+        let within = if closes { OK_TIMEOUT } else { STAYS_OPEN };
+        let ended = tokio::time::timeout(within, connection).await.is_ok();
+        println!(
+            "HTTP/2, --keep-alive-timeout {limit}: {} after {:?}",
+            if ended { "closed" } else { "still open" },
+            since.elapsed()
+        );
+        assert_eq!(ended, closes, "--keep-alive-timeout {limit}");
+        if closes {
+            assert!(since.elapsed() >= Duration::from_millis(250));
+        }
+    }
+    Ok(())
+}
