@@ -241,9 +241,9 @@ pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>, head_timeout
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout)
         .clone();
-    // Few connections are expected; a cap keeps a stuck scraper from
-    // holding descriptors.
-    let permits = Arc::new(Semaphore::new(64));
+    // Few connections are expected (probes, a scraper); a cap keeps them
+    // within the descriptors the connection caps leave in reserve.
+    let permits = Arc::new(Semaphore::new(16));
     loop {
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             return;

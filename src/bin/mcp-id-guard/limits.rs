@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 /// Descriptors kept for everything that is not a client or upstream
-/// connection: the listeners, stdio, the runtime's own, DNS lookups.
+/// connection: the listeners, the admin connections (at most 16), stdio,
+/// the runtime's own.
 const RESERVED_DESCRIPTORS: u64 = 32;
 
 /// The budget when the limit is unlimited or cannot be read.

@@ -405,8 +405,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// The Host/Origin checks the flags ask for; `None` with the reason when the
-/// flags leave the host names of a non-loopback listener unsaid.
+/// The Host/Origin checks the flags ask for; an error when the flags leave
+/// the host names of a non-loopback listener unsaid.
 fn host_policy(args: &Args) -> Result<HostPolicy, String> {
     let mut policy = HostPolicy::loopback();
     if args.allow_any_host {
