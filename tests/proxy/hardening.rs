@@ -6,16 +6,16 @@
 //! timeout turned off) to show it fails there. Time-based scenarios use
 //! timeouts of a few hundred milliseconds; every wait is bounded and the
 //! process is killed when a test ends early.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::client::Session;
+use crate::support::proxy::Outcome;
+use crate::support::server::{dead_port, serve_service, upstream, Served};
+use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use anyhow::Context as _;
-use proxy_support::{Outcome, Rmcp, Session, ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -236,7 +236,7 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
 /// refuses what is not one.
 #[tokio::test]
 async fn reject_status_is_any_4xx() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = Guard::start(&[
         "--upstream",
         &rmcp.base,
@@ -249,7 +249,7 @@ async fn reject_status_is_any_4xx() -> anyhow::Result<()> {
     ])
     .await?;
     let session = Session::open(&guard.url()).await?;
-    rmcp.holds.hold("A");
+    rmcp.gates.hold("A");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -263,7 +263,7 @@ async fn reject_status_is_any_4xx() -> anyhow::Result<()> {
             code: -32600
         }
     );
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
 
     for bad in ["200", "500", "4xx"] {
@@ -290,7 +290,7 @@ async fn reject_status_is_any_4xx() -> anyhow::Result<()> {
 /// JSON-RPC error. Loopback names and origins still pass.
 #[tokio::test]
 async fn rebound_requests_are_refused() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
 
     // rmcp's own protection, which the proxy's Host rewrite hides.
     let (status, _) = post_with(&rmcp.url, &REBOUND, &initialize()).await?;
@@ -402,7 +402,7 @@ async fn rebound_requests_are_refused() -> anyhow::Result<()> {
 /// A burst of rebound requests is logged once per kind, not once each.
 #[tokio::test]
 async fn refusals_are_logged_at_a_bounded_rate() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = Guard::start(&["--upstream", &rmcp.base]).await?;
     for _ in 0..50 {
         let (status, _) = post_with(&guard.url(), &REBOUND, &initialize()).await?;
@@ -436,7 +436,7 @@ async fn refusals_are_logged_at_a_bounded_rate() -> anyhow::Result<()> {
 /// a second layer (rmcp refuses a Host it does not know, 403).
 #[tokio::test]
 async fn named_hosts_and_preserved_host() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = Guard::start(&[
         "--upstream",
         &rmcp.base,
@@ -651,7 +651,7 @@ async fn misbehave(addr: &str, kind: Silent, within: Duration) -> anyhow::Result
 /// 1.5 s; with 300 ms limits each is closed soon after 300 ms.
 #[tokio::test]
 async fn silent_and_trickling_clients_are_closed() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let off = Guard::start(&[
         "--upstream",
         &rmcp.base,
@@ -713,7 +713,7 @@ async fn silent_and_trickling_clients_are_closed() -> anyhow::Result<()> {
 /// A hand-made upstream: `/never` never answers; `/sse-silent` opens an SSE
 /// stream and then sends nothing; `/sse-alive` sends a keep-alive comment
 /// every 100 ms for 1.2 s, then the answer to id 7.
-async fn slow_upstream() -> anyhow::Result<proxy_support::Served> {
+async fn slow_upstream() -> anyhow::Result<Served> {
     use http_body_util::{combinators::UnsyncBoxBody, BodyExt, StreamBody};
     type Out = UnsyncBoxBody<bytes::Bytes, std::convert::Infallible>;
     let sse = |frames: futures::stream::BoxStream<'static, &'static str>| -> http::Response<Out> {
@@ -755,7 +755,7 @@ async fn slow_upstream() -> anyhow::Result<proxy_support::Served> {
             Ok::<_, std::convert::Infallible>(response)
         },
     );
-    proxy_support::serve(service).await
+    serve_service(service).await
 }
 
 /// POSTs a request with id 7 in session `s` to `url`; returns the status and
@@ -885,7 +885,7 @@ async fn silent_sockets(addr: &str, count: usize) -> anyhow::Result<Vec<TcpStrea
 /// legitimate client is served.
 #[tokio::test]
 async fn connection_cap_keeps_descriptors_for_real_clients() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let old = Guard::start_in(
         Some(64),
         &[
@@ -942,7 +942,7 @@ async fn connection_cap_keeps_descriptors_for_real_clients() -> anyhow::Result<(
 /// A hand-made upstream that holds every request until released and records
 /// which connections (client ports) it was reached on.
 struct Counting {
-    served: proxy_support::Served,
+    served: Served,
     arrived: tokio::sync::Mutex<mpsc::UnboundedReceiver<std::net::SocketAddr>>,
     release: tokio::sync::watch::Sender<bool>,
     peers: Arc<Mutex<std::collections::HashSet<std::net::SocketAddr>>>,
@@ -990,7 +990,7 @@ impl Counting {
             }
         });
         Ok(Self {
-            served: proxy_support::serve(service).await?,
+            served: serve_service(service).await?,
             arrived: tokio::sync::Mutex::new(arrived),
             release,
             peers,
@@ -1232,7 +1232,7 @@ async fn admin_base(guard: &Guard) -> anyhow::Result<String> {
 /// format.
 #[tokio::test]
 async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let plain = Guard::start(&["--upstream", &rmcp.base]).await?;
     let guard = Guard::start(&["--upstream", &rmcp.base, "--admin-listen", "127.0.0.1:0"]).await?;
     let admin = admin_base(&guard).await?;
@@ -1245,7 +1245,7 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
     assert_eq!(get(&format!("{admin}/nothing")).await?.0, 404);
 
     let session = Session::open(&guard.url()).await?;
-    rmcp.holds.hold("A");
+    rmcp.gates.hold("A");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -1255,7 +1255,7 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
         session.echo(json!(1), "B", 0, OK_TIMEOUT).await,
         Outcome::Own
     );
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
     let (status, _) = post_with(&guard.url(), &REBOUND, &initialize()).await?;
     assert_eq!(status, 421);
@@ -1289,7 +1289,7 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
 /// (with the count on the next line), not once per request.
 #[tokio::test]
 async fn a_down_upstream_is_reported_not_flooded() -> anyhow::Result<()> {
-    let dead = format!("http://127.0.0.1:{}", proxy_support::dead_port());
+    let dead = format!("http://127.0.0.1:{}", dead_port());
     let guard = Guard::start(&["--upstream", &dead, "--admin-listen", "127.0.0.1:0"]).await?;
     let admin = admin_base(&guard).await?;
     assert_eq!(get(&format!("{admin}/readyz")).await?.0, 503);
@@ -1316,7 +1316,7 @@ async fn a_down_upstream_is_reported_not_flooded() -> anyhow::Result<()> {
 /// `--log-format json` writes one JSON object per line.
 #[tokio::test]
 async fn json_logs() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = Guard::start(&["--upstream", &rmcp.base, "--log-format", "json"]).await?;
     let line = guard.wait_for_lines("listening on").await?.remove(0);
     let parsed: Value = serde_json::from_str(&line).with_context(|| line.clone())?;
@@ -1344,7 +1344,7 @@ impl Drop for DropSignal {
 /// An upstream whose every response streams 64 KiB chunks for ever; reports
 /// each response's start and its end (the proxy dropped it).
 async fn flood_upstream() -> anyhow::Result<(
-    proxy_support::Served,
+    Served,
     mpsc::UnboundedReceiver<()>,
     mpsc::UnboundedReceiver<()>,
 )> {
@@ -1370,7 +1370,7 @@ async fn flood_upstream() -> anyhow::Result<(
             )
         }
     });
-    Ok((proxy_support::serve(service).await?, started, dropped))
+    Ok((serve_service(service).await?, started, dropped))
 }
 
 /// A client that asks for a large response and never reads it: with no send
