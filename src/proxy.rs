@@ -146,7 +146,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -156,8 +156,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
-use crate::envelope::{peek, Kind, Peeked};
-use crate::protocol::media_type;
+use crate::envelope::{peek, Peeked};
+use crate::protocol::has_media_type;
 use crate::reply;
 
 mod body;
@@ -534,7 +534,7 @@ impl Proxy {
                         StatusCode::BAD_REQUEST,
                         &ErrorIds::Null,
                         reply::INVALID_REQUEST,
-                        "Invalid Request: the request body could not be read",
+                        reply::UNREADABLE_MESSAGE,
                     );
                 }
             }
@@ -659,11 +659,7 @@ impl Proxy {
 /// [`PEEK_LIMIT`].
 fn is_peekable<B: Body>(parts: &http::request::Parts, body: &B) -> bool {
     parts.method == Method::POST
-        && parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| media_type(value).eq_ignore_ascii_case("application/json"))
+        && has_media_type(&parts.headers, "application/json")
         && body
             .size_hint()
             .upper()
@@ -701,24 +697,17 @@ enum ErrorIds {
 
 impl ErrorIds {
     fn of(body: &[u8]) -> Self {
-        let id_text = |message: &crate::envelope::Message| {
-            (message.kind == Kind::Request)
-                .then(|| message.id.clone())
-                .flatten()
-                .and_then(|range| std::str::from_utf8(&body[range]).ok())
-                .map(str::to_owned)
+        let Some(peeked) = peek(body) else {
+            return Self::Null;
         };
-        match peek(body) {
-            Some(Peeked::Single(message)) => id_text(&message).map_or(Self::Null, Self::Single),
-            Some(Peeked::Batch(messages)) => {
-                let ids: Vec<String> = messages.iter().filter_map(id_text).collect();
-                if ids.is_empty() {
-                    Self::Null
-                } else {
-                    Self::Batch(ids)
-                }
-            }
-            None => Self::Null,
+        let mut ids: Vec<String> = peeked
+            .request_ids(body)
+            .map(|(_, text)| text.to_owned())
+            .collect();
+        match peeked {
+            Peeked::Single(_) => ids.pop().map_or(Self::Null, Self::Single),
+            Peeked::Batch(_) if ids.is_empty() => Self::Null,
+            Peeked::Batch(_) => Self::Batch(ids),
         }
     }
 }
