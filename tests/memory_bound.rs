@@ -678,6 +678,7 @@ fn remapped_answers_stream(mib: usize) {
         let baseline = live();
         let (first, last, total) = drain_ends(response.into_body());
         let added = peak() - baseline;
+        eprintln!("{shape:?}: {mib} MiB answer, {total} bytes out, peak added {added} bytes");
         let restored_first = String::from_utf8_lossy(&first).contains(r#""id":1,"#);
         let restored_last = String::from_utf8_lossy(&last).contains(r#""id":1}"#);
         assert!(
