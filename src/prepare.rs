@@ -105,7 +105,11 @@ pub(crate) fn prepare<B>(
     };
     // Not JSON, or JSON we cannot read as JSON-RPC: the inner server gives its
     // own error for it.
+    let session_id_too_long = session.len() > config.max_session_id_bytes;
     let Some(peeked) = peek(&pending.body, Writer::Client) else {
+        if session_id_too_long {
+            return session_refused(table, session.as_bytes(), &[], false, config);
+        }
         return untracked(pending);
     };
     let session = session.as_bytes();
@@ -113,6 +117,11 @@ pub(crate) fn prepare<B>(
     let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked.request_ids(&body).unzip();
     let cancellations: Vec<(Range<usize>, &str)> = peeked.cancelled_ids(&body).collect();
     let is_batch = matches!(peeked, Peeked::Batch(_));
+    if session_id_too_long && ids.is_empty() {
+        // Requests are refused below, by the table; a body without any is
+        // refused here, so nothing in such a session reaches the server.
+        return session_refused(table, session, &ids, is_batch, config);
+    }
 
     // Requests are admitted before the body's cancellations take effect, so a
     // body the guard refuses cancels nothing.
@@ -133,6 +142,17 @@ pub(crate) fn prepare<B>(
             } else {
                 reply::single(status, ids[0], code, message)
             });
+        }
+        Some(Admission::OverBudget) => {
+            tracing::warn!(
+                session = %table.session_tag(session),
+                limit = config.max_table_bytes,
+                "table at its byte budget; request refused"
+            );
+            return Prepared::Answer(reply::over_budget(&ids, is_batch));
+        }
+        Some(Admission::SessionIdTooLong) => {
+            return session_refused(table, session, &ids, is_batch, config);
         }
         Some(Admission::Duplicate { colliding }) => {
             for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
@@ -223,6 +243,28 @@ pub(crate) fn prepare<B>(
             restore,
         },
     }
+}
+
+/// The guard's answer to a POST in a session whose id is over
+/// `max_session_id_bytes` (the table counted the requests it refused itself).
+fn session_refused<B>(
+    table: &Table,
+    session: &[u8],
+    ids: &[&str],
+    is_batch: bool,
+    config: &Config,
+) -> Prepared<B> {
+    tracing::warn!(
+        session = %table.session_tag(session),
+        length = session.len(),
+        limit = config.max_session_id_bytes,
+        "session id too long; request refused"
+    );
+    Prepared::Answer(reply::session_id_too_long(
+        ids,
+        is_batch,
+        config.max_session_id_bytes,
+    ))
 }
 
 fn untracked<B>(pending: PendingForward) -> Prepared<B> {
