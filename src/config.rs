@@ -63,7 +63,8 @@ impl Default for Config {
             abandoned_id_ttl: Duration::from_secs(300),
             max_session_id_bytes: 1024,
             max_table_bytes: 64 * 1024 * 1024,
-            restart_window: None,
+            // Off by default for now: see `IdGuardLayer::restart_window`.
+            restart_window: Some(Duration::ZERO),
         }
     }
 }

@@ -13,8 +13,8 @@ use tower_service::Service;
 
 use crate::body::{Accumulated, RequestBody, ResponseBody};
 use crate::config::Config;
-use crate::protocol::MCP_SESSION_ID;
 use crate::prepare::{prepare, PendingForward, Prepared};
+use crate::protocol::MCP_SESSION_ID;
 use crate::reply::{body_too_large, body_unreadable, queue_timeout};
 use crate::table::{Registration, Table, Waiter};
 
@@ -285,8 +285,7 @@ where
                     };
                     if let Some((table, config)) = starts.take() {
                         let session = response.headers().get(&MCP_SESSION_ID);
-                        if let Some(session) = session.filter(|_| response.status().is_success())
-                        {
+                        if let Some(session) = session.filter(|_| response.status().is_success()) {
                             table.note_started(session.as_bytes(), &config);
                         }
                     }

@@ -42,8 +42,7 @@ impl IdGuardLayer {
     /// A layer with the defaults: [`OnDuplicate::Remap`], reject status 400,
     /// 4 MiB body limit, 1024 requests in flight per session, 30 s queue
     /// wait, only duplicates rewritten, abandoned ids kept 5 minutes, session
-    /// ids up to 1024 bytes, a 64 MiB table, a restart window as long as the
-    /// abandoned-id TTL.
+    /// ids up to 1024 bytes, a 64 MiB table, no restart window.
     pub fn new() -> Self {
         Self {
             config: Config::default(),
@@ -142,7 +141,7 @@ impl IdGuardLayer {
     /// window](Self::restart_window), each with its collision key, session id
     /// and server-side id, as an estimate of their heap and inline size
     /// (within a small factor of what the allocator hands out; read it in
-    /// [`Stats::table_bytes`]). The default holds about 300 000 requests in
+    /// [`Stats::table_bytes`]). The default holds about 250 000 requests in
     /// flight with UUID session ids.
     ///
     /// When a tracked request does not fit, the oldest abandoned ids are
@@ -157,8 +156,11 @@ impl IdGuardLayer {
     }
 
     /// Sets how long after the layer is created the guard distrusts sessions
-    /// it did not see start (default: [`abandoned_id_ttl`](Self::abandoned_id_ttl),
-    /// 5 minutes; zero turns it off).
+    /// it did not see start (default: zero, off). Turn it on, for as long as
+    /// [`abandoned_id_ttl`](Self::abandoned_id_ttl), wherever the guard can
+    /// restart while the server keeps running: the reverse proxy, or a layer
+    /// rebuilt in front of a long-lived service. (A guard in the server's own
+    /// process restarts with it; the server's requests end too.)
     ///
     /// A guard (or proxy) that restarts has lost its table, while the server
     /// may still be running requests whose clients were cut off by the
@@ -167,11 +169,24 @@ impl IdGuardLayer {
     /// request of a session whose `initialize` answer this layer did not see
     /// goes with a server-side id, as if its id were abandoned (never refused
     /// or queued for it), counted in [`Stats::restart_remapped_total`]. The
-    /// guard learns which sessions started by reading the `Mcp-Session-Id` of
-    /// the answers to `initialize` (`POST`s without a session header or
-    /// `MCP-Protocol-Version`, whose body it then reads); it keeps only a hash
-    /// of each, within [`max_table_bytes`](Self::max_table_bytes), and frees
-    /// them when the window ends.
+    /// guard learns which sessions started from the `Mcp-Session-Id` of the
+    /// successful answers to `initialize`: during the window it reads the
+    /// body of each JSON `POST` without a session header (413 over
+    /// [`max_body_bytes`](Self::max_body_bytes)) to tell whether it is one.
+    /// It keeps only a hash of each session id, within
+    /// [`max_table_bytes`](Self::max_table_bytes), and frees them when the
+    /// window ends. Sessions started through another replica count as unseen.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mcp_id_guard::IdGuardLayer;
+    ///
+    /// let ttl = Duration::from_secs(300);
+    /// let layer = IdGuardLayer::new()
+    ///     .abandoned_id_ttl(ttl)
+    ///     .restart_window(ttl);
+    /// assert_eq!(layer.stats().restart_remapped_total, 0);
+    /// ```
     pub fn restart_window(mut self, window: Duration) -> Self {
         self.config.restart_window = Some(window);
         self

@@ -137,7 +137,8 @@ pub(crate) fn session_id_too_long(
     limit: usize,
 ) -> Response<Full<Bytes>> {
     let status = StatusCode::BAD_REQUEST;
-    let message = format!("Invalid Request: the Mcp-Session-Id header is longer than {limit} bytes");
+    let message =
+        format!("Invalid Request: the Mcp-Session-Id header is longer than {limit} bytes");
     if is_batch && !ids.is_empty() {
         batch(
             status,

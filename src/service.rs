@@ -216,14 +216,16 @@ fn session_id_too_long(headers: &http::HeaderMap, limit: usize) -> bool {
             .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
 }
 
-/// A POST that may be an `initialize` request: JSON, with neither a session
-/// nor a protocol version header (a client sends both only once
-/// initialized).
+/// A POST that may be an `initialize` request: JSON, without a session
+/// header, in a revision that has sessions. (Some clients send
+/// `MCP-Protocol-Version` on `initialize` too, so its presence says nothing.)
 fn may_start_session<B>(request: &Request<B>) -> bool {
     let headers = request.headers();
     request.method() == Method::POST
         && !headers.contains_key(&MCP_SESSION_ID)
-        && !headers.contains_key(&MCP_PROTOCOL_VERSION)
+        && !headers
+            .get(&MCP_PROTOCOL_VERSION)
+            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
         && has_media_type(headers, "application/json")
 }
 

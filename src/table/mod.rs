@@ -64,10 +64,10 @@ pub(crate) use inline::InlineVec;
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
 
+use budget::Eviction;
 use inline::SessionId;
 use queue::{remove_waiter, WaitState};
 use registration::Member;
-use budget::Eviction;
 use session::{Entry, KeyState, Probe, ServerId, Session};
 
 /// Independent locks, so that sessions on different shards never wait for
@@ -986,7 +986,9 @@ impl Table {
         let open = self.restarting.load(Ordering::SeqCst);
         let inserted = open
             && matches!(
-                shard.started.entry(hash, |seen| *seen == hash, |seen| *seen),
+                shard
+                    .started
+                    .entry(hash, |seen| *seen == hash, |seen| *seen),
                 Slot::Vacant(_)
             );
         if inserted {
@@ -1558,5 +1560,180 @@ mod tests {
                 ..
             }
         )));
+    }
+
+    /// Every way in and out of the table charges and refunds the same bytes:
+    /// once nothing is in flight, queued or abandoned, the table holds none.
+    #[test]
+    fn the_budget_is_given_back_exactly() {
+        let short = Config {
+            abandoned_id_ttl: Duration::from_millis(1),
+            ..config(OnDuplicate::Queue)
+        };
+        let table = Arc::new(Table::new());
+        let long_session = vec![b's'; 300];
+        let long_id = format!("\"{}\"", "i".repeat(100));
+        let first = table.admit(&long_session, &[&long_id, "1", "-0"], true, &short);
+        let stats = table.stats();
+        assert!(stats.table_bytes > 300 + 100, "{stats:?}");
+        let queued = table.admit(&long_session, &["1"], false, &short);
+        assert!(matches!(queued, Admission::Queued { .. }));
+        let left = table.admit(&long_session, &["1"], false, &short);
+        drop(left); // leaves the queue
+        assert!(table.cancel(&long_session, "0").is_some());
+        end(first); // grants the queued one
+        drop(queued); // abandons it
+        let remapped = table.admit(&long_session, &["1"], false, &short);
+        end(remapped);
+        assert!(table.stats().abandoned_ids > 0);
+        std::thread::sleep(Duration::from_millis(5));
+        table.cancel(&long_session, "1"); // any use of the shard expires them
+        let stats = table.stats();
+        assert_eq!(stats.abandoned_ids, 0, "{stats:?}");
+        assert_eq!(stats.table_bytes, 0, "{stats:?}");
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn a_full_table_forgets_the_oldest_abandoned_ids_first() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_table_bytes: 8192,
+            ..config(OnDuplicate::Remap)
+        };
+        // Abandon ids in distinct sessions until the table is nearly full.
+        let mut abandoned = 0;
+        while table.stats().table_bytes + 1024 < config.max_table_bytes {
+            let session = format!("session-{abandoned}");
+            drop(table.admit(session.as_bytes(), &["1"], false, &config));
+            abandoned += 1;
+        }
+        assert!(abandoned > 3);
+        assert_eq!(table.stats().abandoned_ids, abandoned);
+        // A request that needs room: the oldest abandoned id goes first.
+        let long_id = format!("\"{}\"", "x".repeat(1000));
+        let held = table.admit(b"newcomer", &[&long_id], false, &config);
+        assert!(matches!(held, Admission::Admitted { .. }));
+        let stats = table.stats();
+        assert!(stats.abandoned_evicted_total > 0, "{stats:?}");
+        assert!(stats.table_bytes <= config.max_table_bytes, "{stats:?}");
+        let reuse = |n: usize| {
+            let session = format!("session-{n}");
+            let Admission::Admitted {
+                routes,
+                registration,
+            } = table.admit(session.as_bytes(), &["1"], false, &config)
+            else {
+                panic!("admitted expected")
+            };
+            registration.complete();
+            routes[0] == Route::AsIs
+        };
+        assert!(reuse(0), "the oldest was forgotten");
+        assert!(!reuse(abandoned - 1), "the newest is still abandoned");
+        end(held);
+    }
+
+    #[test]
+    fn a_request_that_cannot_fit_is_refused_and_registers_nothing() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_table_bytes: 2048,
+            max_in_flight_per_session: 1 << 20,
+            ..config(OnDuplicate::Remap)
+        };
+        let mut held = Vec::new();
+        loop {
+            let id = held.len().to_string();
+            match table.admit(b"s", &[&id], false, &config) {
+                admitted @ Admission::Admitted { .. } => held.push(admitted),
+                Admission::OverBudget => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let stats = table.stats();
+        assert!(!held.is_empty());
+        assert!(stats.table_bytes <= config.max_table_bytes, "{stats:?}");
+        assert_eq!(stats.in_flight_requests, held.len());
+        assert_eq!(stats.rejected_total, 1);
+        held.into_iter().for_each(end);
+        assert_eq!(table.stats().table_bytes, 0);
+    }
+
+    #[test]
+    fn over_long_session_ids_are_refused() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_session_id_bytes: 8,
+            ..config(OnDuplicate::Remap)
+        };
+        assert!(matches!(
+            table.admit(b"123456789", &["1", "2"], true, &config),
+            Admission::SessionIdTooLong
+        ));
+        assert!(matches!(
+            table.admit(b"12345678", &["1"], false, &config),
+            Admission::Admitted { .. }
+        ));
+        let stats = table.stats();
+        assert_eq!((stats.rejected_total, stats.passed_total), (2, 1));
+    }
+
+    #[test]
+    fn during_the_restart_window_unseen_sessions_are_remapped() {
+        let table = Arc::new(Table::new());
+        let window = Config {
+            restart_window: Some(Duration::from_secs(60)),
+            ..config(OnDuplicate::Reject)
+        };
+        table.note_started(b"seen", &window);
+        let route = |session: &[u8], config: &Config| {
+            let Admission::Admitted {
+                routes,
+                registration,
+            } = table.admit(session, &["1"], false, config)
+            else {
+                panic!("admitted expected")
+            };
+            registration.complete();
+            matches!(
+                routes[0],
+                Route::Remapped {
+                    duplicate: false,
+                    ..
+                }
+            )
+        };
+        assert!(route(b"unseen", &window), "an unseen session is remapped");
+        assert!(!route(b"seen", &window), "a session seen starting is not");
+        let stats = table.stats();
+        assert_eq!((stats.restart_remapped_total, stats.remapped_total), (1, 1));
+        assert_eq!(stats.table_bytes, budget::STARTED);
+        // Once the window is over, everything is normal and the set freed.
+        let over = Config {
+            restart_window: Some(Duration::ZERO),
+            ..window
+        };
+        assert!(!route(b"unseen", &over));
+        assert_eq!(table.stats().table_bytes, 0);
+        table.note_started(b"late", &over);
+        assert_eq!(table.stats().table_bytes, 0, "nothing recorded after it");
+    }
+
+    #[test]
+    fn session_starts_are_not_recorded_past_the_limits() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            restart_window: Some(Duration::from_secs(60)),
+            max_session_id_bytes: 4,
+            max_table_bytes: budget::STARTED,
+            ..config(OnDuplicate::Remap)
+        };
+        table.note_started(b"too-long", &config);
+        assert_eq!(table.stats().table_bytes, 0);
+        table.note_started(b"a", &config);
+        table.note_started(b"a", &config);
+        table.note_started(b"b", &config);
+        assert_eq!(table.stats().table_bytes, budget::STARTED);
     }
 }
