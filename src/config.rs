@@ -61,7 +61,7 @@ impl Default for Config {
             max_queue_wait: Duration::from_secs(30),
             rewrite_all_ids: false,
             abandoned_id_ttl: Duration::from_secs(300),
-            max_session_id_bytes: 1024,
+            max_session_id_bytes: 8 * 1024,
             max_table_bytes: 64 * 1024 * 1024,
             // Off by default for now: see `IdGuardLayer::restart_window`.
             restart_window: Some(Duration::ZERO),

@@ -22,7 +22,7 @@ use crate::table::Table;
 ///     .reject_status(http::StatusCode::CONFLICT)
 ///     .max_body_bytes(4 * 1024 * 1024)
 ///     .max_in_flight_per_session(1024)
-///     .max_session_id_bytes(1024)
+///     .max_session_id_bytes(8 * 1024)
 ///     .max_table_bytes(64 * 1024 * 1024);
 /// assert_eq!(layer.stats().in_flight_requests, 0);
 /// ```
@@ -42,7 +42,7 @@ impl IdGuardLayer {
     /// A layer with the defaults: [`OnDuplicate::Remap`], reject status 400,
     /// 4 MiB body limit, 1024 requests in flight per session, 30 s queue
     /// wait, only duplicates rewritten, abandoned ids kept 5 minutes, session
-    /// ids up to 1024 bytes, a 64 MiB table, no restart window.
+    /// ids up to 8 KiB, a 64 MiB table, no restart window.
     pub fn new() -> Self {
         Self {
             config: Config::default(),
@@ -119,8 +119,11 @@ impl IdGuardLayer {
     }
 
     /// Sets the longest `Mcp-Session-Id` the guard accepts, in bytes (default
-    /// 1024: UUIDs, hex tokens and encrypted gateway session ids of a few
-    /// hundred bytes all fit).
+    /// 8 KiB: UUIDs, hex tokens and encrypted gateway session ids of a few
+    /// hundred bytes fit many times over; it is also the longest header line
+    /// common reverse proxies accept by default). Lower it to what your
+    /// server issues: each tracked session, and each request an attacker
+    /// abandons in a session of its own, holds up to this much.
     ///
     /// The guard keeps a tracked request's session id while the request is in
     /// flight and while its id is abandoned, so a client must not choose how

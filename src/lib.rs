@@ -106,8 +106,8 @@
 //! # Memory
 //! A client decides how long its session id and request ids are and how
 //! many requests it abandons, so the guard bounds what it keeps for them:
-//! - a session id longer than [`IdGuardLayer::max_session_id_bytes`] (1024
-//!   bytes: UUIDs, hex tokens and encrypted gateway ids fit) is refused,
+//! - a session id longer than [`IdGuardLayer::max_session_id_bytes`] (8 KiB:
+//!   UUIDs, hex tokens and encrypted gateway ids fit) is refused,
 //!   whatever the request;
 //! - everything the session table holds (in-flight and queued requests,
 //!   abandoned ids, sessions seen starting, each with its collision key,

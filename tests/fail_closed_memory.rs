@@ -267,7 +267,7 @@ fn session_ids_over_the_limit_never_reach_the_server() {
     let layer = IdGuardLayer::new();
     let calls = Arc::new(AtomicUsize::new(0));
     let mut service = layer.layer(inner(Arc::clone(&calls)));
-    let long = session_id(0, 1025);
+    let long = session_id(0, 8 * KIB + 1);
 
     let (status, json) = answer(call(&mut service, call_request(&long, "7")));
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -275,7 +275,7 @@ fn session_ids_over_the_limit_never_reach_the_server() {
     assert_eq!(json["error"]["code"], -32600);
     assert!(json["error"]["message"]
         .as_str()
-        .is_some_and(|message| message.contains("1024 bytes")));
+        .is_some_and(|message| message.contains("8192 bytes")));
 
     let batch = r#"[{"jsonrpc":"2.0","id":"a","method":"ping"},{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#;
     let (status, json) = answer(call(&mut service, post(&long, batch.to_owned())));
@@ -318,14 +318,14 @@ fn session_ids_over_the_limit_never_reach_the_server() {
     assert_eq!(stats.rejected_total, 3, "{stats:?}");
     assert_eq!(stats.table_bytes, 0, "{stats:?}");
 
-    let at_limit = session_id(1, 1024);
+    let at_limit = session_id(1, 8 * KIB);
     let response = call(&mut service, call_request(&at_limit, "7"));
     assert_eq!(response.status(), StatusCode::OK);
     read_body(response);
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 
     // An operator who expects longer ids raises the limit.
-    let layer = IdGuardLayer::new().max_session_id_bytes(2048);
+    let layer = IdGuardLayer::new().max_session_id_bytes(16 * KIB);
     let mut service = layer.layer(inner(Arc::clone(&calls)));
     let response = call(&mut service, call_request(&long, "7"));
     assert_eq!(response.status(), StatusCode::OK);
