@@ -1,5 +1,6 @@
 //! Request and response bodies of [`IdGuard`](crate::IdGuard).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -11,10 +12,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
-use crate::edit::splice;
-use crate::id::IdKey;
 use crate::protocol::has_media_type;
-use crate::restore::restore_edits;
+use crate::restore::{Part, Restorer};
 use crate::sse::SseRewriter;
 use crate::table::{Registration, Table};
 
@@ -142,30 +141,97 @@ enum ResponseKind<B> {
         body: B,
         registration: Option<Registration>,
     },
-    /// An `application/json` body that carries a server-side id: read whole,
-    /// then emitted with the client's id restored.
-    RestoreJson {
+    /// A body that may carry server-side ids, restored as it streams.
+    Restore {
         #[pin]
         body: B,
         registration: Option<Registration>,
         table: Arc<Table>,
-        buffer: Accumulated,
-        trailers: Option<HeaderMap>,
-        restored: Option<Bytes>,
-        finished: bool,
-    },
-    /// A `text/event-stream` body, rewritten event by event.
-    RestoreSse {
-        #[pin]
-        body: B,
-        registration: Option<Registration>,
-        table: Arc<Table>,
-        rewriter: SseRewriter,
+        /// Boxed: the unchanged inner body, the common case, stays small.
+        stream: Box<Stream>,
+        /// Restored pieces ready to go on.
+        out: VecDeque<Bytes>,
         trailers: Option<HeaderMap>,
         finished: bool,
     },
     /// A response the guard produced itself.
     Answer { body: Full<Bytes> },
+}
+
+/// What the guard needs to restore client ids in a response.
+#[derive(Debug, Clone)]
+pub(crate) struct Restoring {
+    /// Counts what is restored.
+    pub(crate) table: Arc<Table>,
+    /// The longest id a client could have sent (the body limit): a longer
+    /// id token is not held back.
+    pub(crate) max_id: usize,
+}
+
+/// How a restored body is framed.
+#[derive(Debug)]
+enum Stream {
+    /// One JSON text (`application/json`). The last restored piece is held
+    /// until the body ends, so the registration is released before the client
+    /// has the whole response and an immediate reuse of the id never collides.
+    Json {
+        restorer: Restorer,
+        offset: usize,
+        last: Option<Bytes>,
+    },
+    /// A `text/event-stream`.
+    Sse(SseRewriter),
+}
+
+impl Stream {
+    fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        match self {
+            Stream::Json {
+                restorer,
+                offset,
+                last,
+            } => {
+                let start = *offset;
+                *offset += chunk.len();
+                let mut pieces = VecDeque::new();
+                restorer.push(&chunk, start, &[Part::Json(start..*offset)], &mut pieces);
+                for piece in pieces {
+                    out.extend(last.replace(piece));
+                }
+            }
+            Stream::Sse(rewriter) => rewriter.push(chunk, out),
+        }
+    }
+
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        match self {
+            Stream::Json {
+                restorer,
+                offset,
+                last,
+            } => {
+                out.extend(last.take());
+                restorer.push(&Bytes::new(), *offset, &[Part::End(*offset)], out);
+                restorer.finish(out);
+            }
+            Stream::Sse(rewriter) => rewriter.finish(out),
+        }
+    }
+
+    fn take_restored(&mut self) -> usize {
+        match self {
+            Stream::Json { restorer, .. } => restorer.take_restored(),
+            Stream::Sse(rewriter) => rewriter.take_restored(),
+        }
+    }
+
+    /// Every response the exchange waits for has passed.
+    fn all_answered(&self) -> bool {
+        match self {
+            Stream::Json { .. } => false,
+            Stream::Sse(rewriter) => rewriter.all_answered(),
+        }
+    }
 }
 
 /// An empty inner body; lets tower-http's `TimeoutLayer` (which builds its
@@ -192,36 +258,19 @@ impl<B: Body> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn restore_json(
+    fn restore(
         body: B,
         registration: Option<Registration>,
         table: Arc<Table>,
+        stream: Stream,
     ) -> Self {
         Self {
-            kind: ResponseKind::RestoreJson {
+            kind: ResponseKind::Restore {
                 body,
                 registration,
                 table,
-                buffer: Accumulated::default(),
-                trailers: None,
-                restored: None,
-                finished: false,
-            },
-        }
-    }
-
-    pub(crate) fn restore_sse(
-        body: B,
-        registration: Option<Registration>,
-        table: Arc<Table>,
-        awaited: Vec<IdKey>,
-    ) -> Self {
-        Self {
-            kind: ResponseKind::RestoreSse {
-                body,
-                registration,
-                table,
-                rewriter: SseRewriter::awaiting(awaited),
+                stream: Box::new(stream),
+                out: VecDeque::new(),
                 trailers: None,
                 finished: false,
             },
@@ -239,7 +288,7 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn wrap(
         response: Response<B>,
         registration: Option<Registration>,
-        restore: Option<Arc<Table>>,
+        restoring: Option<Restoring>,
     ) -> Response<Self> {
         let (mut parts, body) = response.into_parts();
         // Under Reject and Queue an event stream is also watched for the
@@ -251,27 +300,30 @@ impl<B: Body> ResponseBody<B> {
             .unwrap_or_default();
         let is_json = has_media_type(&parts.headers, "application/json");
         let is_sse = has_media_type(&parts.headers, "text/event-stream");
-        let body = match restore {
-            Some(table) if is_json => {
-                parts.headers.remove(CONTENT_LENGTH);
-                Self::restore_json(body, registration, table)
-            }
-            Some(table) if is_sse => {
-                parts.headers.remove(CONTENT_LENGTH);
-                Self::restore_sse(body, registration, table, awaited)
-            }
-            None if is_sse && !awaited.is_empty() => {
-                let table = registration
-                    .as_ref()
-                    .map(|registration| Arc::clone(registration.table()));
-                match table {
-                    Some(table) => Self::restore_sse(body, registration, table, awaited),
-                    None => Self::inner(body, registration),
-                }
-            }
-            _ => Self::inner(body, registration),
+        let restoring = restoring.or_else(|| {
+            // Watching needs the rewriter even when nothing is restored.
+            let table = registration.as_ref()?.table();
+            (is_sse && !awaited.is_empty()).then(|| Restoring {
+                table: Arc::clone(table),
+                max_id: usize::MAX,
+            })
+        });
+        let Some(Restoring { table, max_id }) = restoring else {
+            return Response::from_parts(parts, Self::inner(body, registration));
         };
-        Response::from_parts(parts, body)
+        let stream = if is_json {
+            Stream::Json {
+                restorer: Restorer::new(max_id, false),
+                offset: 0,
+                last: None,
+            }
+        } else if is_sse {
+            Stream::Sse(SseRewriter::watching(max_id, awaited))
+        } else {
+            return Response::from_parts(parts, Self::inner(body, registration));
+        };
+        parts.headers.remove(CONTENT_LENGTH);
+        Response::from_parts(parts, Self::restore(body, registration, table, stream))
     }
 }
 
@@ -299,55 +351,18 @@ where
                 }
                 Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
             }
-            ResponseKindProj::RestoreJson {
+            ResponseKindProj::Restore {
                 mut body,
                 registration,
                 table,
-                buffer,
-                trailers,
-                restored,
-                finished,
-            } => {
-                while !*finished {
-                    match ready!(body.as_mut().poll_frame(cx)) {
-                        Some(Ok(frame)) => match frame.into_data() {
-                            Ok(mut data) => buffer.push(data.copy_to_bytes(data.remaining())),
-                            Err(frame) => *trailers = frame.into_trailers().ok(),
-                        },
-                        Some(Err(error)) => return Poll::Ready(Some(Err(error))),
-                        None => {
-                            *finished = true;
-                            let whole = std::mem::take(buffer).into_bytes();
-                            let edits = restore_edits(&whole);
-                            note_restored(table, edits.len());
-                            *restored = Some(if edits.is_empty() {
-                                whole
-                            } else {
-                                Bytes::from(splice(&whole, &edits))
-                            });
-                            // Released before the client can see the response,
-                            // so an immediate reuse of the id never collides.
-                            complete(registration);
-                        }
-                    }
-                }
-                if let Some(data) = restored.take().filter(|data| !data.is_empty()) {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(
-                    trailers
-                        .take()
-                        .map(|trailers| Ok(Frame::trailers(trailers))),
-                )
-            }
-            ResponseKindProj::RestoreSse {
-                mut body,
-                registration,
-                table,
-                rewriter,
+                stream,
+                out,
                 trailers,
                 finished,
             } => loop {
+                if let Some(piece) = out.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(piece))));
+                }
                 if *finished {
                     return Poll::Ready(
                         trailers
@@ -358,13 +373,11 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            let out = rewriter.push(data.copy_to_bytes(data.remaining()));
-                            note_restored(table, rewriter.take_restored());
-                            if rewriter.all_answered() {
+                            stream.push(data.copy_to_bytes(data.remaining()), out);
+                            note_restored(table, stream.take_restored());
+                            // Released before the answer's last bytes go on.
+                            if stream.all_answered() {
                                 complete(registration);
-                            }
-                            if let Some(out) = out {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
                             }
                         }
                         // Trailers come last; held until the held-back bytes are out.
@@ -373,12 +386,9 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
+                        stream.finish(out);
+                        note_restored(table, stream.take_restored());
                         complete(registration);
-                        let rest = rewriter.finish();
-                        note_restored(table, rewriter.take_restored());
-                        if let Some(rest) = rest {
-                            return Poll::Ready(Some(Ok(Frame::data(rest))));
-                        }
                     }
                 }
             },
@@ -391,15 +401,12 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.is_end_stream(),
-            ResponseKind::RestoreJson {
+            ResponseKind::Restore {
                 finished,
-                restored,
+                out,
                 trailers,
                 ..
-            } => *finished && restored.is_none() && trailers.is_none(),
-            ResponseKind::RestoreSse {
-                finished, trailers, ..
-            } => *finished && trailers.is_none(),
+            } => *finished && out.is_empty() && trailers.is_none(),
             ResponseKind::Answer { body } => body.is_end_stream(),
         }
     }
@@ -408,15 +415,13 @@ where
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.size_hint(),
             // The restored length is known only once rewritten.
-            ResponseKind::RestoreJson { .. } | ResponseKind::RestoreSse { .. } => {
-                SizeHint::default()
-            }
+            ResponseKind::Restore { .. } => SizeHint::default(),
             ResponseKind::Answer { body } => body.size_hint(),
         }
     }
 }
 
-/// A body read so far (a tracked request's, or a JSON response to restore).
+/// A tracked request's body read so far.
 /// A body that arrives in one chunk (the usual case) is kept as that chunk,
 /// without copying.
 #[derive(Debug, Default)]

@@ -11,7 +11,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::body::{Accumulated, RequestBody, ResponseBody};
+use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::prepare::{prepare, PendingForward, Prepared};
 use crate::protocol::MCP_SESSION_ID;
@@ -56,14 +56,16 @@ where
         /// Started at the first poll, inside the server's runtime.
         deadline: Option<Pin<Box<tokio::time::Sleep>>>,
         max_wait: Duration,
+        /// The longest id a client could have sent.
+        max_id: usize,
     },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
         future: S::Future,
         registration: Option<Registration>,
-        /// Restore client ids in the response, counting them in this table.
-        restore: Option<Arc<Table>>,
+        /// Restore client ids in the response.
+        restore: Option<Restoring>,
         /// The request is an `initialize`: record the session its answer
         /// starts in this table.
         starts: Option<(Arc<Table>, Config)>,
@@ -91,7 +93,7 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<RequestBody<B>>>,
 {
-    pub(crate) fn called(future: S::Future, restore: Option<Arc<Table>>) -> Self {
+    pub(crate) fn called(future: S::Future, restore: Option<Restoring>) -> Self {
         Self {
             state: State::Calling {
                 future,
@@ -202,7 +204,10 @@ where
                                 } => State::Calling {
                                     future: service.call(request),
                                     registration,
-                                    restore: restore.then(|| Arc::clone(&read.table)),
+                                    restore: restore.then(|| Restoring {
+                                        table: Arc::clone(&read.table),
+                                        max_id: read.config.max_body_bytes,
+                                    }),
                                     starts,
                                 },
                                 Prepared::Queue {
@@ -216,6 +221,7 @@ where
                                     ticket,
                                     deadline: None,
                                     max_wait: read.config.max_queue_wait,
+                                    max_id: read.config.max_body_bytes,
                                 },
                                 Prepared::Answer(response) => State::Answered {
                                     response: Some(response),
@@ -237,13 +243,15 @@ where
                     ticket,
                     deadline,
                     max_wait,
+                    max_id,
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready(server_id) => {
                         match (service.take(), pending.take(), registration.take()) {
                             (Some(mut service), Some(pending), Some(registration)) => {
-                                let restore = server_id
-                                    .is_some()
-                                    .then(|| Arc::clone(registration.table()));
+                                let restore = server_id.is_some().then(|| Restoring {
+                                    table: Arc::clone(registration.table()),
+                                    max_id: *max_id,
+                                });
                                 let future =
                                     service.call(pending.into_request(server_id.as_deref()));
                                 registration.forwarded();

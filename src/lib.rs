@@ -68,18 +68,46 @@
 //! work). A queued request counts against the per-session cap, and one whose
 //! client goes away leaves the queue.
 //!
-//! # What is tracked
-//! A `POST` with `Content-Type: application/json` (parameters and case
-//! ignored), an `Mcp-Session-Id` header, no `MCP-Protocol-Version` of
-//! 2026-07-28 or later (that revision has no sessions, so ids cannot
-//! cross-wire), and a body that is a JSON-RPC request (an object with a string
-//! `method` and a non-null `id`) or a batch containing requests. Everything
-//! else passes through byte-identical and untracked: `initialize` (no session
-//! yet), notifications, client responses to server requests, `DELETE`, other
-//! content types, bodies that are not JSON (the server reports its own parse
-//! error). The guard reads only a message's envelope (its top-level keys),
-//! never its payload: a request whose `params` are broken is still tracked,
-//! and the server answers it with its own error.
+//! # What is tracked: fail closed
+//! The guard is a security boundary, so it follows one rule: **a POST in a
+//! tracked session whose body any real server could read as a JSON-RPC
+//! request is either tracked under the id that server would see, or answered
+//! by the guard itself, never forwarded untracked.**
+//!
+//! A session is tracked when the request carries one `Mcp-Session-Id` and no
+//! `MCP-Protocol-Version` of 2026-07-28 or later (that revision has no
+//! sessions, so ids cannot cross-wire). In such a session:
+//! - **every `POST` is read, whatever its `Content-Type`**: servers check it
+//!   loosely (the Python SDK takes `application/json, text/plain`);
+//! - its requests (objects with a string `method` and a non-null `id`, alone
+//!   or in a batch) are tracked; notifications, client responses to server
+//!   requests, `GET` and `DELETE` pass through untracked;
+//! - **ids compare as the servers compare them**: strings by their decoded
+//!   text (`"\u0031"` is `"1"`), numbers by value (`1`, `1.0`, `1e0` and
+//!   `10e-1` are one id: rmcp reads them all as the integer 1), and an
+//!   integer also equals the string of its digits (`1` and `"1"`: the Python
+//!   SDK routes by `str(id)`);
+//! - keys are read decoded (`"\u0069d"` is `id`) and **every top-level key of
+//!   every message is read**, not only the first few, so a second `id` hidden
+//!   after a large payload is seen;
+//! - a UTF-8 byte order mark is dropped before the body is read and
+//!   forwarded (the Python SDK skips one, serde refuses it);
+//! - a body whose first byte (after whitespace) is not `{` or `[` is no
+//!   JSON-RPC message to any server: it passes untracked, byte-identical,
+//!   and the server answers it with its own error (form data, plain text, an
+//!   empty body).
+//!
+//! Where servers would read a body differently, the guard refuses it (see the
+//! answers below): a key twice in one message (Python and JavaScript keep the
+//! last, serde refuses), an id that servers read differently (a string that
+//! is not valid Unicode, an integer beyond ±(2^53 − 1), where JavaScript
+//! merges neighbours, a fraction of more than 15 significant digits, `true`,
+//! an object), UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8; the Python SDK
+//! decodes them), a body that starts like JSON but cannot be followed (some
+//! server's parser may still take it), and more than one `Mcp-Session-Id`
+//! header. The guard reads only the structure of a body (its keys and its
+//! ids), never the payload: a request whose `params` are broken is still
+//! tracked, and the server answers it with its own error.
 //!
 //! A remapped request reaches the server with the id
 //! `"mcp-id-guard:<instance tag>:<counter>:<original id JSON>"`; the top-level
@@ -90,6 +118,14 @@
 //! state and any guard instance restores any other's ids. A client id that
 //! already starts with `mcp-id-guard:` is itself remapped, so restoring
 //! unwraps exactly one level. Nothing else in a message changes.
+//!
+//! Responses are restored as they stream: bytes go on as they arrive, and
+//! only a response's `id` is held back (with at most 64 KiB after it) until
+//! the message shows it is a response, wherever the `id` sits (first in
+//! rmcp's and Python's responses, last in the TypeScript SDK's), across SSE
+//! `data:` lines and chunk boundaries. Memory per exchange does not grow with
+//! the size of the response. A server message with two `id` keys is passed on
+//! as it is.
 //!
 //! # Abandoned ids
 //! The server may still answer a request the client gave up on: a disconnect
@@ -167,6 +203,11 @@
 //! | `Mcp-Session-Id` longer than `max_session_id_bytes` (any method, in a session of a revision before 2026-07-28) | 400 | `-32600`, the request's `id` (an array for a batch); `null` when the guard does not read the body or it holds no request |
 //! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
+//! | body starts with `{` or `[` but is not JSON the guard can follow | 400 | `-32700`, `id: null` |
+//! | UTF-16 or UTF-32 body | 415 | `-32700`, `id: null` |
+//! | a key twice in one message (or in a cancellation's `params`) | 400 | `-32600`, `id: null` |
+//! | a request or cancellation id that servers read differently | 400 | `-32600`, `id: null` |
+//! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |
 //!
 //! # Where to put other layers
 //! - **Outside the guard**: concurrency limits (tower's `ConcurrencyLimit`),

@@ -13,7 +13,7 @@ use http_body_util::Full;
 use crate::body::RequestBody;
 use crate::config::Config;
 use crate::edit::{splice, Edit};
-use crate::envelope::{peek, Peeked, Writer};
+use crate::envelope::{read, utf8_bom, Peeked, Reading};
 use crate::protocol::MCP_SESSION_ID;
 use crate::reply;
 use crate::table::{Admission, Registration, Route, Table, Waiter};
@@ -45,6 +45,8 @@ pub(crate) struct PendingForward {
     body: Bytes,
     trailers: Option<HeaderMap>,
     edits: Vec<Edit>,
+    /// The body is shorter than the client sent (a byte order mark dropped).
+    resized: bool,
     /// A queued request's id: where it is and its text.
     queued_id: Option<(Range<usize>, Box<str>)>,
 }
@@ -68,14 +70,18 @@ impl PendingForward {
             self.edits.push((range, server_id.to_vec()));
             self.restores_response();
         }
-        if self.edits.is_empty() {
+        if self.edits.is_empty() && !self.resized {
             return Request::from_parts(
                 self.parts,
                 RequestBody::buffered(self.body, self.trailers),
             );
         }
         self.edits.sort_by_key(|(range, _)| range.start);
-        let rewritten = Bytes::from(splice(&self.body, &self.edits));
+        let rewritten = if self.edits.is_empty() {
+            self.body
+        } else {
+            Bytes::from(splice(&self.body, &self.edits))
+        };
         self.parts.headers.remove(TRANSFER_ENCODING);
         self.parts
             .headers
@@ -98,19 +104,34 @@ pub(crate) fn prepare<B>(
         body,
         trailers,
         edits: Vec::new(),
+        resized: false,
         queued_id: None,
     };
-    let Some(session) = pending.parts.headers.get(&MCP_SESSION_ID).cloned() else {
+    let mut sessions = pending.parts.headers.get_all(&MCP_SESSION_ID).iter();
+    let Some(session) = sessions.next().cloned() else {
         return untracked(pending);
     };
-    // Not JSON, or JSON we cannot read as JSON-RPC: the inner server gives its
-    // own error for it.
+    // Servers disagree on which of several headers counts (the first, the
+    // last, or all joined): no reading is safe.
+    if sessions.next().is_some() {
+        return Prepared::Answer(reply::several_sessions());
+    }
     let session_id_too_long = session.len() > config.max_session_id_bytes;
-    let Some(peeked) = peek(&pending.body, Writer::Client) else {
-        if session_id_too_long {
+    // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
+    // it, so every server reads the bytes the guard read.
+    let bom = utf8_bom(&pending.body);
+    if bom > 0 {
+        pending.body = pending.body.slice(bom..);
+        pending.resized = true;
+    }
+    let peeked = match read(&pending.body) {
+        Reading::Read(peeked) => peeked,
+        Reading::NotJsonRpc if session_id_too_long => {
             return session_refused(table, session.as_bytes(), &[], false, config);
         }
-        return untracked(pending);
+        // No server reads it as JSON-RPC; the server gives its own error.
+        Reading::NotJsonRpc => return untracked(pending),
+        Reading::Unreadable(why) => return Prepared::Answer(reply::unreadable(why)),
     };
     let session = session.as_bytes();
     let body = pending.body.clone();

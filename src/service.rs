@@ -6,7 +6,7 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::IdGuardLayer;
@@ -166,7 +166,10 @@ where
                 request.headers_mut().remove(ACCEPT_ENCODING);
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
-                    Some(Arc::clone(&self.table)),
+                    Some(Restoring {
+                        table: Arc::clone(&self.table),
+                        max_id: self.config.max_body_bytes,
+                    }),
                 )
             }
             Handling::Read => {
@@ -193,8 +196,8 @@ enum Handling {
     /// A GET in a legacy session: pass it through, restore client ids in the
     /// event stream it opens.
     RestoreStream,
-    /// A JSON POST in a legacy session: read the body, it may carry ids that
-    /// the session's other requests could collide with.
+    /// A POST in a legacy session: read the body, it may carry ids that the
+    /// session's other requests could collide with.
     Read,
 }
 
@@ -235,10 +238,12 @@ fn handling<B>(request: &Request<B>) -> Handling {
         && !headers
             .get(&MCP_PROTOCOL_VERSION)
             .is_some_and(|version| is_sessionless_revision(version.as_bytes()));
-    let is_json = || has_media_type(headers, "application/json");
     match *request.method() {
         _ if !in_legacy_session => Handling::Untouched,
-        Method::POST if is_json() => Handling::Read,
+        // Every POST, whatever its `Content-Type`: servers check it loosely
+        // (a list such as `application/json, text/plain` passes the Python
+        // SDK), so the header cannot tell which bodies a server reads.
+        Method::POST => Handling::Read,
         Method::GET => Handling::RestoreStream,
         _ => Handling::Untouched,
     }
@@ -276,7 +281,7 @@ mod tests {
                 Method::POST,
                 &[("content-type", "text/plain"), ("mcp-session-id", "s")]
             ),
-            Handling::Untouched
+            Handling::Read
         );
         let mut sessionless = json_in_session.to_vec();
         sessionless.push(("mcp-protocol-version", "2026-07-28"));

@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, Stats};
 use serde_json::json;
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
 /// The client's request body: complete or streamed, and able to fail.
@@ -68,7 +68,6 @@ struct Seen {
 #[derive(Clone)]
 struct Echo {
     calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
     seen: Arc<Mutex<Vec<Seen>>>,
     entered: mpsc::UnboundedSender<String>,
     gate: Arc<Semaphore>,
@@ -77,7 +76,6 @@ struct Echo {
 /// The test's side of an [`Echo`].
 struct Probe {
     calls: Arc<AtomicUsize>,
-    on_call: Arc<Notify>,
     seen: Arc<Mutex<Vec<Seen>>>,
     entered: mpsc::UnboundedReceiver<String>,
     gate: Arc<Semaphore>,
@@ -107,14 +105,12 @@ fn echo() -> (Echo, Probe) {
     let (sender, receiver) = mpsc::unbounded_channel();
     let echo = Echo {
         calls: Arc::default(),
-        on_call: Arc::default(),
         seen: Arc::default(),
         entered: sender,
         gate: Arc::new(Semaphore::new(0)),
     };
     let probe = Probe {
         calls: Arc::clone(&echo.calls),
-        on_call: Arc::clone(&echo.on_call),
         seen: Arc::clone(&echo.seen),
         entered: receiver,
         gate: Arc::clone(&echo.gate),
@@ -149,7 +145,6 @@ impl Service<Request<RequestBody<ClientBody>>> for Echo {
 
     fn call(&mut self, request: Request<RequestBody<ClientBody>>) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.on_call.notify_one();
         let this = self.clone();
         Box::pin(async move {
             let (parts, body) = request.into_parts();
@@ -313,32 +308,45 @@ fn assert_error_object(value: &serde_json::Value, code: i64) {
         .is_some_and(|m| !m.is_empty()));
 }
 
-/// A body that is not JSON reaches the inner service byte-identical and is
-/// not tracked (the inner server reports its own parse error).
+/// Bodies that no server reads as JSON-RPC pass through byte-identical and
+/// untracked (the server gives its own error). Bodies that start like JSON
+/// but that the guard cannot read the way every server would (cut short,
+/// trailing garbage, a key twice, UTF-16) get the guard's own answer and
+/// never reach the server: some server's parser might read them as a
+/// request the guard did not track.
 #[tokio::test]
-async fn invalid_json_passes_through_byte_identical() {
+async fn bodies_the_guard_cannot_read_never_reach_the_server() {
     for policy in [OnDuplicate::Remap, OnDuplicate::Reject] {
         let (layer, service, probe) = guard(policy);
-        // The echo answers what it can parse; the guard must not interfere.
-        let duplicate_keys = answer_text("2");
-        for (body, echoed) in [
-            (&br#"{"jsonrpc":"2.0","id":1,"method":"#[..], &b""[..]),
-            (b"not json at all", b""),
-            (br#"{"jsonrpc":"2.0","id":1,"method":"x"} trailing"#, b""),
-            // serde refuses duplicate keys, so the guard does not track this
-            // (the echo, like Python's json, takes the last one).
-            (
-                br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"x"}"#,
-                duplicate_keys.as_bytes(),
-            ),
-            (b"\xff\xfe{}", b""),
-            (b"17", b""),
-        ] {
+        for body in [&b"not json at all"[..], b"17"] {
             let answer = send(&service, post(body)).await;
-            assert_eq!(answer.body, echoed, "the echo's own answer");
+            assert_eq!(answer.body, &b""[..], "the echo's own answer");
             assert_eq!(probe.seen().last().unwrap().body, body, "byte-identical");
         }
-        assert_eq!(probe.calls(), 6);
+        assert_eq!(probe.calls(), 2);
+        for (body, status, code) in [
+            (
+                &br#"{"jsonrpc":"2.0","id":1,"method":"#[..],
+                StatusCode::BAD_REQUEST,
+                -32700,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"x"} trailing"#,
+                StatusCode::BAD_REQUEST,
+                -32700,
+            ),
+            // Python and JavaScript take the last `id`, serde refuses.
+            (
+                br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"x"}"#,
+                StatusCode::BAD_REQUEST,
+                -32600,
+            ),
+            (b"\xff\xfe{}", StatusCode::UNSUPPORTED_MEDIA_TYPE, -32700),
+        ] {
+            let answer = send(&service, post(body)).await;
+            assert_eq!(assert_error(&answer, status, code), "null", "{body:?}");
+        }
+        assert_eq!(probe.calls(), 2, "none of them reached the server");
         assert_untouched(&layer);
     }
 }
@@ -353,37 +361,37 @@ async fn empty_body_passes_through() {
     assert_untouched(&layer);
 }
 
-/// A request with another content type is forwarded before its body is even
-/// complete (the guard does not read it), arrives unchanged, and is untracked.
+/// The `Content-Type` header does not decide what is tracked: servers check
+/// it loosely (the Python SDK takes `application/json, text/plain`), so a
+/// request under another content type is read and tracked like a JSON one,
+/// and its duplicate is refused.
 #[tokio::test]
-async fn wrong_content_type_is_not_read() {
-    let (layer, service, probe) = guard(OnDuplicate::Reject);
-    let text = request_text("1", "tools/call");
-    let (chunks, body) = streamed();
-    chunks
-        .unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(
-            &text.as_bytes()[..8],
-        ))))
-        .unwrap();
-    let pending = spawn_send(&service, post_with("text/plain", body));
-    // The inner service is called while the body is still open.
-    within(probe.on_call.notified()).await;
-    assert_eq!(probe.calls(), 1);
-    assert!(
-        probe.seen().is_empty(),
-        "the echo is still reading the body"
+async fn other_content_types_are_read_and_tracked() {
+    let (layer, service, mut probe) = guard(OnDuplicate::Reject);
+    let held = spawn_send(
+        &service,
+        post_with("text/plain", full(request_text("1", "hold"))),
     );
-    chunks
-        .unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(
-            &text.as_bytes()[8..],
-        ))))
-        .unwrap();
-    drop(chunks);
-    let answer = within(pending).await.unwrap();
+    assert_eq!(probe.entered().await, "1");
+    for content_type in ["application/json, text/plain", "text/plain", ""] {
+        let answer = send(
+            &service,
+            post_with(content_type, full(request_text("1", "tools/call"))),
+        )
+        .await;
+        assert_eq!(
+            assert_error(&answer, StatusCode::BAD_REQUEST, -32600),
+            "1",
+            "{content_type:?}"
+        );
+    }
+    assert_eq!(probe.calls(), 1, "no duplicate reached the server");
+    probe.release(1);
+    let answer = within(held).await.unwrap();
     assert_eq!(answer.body, answer_text("1").as_bytes());
-    assert_eq!(probe.seen()[0].body, text.as_bytes());
     assert_eq!(probe.seen()[0].headers["content-type"], "text/plain");
-    assert_untouched(&layer);
+    assert_eq!(layer.stats().rejected_total, 3);
+    assert_drained(&layer);
 }
 
 /// `id: null` makes a message a notification: it passes untracked, even
@@ -406,53 +414,61 @@ async fn null_id_is_untracked() {
     assert_untouched(&layer);
 }
 
-/// Ids that are not valid MCP ids but are JSON numbers (a fraction, an integer
-/// beyond 64 bits) are tracked by their exact text: a concurrent duplicate is
-/// remapped (and the client gets its exact id text back) or rejected with
-/// that exact text, while a different spelling of the same number is a
-/// different id.
+/// Numbers are ids by value, however they are written: a fraction collides
+/// with another spelling of it (the client still gets its exact id text
+/// back), and an integer beyond what every server reads exactly is refused.
 #[tokio::test]
-async fn odd_numeric_ids_are_tracked_by_exact_text() {
-    for (id, other_spelling) in [
-        ("1.5", "1.50"),
-        (
-            "123456789012345678901234567890",
-            "123456789012345678901234567890.0",
-        ),
-    ] {
-        // Remap.
-        let (layer, service, mut probe) = guard(OnDuplicate::Remap);
-        let held = spawn_send(&service, post(request_text(id, "hold")));
-        assert_eq!(probe.entered().await, id);
-        let answer = send(&service, post(request_text(id, "tools/call"))).await;
-        let seen = raw_id(&probe.seen()[1].body);
-        assert!(assert_server_side(&seen).ends_with(&format!(":{id}")));
-        assert_eq!(answer.body, answer_text(id).as_bytes(), "exact id text");
-        let answer = send(&service, post(request_text(other_spelling, "tools/call"))).await;
-        assert_eq!(raw_id(&probe.seen()[2].body), other_spelling, "as is");
-        assert_eq!(answer.body, answer_text(other_spelling).as_bytes());
-        probe.release(1);
-        assert_eq!(within(held).await.unwrap().body, answer_text(id).as_bytes());
-        let stats = layer.stats();
-        assert_eq!((stats.passed_total, stats.remapped_total), (2, 1));
-        assert_drained(&layer);
+async fn numeric_ids_collide_by_value() {
+    let (id, other_spelling) = ("1.5", "15e-1");
+    // Remap.
+    let (layer, service, mut probe) = guard(OnDuplicate::Remap);
+    let held = spawn_send(&service, post(request_text(id, "hold")));
+    assert_eq!(probe.entered().await, id);
+    let answer = send(&service, post(request_text(other_spelling, "tools/call"))).await;
+    let seen = raw_id(&probe.seen()[1].body);
+    assert!(assert_server_side(&seen).ends_with(&format!(":{other_spelling}")));
+    assert_eq!(
+        answer.body,
+        answer_text(other_spelling).as_bytes(),
+        "exact id text"
+    );
+    probe.release(1);
+    assert_eq!(within(held).await.unwrap().body, answer_text(id).as_bytes());
+    let stats = layer.stats();
+    assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
+    assert_drained(&layer);
 
-        // Reject.
-        let (layer, service, mut probe) = guard(OnDuplicate::Reject);
-        let held = spawn_send(&service, post(request_text(id, "hold")));
-        probe.entered().await;
-        let answer = send(&service, post(request_text(id, "tools/call"))).await;
-        assert_eq!(assert_error(&answer, StatusCode::BAD_REQUEST, -32600), id);
+    // Reject.
+    let (layer, service, mut probe) = guard(OnDuplicate::Reject);
+    let held = spawn_send(&service, post(request_text(id, "hold")));
+    probe.entered().await;
+    let answer = send(&service, post(request_text(other_spelling, "tools/call"))).await;
+    assert_eq!(
+        assert_error(&answer, StatusCode::BAD_REQUEST, -32600),
+        other_spelling
+    );
+    assert_eq!(
+        probe.calls(),
+        1,
+        "the duplicate never reached the inner service"
+    );
+    probe.release(1);
+    within(held).await.unwrap();
+    assert_eq!(layer.stats().rejected_total, 1);
+    assert_drained(&layer);
+
+    // Beyond 2^53 - 1 JavaScript merges neighbouring integers: refused.
+    let (layer, service, probe) = guard(OnDuplicate::Remap);
+    for refused in ["123456789012345678901234567890", "9007199254740993", "true"] {
+        let answer = send(&service, post(request_text(refused, "tools/call"))).await;
         assert_eq!(
-            probe.calls(),
-            1,
-            "the duplicate never reached the inner service"
+            assert_error(&answer, StatusCode::BAD_REQUEST, -32600),
+            "null",
+            "{refused}"
         );
-        probe.release(1);
-        within(held).await.unwrap();
-        assert_eq!(layer.stats().rejected_total, 1);
-        assert_drained(&layer);
     }
+    assert_eq!(probe.calls(), 0);
+    assert_untouched(&layer);
 }
 
 /// A 1 MiB string id is tracked; under `Remap` a duplicate's answer carries

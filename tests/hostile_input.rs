@@ -285,12 +285,12 @@ fn single_rows() -> Vec<Row> {
             passed: 0,
         },
         Row {
-            name: "1 byte `{`: not JSON, passes untracked",
+            name: "1 byte `{`: starts like JSON but is not: the guard answers -32700",
             layer: limited(),
             request: post("{"),
-            status: StatusCode::ACCEPTED,
-            want: Want::Empty,
-            inner: Inner::Identical,
+            status: StatusCode::BAD_REQUEST,
+            want: Want::GuardError(-32700, vec!["null".into()]),
+            inner: Inner::NotCalled,
             passed: 0,
         },
         Row {
@@ -377,12 +377,12 @@ fn single_rows() -> Vec<Row> {
             passed: 1,
         },
         Row {
-            name: "invalid UTF-8 inside the id string: passes untracked",
+            name: "invalid UTF-8 inside the id string: servers read it differently, refused",
             layer: limited(),
             request: post(b"{\"jsonrpc\":\"2.0\",\"id\":\"\xc3\x28\",\"method\":\"x\"}".to_vec()),
-            status: StatusCode::ACCEPTED,
-            want: Want::Empty,
-            inner: Inner::Identical,
+            status: StatusCode::BAD_REQUEST,
+            want: Want::GuardError(-32600, vec!["null".into()]),
+            inner: Inner::NotCalled,
             passed: 0,
         },
         Row {
@@ -396,7 +396,7 @@ fn single_rows() -> Vec<Row> {
             passed: 1,
         },
         Row {
-            name: "invalid UTF-8 in one member of a batch: the batch passes untracked",
+            name: "invalid UTF-8 in one member of a batch: the batch is tracked (a lenient server reads it)",
             layer: limited(),
             request: post(
                 b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\"},\"\xff\"]".to_vec(),
@@ -404,16 +404,34 @@ fn single_rows() -> Vec<Row> {
             status: StatusCode::ACCEPTED,
             want: Want::Empty,
             inner: Inner::Identical,
+            passed: 1,
+        },
+        Row {
+            name: "a lone surrogate escape as id: Python keeps it, serde refuses it: refused",
+            layer: limited(),
+            request: post(request_text(r#""\ud800""#)),
+            status: StatusCode::BAD_REQUEST,
+            want: Want::GuardError(-32600, vec!["null".into()]),
+            inner: Inner::NotCalled,
             passed: 0,
         },
         Row {
-            name: "a lone surrogate escape as id: tracked by its exact text",
+            name: "an integer beyond 2^53 - 1 as id: JavaScript merges it with a neighbour, refused",
             layer: limited(),
-            request: post(request_text(r#""\ud800""#)),
-            status: StatusCode::OK,
-            want: Want::Exact(answer_text(r#""\ud800""#)),
-            inner: Inner::Identical,
-            passed: 1,
+            request: post(request_text("18446744073709551616")),
+            status: StatusCode::BAD_REQUEST,
+            want: Want::GuardError(-32600, vec!["null".into()]),
+            inner: Inner::NotCalled,
+            passed: 0,
+        },
+        Row {
+            name: "a 1 MiB integer id: refused",
+            layer: IdGuardLayer::new(),
+            request: post(request_text(&"9".repeat(1 << 20))),
+            status: StatusCode::BAD_REQUEST,
+            want: Want::GuardError(-32600, vec!["null".into()]),
+            inner: Inner::NotCalled,
+            passed: 0,
         },
         Row {
             name: "10 000-element batch at the default cap (1024): 429, one error per request",
@@ -544,28 +562,23 @@ fn collision_rows() -> Vec<Collision> {
         ),
         collision("-0 is 0", "0", "-0", Collides),
         collision(
-            "1e3 is compared by its text, not as 1000",
+            "1e3 is 1000: numbers collide by value",
             "1e3",
             "1000",
-            Independent,
-        ),
-        collision("1.0 is not 1", "1", "1.0", Independent),
-        collision(
-            "beyond u64: the integer collides with its string",
-            "18446744073709551616",
-            "\"18446744073709551616\"",
             Collides,
         ),
         collision(
-            "beyond i64: the integer collides with its string",
-            "-9223372036854775809",
-            "\"-9223372036854775809\"",
+            "1.0 is 1 (rmcp reads it as the integer)",
+            "1",
+            "1.0",
             Collides,
         ),
+        collision("10e-1 is the string \"1\"", "\"1\"", "10e-1", Collides),
+        collision("1.5 is not 1", "1", "1.5", Independent),
         collision(
-            "a 1 MiB integer id",
-            &"9".repeat(1 << 20),
-            &"9".repeat(1 << 20),
+            "2^53 - 1 collides with its string",
+            "9007199254740991",
+            "\"9007199254740991\"",
             Collides,
         ),
         collision(
@@ -642,22 +655,22 @@ async fn collision_rows_per_policy() {
     }
 }
 
-/// Duplicate `"id"` keys: serde refuses the object, so the guard does not
-/// track it: two such requests in flight at once both pass, byte-identical,
-/// even under `Reject`, and nothing is counted.
+/// Duplicate `"id"` keys: Python and JavaScript keep the last, serde refuses
+/// the object, so no reading is safe: the guard answers both such requests
+/// itself (400, -32600) and nothing reaches the server or is counted.
 #[tokio::test]
-async fn duplicate_id_keys_pass_untracked_even_twice_in_flight() {
+async fn duplicate_id_keys_are_refused_even_twice_in_flight() {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let echo = Echo::default();
     let service = layer.layer(echo.clone());
     let text = r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"tools/call"}"#;
     let first = call(&service, post(text)).await;
     let (status, body) = read(call(&service, post(text)).await).await;
-    assert_eq!(status, StatusCode::OK, "the echo (last key wins) answers");
-    assert!(body == answer_text("1").as_bytes());
-    assert_eq!(echo.calls(), 2);
-    assert!(echo.last_seen() == text.as_bytes());
-    read(first).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_guard_error(&body, -32600, &["null"]);
+    let (status, _) = read(first).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(echo.calls(), 0);
     assert_eq!(layer.stats(), Stats::default());
 }
 
@@ -849,8 +862,8 @@ async fn served(address: std::net::SocketAddr, session: &str, id: &str) -> Strin
 }
 
 /// `Content-Length` shorter than the body: hyper delivers exactly the
-/// declared bytes (`{"jsonrpc"`, not JSON, so the guard passes it untracked
-/// and the echo answers 202), then reads the rest of the body as the next
+/// declared bytes (`{"jsonrpc"`, which starts like JSON but is not, so the
+/// guard answers `400` itself), then reads the rest of the body as the next
 /// request on the keep-alive connection, answers that garbage with `400`
 /// and closes. The guard never sees the extra bytes and tracks nothing.
 #[tokio::test]
@@ -862,9 +875,8 @@ async fn content_length_shorter_than_the_body() {
     let request = format!("{}{body}", head("content-length: 10\r\n"));
     stream.write_all(request.as_bytes()).await.unwrap();
     let received = read_until_closed(&mut stream).await;
-    assert_eq!(statuses(&received), [202, 400], "{received}");
-    assert_eq!(echo.calls(), 1);
-    assert!(echo.last_seen() == body.as_bytes()[..10]);
+    assert_eq!(statuses(&received), [400, 400], "{received}");
+    assert_eq!(echo.calls(), 0);
     assert_eq!(layer.stats(), Stats::default());
 }
 
