@@ -8,25 +8,24 @@
 //! `hold` until the test releases them, which creates in-flight collisions
 //! without sleeping.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::mpsc as futures_mpsc;
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, Stats};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, Stats};
 use serde_json::json;
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, Semaphore};
-use tower::{BoxError, Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
+
+use crate::support::ids::{id_text, server_side};
+use crate::support::inner::{echo, fields, Echo, Probe};
+use crate::support::wait::{assert_drained, within};
 
 /// The client's request body: complete or streamed, and able to fail.
 type ClientBody = UnsyncBoxBody<Bytes, BodyError>;
@@ -48,140 +47,6 @@ impl std::error::Error for BodyError {}
 
 const SESSION: &str = "session-bad-input";
 const FORGED: &str = r#""mcp-id-guard:0123456789abcdef:1:7""#;
-
-/// Bounds anything that could hang.
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(20), future)
-        .await
-        .expect("timed out")
-}
-
-/// One request as the inner service received it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-/// The recording, echoing inner service.
-#[derive(Clone)]
-struct Echo {
-    calls: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    entered: mpsc::UnboundedSender<String>,
-    gate: Arc<Semaphore>,
-}
-
-/// The test's side of an [`Echo`].
-struct Probe {
-    calls: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    entered: mpsc::UnboundedReceiver<String>,
-    gate: Arc<Semaphore>,
-}
-
-impl Probe {
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// Waits until a held request reached the inner service; returns the id
-    /// it saw.
-    async fn entered(&mut self) -> String {
-        within(self.entered.recv()).await.expect("echo alive")
-    }
-
-    fn release(&self, count: usize) {
-        self.gate.add_permits(count);
-    }
-}
-
-fn echo() -> (Echo, Probe) {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let echo = Echo {
-        calls: Arc::default(),
-        seen: Arc::default(),
-        entered: sender,
-        gate: Arc::new(Semaphore::new(0)),
-    };
-    let probe = Probe {
-        calls: Arc::clone(&echo.calls),
-        seen: Arc::clone(&echo.seen),
-        entered: receiver,
-        gate: Arc::clone(&echo.gate),
-    };
-    (echo, probe)
-}
-
-type Fields = BTreeMap<String, Box<RawValue>>;
-
-fn fields(json: &[u8]) -> Option<Fields> {
-    serde_json::from_slice(json).ok()
-}
-
-/// The echo of one message, if it is a request.
-fn answer_to(message: &Fields) -> Option<String> {
-    message.get("method")?;
-    let id = message.get("id").filter(|id| id.get() != "null")?;
-    Some(format!(
-        r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-        id.get()
-    ))
-}
-
-impl Service<Request<RequestBody<ClientBody>>> for Echo {
-    type Response = Response<Full<Bytes>>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<RequestBody<ClientBody>>) -> Self::Future {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let this = self.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let body = body.collect().await?.to_bytes();
-            this.seen.lock().unwrap().push(Seen {
-                method: parts.method.clone(),
-                headers: parts.headers.clone(),
-                body: body.clone(),
-            });
-            let answer = if let Some(message) = fields(&body) {
-                if message.get("method").map(|m| m.get()) == Some(r#""hold""#) {
-                    let id = message.get("id").map_or("null", |id| id.get());
-                    let _ = this.entered.send(id.to_owned());
-                    this.gate.acquire().await?.forget();
-                }
-                answer_to(&message)
-            } else if let Ok(batch) = serde_json::from_slice::<Vec<Box<RawValue>>>(&body) {
-                let answers: Vec<String> = batch
-                    .iter()
-                    .filter_map(|element| fields(element.get().as_bytes()))
-                    .filter_map(|message| answer_to(&message))
-                    .collect();
-                Some(format!("[{}]", answers.join(",")))
-            } else {
-                None
-            };
-            Ok(match answer {
-                Some(json) => Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(json)))?,
-                None => Response::builder()
-                    .status(StatusCode::ACCEPTED)
-                    .body(Full::default())?,
-            })
-        })
-    }
-}
 
 struct Answer {
     status: StatusCode,
@@ -266,24 +131,8 @@ fn guard(policy: OnDuplicate) -> (IdGuardLayer, IdGuard<Echo>, Probe) {
     (layer.clone(), layer.layer(inner), probe)
 }
 
-fn raw_id(json: &[u8]) -> String {
-    fields(json).expect("a JSON object")["id"].get().to_owned()
-}
-
-/// Decodes a server-side id and checks it is in the reserved namespace.
-fn assert_server_side(raw: &str) -> String {
-    let decoded: String = serde_json::from_str(raw).expect("a JSON string");
-    assert!(decoded.starts_with("mcp-id-guard:"), "{raw:.80}");
-    decoded
-}
-
 fn assert_untouched(layer: &IdGuardLayer) {
     assert_eq!(layer.stats(), Stats::default(), "nothing was tracked");
-}
-
-fn assert_drained(layer: &IdGuardLayer) {
-    let stats = layer.stats();
-    assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
 }
 
 /// Asserts a JSON-RPC error answer and returns its `id` JSON text.
@@ -292,7 +141,7 @@ fn assert_error(answer: &Answer, status: StatusCode, code: i64) -> String {
     assert_eq!(answer.headers["content-type"], "application/json");
     let value = answer.json();
     assert_error_object(&value, code);
-    raw_id(&answer.body)
+    id_text(&answer.body)
 }
 
 fn assert_error_object(value: &serde_json::Value, code: i64) {
@@ -425,8 +274,8 @@ async fn numeric_ids_collide_by_value() {
     let held = spawn_send(&service, post(request_text(id, "hold")));
     assert_eq!(probe.entered().await, id);
     let answer = send(&service, post(request_text(other_spelling, "tools/call"))).await;
-    let seen = raw_id(&probe.seen()[1].body);
-    assert!(assert_server_side(&seen).ends_with(&format!(":{other_spelling}")));
+    let seen = id_text(&probe.seen()[1].body);
+    assert!(server_side(&seen).ends_with(&format!(":{other_spelling}")));
     assert_eq!(
         answer.body,
         answer_text(other_spelling).as_bytes(),
@@ -481,8 +330,8 @@ async fn one_mebibyte_string_id() {
     let held = spawn_send(&service, post(request_text(&id, "hold")));
     assert_eq!(probe.entered().await, id);
     let answer = send(&service, post(request_text(&id, "tools/call"))).await;
-    let seen = raw_id(&probe.seen()[1].body);
-    let decoded = assert_server_side(&seen);
+    let seen = id_text(&probe.seen()[1].body);
+    let decoded = server_side(&seen);
     assert!(decoded.ends_with(&format!(":{id}")));
     assert_eq!(answer.body, answer_text(&id).as_bytes());
     probe.release(1);
@@ -514,10 +363,10 @@ async fn forged_prefixed_id_is_rewritten_and_restored() {
             assert_eq!(answer.status, StatusCode::OK);
             assert_eq!(answer.body, answer_text(FORGED).as_bytes());
         }
-        let seen: Vec<String> = probe.seen().iter().map(|s| raw_id(&s.body)).collect();
+        let seen: Vec<String> = probe.seen().iter().map(|s| id_text(&s.body)).collect();
         for raw in &seen {
             assert_ne!(raw, FORGED);
-            let decoded = assert_server_side(raw);
+            let decoded = server_side(raw);
             assert!(decoded.ends_with(&format!(":{FORGED}")), "{decoded}");
         }
         assert_ne!(seen[0], seen[1], "every rewrite is unique");
@@ -546,7 +395,7 @@ fn assert_too_large(answer: &Answer, limit: usize) {
     assert_eq!(answer.headers["content-type"], "application/json");
     let value = answer.json();
     assert_error_object(&value, -32600);
-    assert_eq!(raw_id(&answer.body), "null");
+    assert_eq!(id_text(&answer.body), "null");
     assert!(value["error"]["message"]
         .as_str()
         .unwrap()
@@ -814,7 +663,7 @@ async fn batch_with_duplicate_under_remap() {
     assert_eq!(seen.len(), 5);
     assert_eq!(seen[0], "1");
     for raw in &seen[1..4] {
-        assert_server_side(raw);
+        server_side(raw);
     }
     assert_eq!(seen[4], "2");
     let keys: std::collections::HashSet<String> = seen
@@ -873,7 +722,7 @@ async fn queued_duplicate_waits_then_goes_with_its_own_id() {
     );
     let answer = within(queued).await;
     assert_eq!(answer.body, answer_text("1").as_bytes());
-    assert_eq!(raw_id(&probe.seen()[1].body), "1", "its own id");
+    assert_eq!(id_text(&probe.seen()[1].body), "1", "its own id");
     assert_drained(&layer);
 }
 

@@ -6,7 +6,7 @@
 //! against the crate's API (all four were fixed in "Fix four bugs found by
 //! fuzzing").
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod fuzz_checks;
 
 use std::future::Future;

@@ -14,11 +14,7 @@
 //! Every wait is bounded.
 
 use std::convert::Infallible;
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use axum::body::Body as AxumBody;
@@ -28,101 +24,25 @@ use futures::StreamExt as _;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, ResponseBody, Stats};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_http::timeout::TimeoutLayer;
 
-/// Bounds every wait of the in-process rows.
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::ids::server_side;
+use crate::support::inner::{respond, Echo};
+use crate::support::wait::{assert_drained, within};
+
 /// Bounds every read of the loopback rows.
 const READ: Duration = Duration::from_secs(10);
-
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(WAIT, future).await.expect("timed out")
-}
 
 // ---------------------------------------------------------------------------
 // The echo
 // ---------------------------------------------------------------------------
 
-/// The recording echo (see the module docs).
-#[derive(Clone, Default)]
-struct Echo {
-    calls: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Bytes>>>,
-}
-
-impl Echo {
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn last_seen(&self) -> Bytes {
-        self.seen.lock().unwrap().last().cloned().expect("a call")
-    }
-}
-
 type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
-
-/// The echo's answer to a body: `None` when it has no request to answer.
-fn echo_answer(body: &[u8]) -> Option<String> {
-    let answer = |fields: &Fields| -> Option<String> {
-        fields.get("method")?;
-        let id = fields.get("id").filter(|id| id.get() != "null")?;
-        Some(answer_text(id.get()))
-    };
-    if let Ok(fields) = serde_json::from_slice::<Fields>(body) {
-        return answer(&fields);
-    }
-    let batch: Vec<Box<RawValue>> = serde_json::from_slice(body).ok()?;
-    let answers: Vec<String> = batch
-        .iter()
-        .filter_map(|member| serde_json::from_str::<Fields>(member.get()).ok())
-        .filter_map(|fields| answer(&fields))
-        .collect();
-    Some(format!("[{}]", answers.join(",")))
-}
-
-fn echo_response(body: &[u8]) -> Response<Full<Bytes>> {
-    match echo_answer(body) {
-        Some(json) => Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(json)))
-            .unwrap(),
-        None => Response::builder()
-            .status(StatusCode::ACCEPTED)
-            .body(Full::default())
-            .unwrap(),
-    }
-}
-
-impl<B> Service<Request<RequestBody<B>>> for Echo
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Response = Response<Full<Bytes>>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<RequestBody<B>>) -> Self::Future {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let seen = Arc::clone(&self.seen);
-        Box::pin(async move {
-            let body = request.into_body().collect().await.map_err(Into::into)?;
-            let body = body.to_bytes();
-            seen.lock().unwrap().push(body.clone());
-            Ok(echo_response(&body))
-        })
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Requests and answers
@@ -193,22 +113,6 @@ fn assert_guard_error(body: &[u8], code: i64, ids: &[&str]) {
         let error: serde_json::Value = serde_json::from_str(fields["error"].get()).unwrap();
         assert_eq!(error["code"], code);
     }
-}
-
-fn assert_drained(layer: &IdGuardLayer) {
-    let stats = layer.stats();
-    assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
-        (0, 0),
-        "{stats:?}"
-    );
-}
-
-/// The decoded text of a server-side id (asserts it is one).
-fn server_side(raw: &str) -> String {
-    let decoded: String = serde_json::from_str(raw).expect("a server-side id is a string");
-    assert!(decoded.starts_with("mcp-id-guard:"), "{raw:.80}");
-    decoded
 }
 
 // ---------------------------------------------------------------------------
@@ -794,11 +698,12 @@ async fn serve(guard: IdGuardLayer, timeout: Duration) -> (std::net::SocketAddr,
     let handler = move |request: axum::extract::Request| {
         let recorder = recorder.clone();
         async move {
-            recorder.calls.fetch_add(1, Ordering::SeqCst);
-            match axum::body::to_bytes(request.into_body(), 8 << 20).await {
+            recorder.count_call();
+            let (parts, body) = request.into_parts();
+            match axum::body::to_bytes(body, 8 << 20).await {
                 Ok(body) => {
-                    recorder.seen.lock().unwrap().push(body.clone());
-                    echo_response(&body).map(AxumBody::new)
+                    recorder.record(parts.method, parts.headers, body.clone());
+                    respond(&body).map(AxumBody::new)
                 }
                 Err(_) => Response::builder()
                     .status(StatusCode::UNPROCESSABLE_ENTITY)

@@ -6,16 +6,15 @@
 //! traffic through the proxy gives every caller its own result (Remap) or a
 //! clean 400 (Reject). Ordering uses the echo tool's started channel and
 //! holds, never sleeps.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
-
 use futures::future::join_all;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
-use proxy_support::{
-    drained, serve_proxy, Outcome, Rmcp, Session, Tally, HANG_TIMEOUT, OK_TIMEOUT,
-};
 use serde_json::json;
+
+use crate::support::client::{Session, Tally};
+use crate::support::proxy::Outcome;
+use crate::support::server::{serve_proxy, upstream};
+use crate::support::wait::drained;
+use crate::support::{HANG_TIMEOUT, OK_TIMEOUT};
 
 const BURST: usize = 12;
 
@@ -39,7 +38,7 @@ fn assert_clean_rejection(outcome: &Outcome) {
 /// another's result or no answer.
 #[tokio::test]
 async fn control_burst_straight_to_the_upstream_cross_wires() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let session = Session::open(&rmcp.url).await?;
     let names = sentinels("control");
     let calls = names.iter().enumerate().map(|(i, sentinel)| {
@@ -62,13 +61,13 @@ async fn control_burst_straight_to_the_upstream_cross_wires() -> anyhow::Result<
 /// with id 1, eleven were remapped, and the table drains.
 #[tokio::test]
 async fn remap_burst_through_the_proxy_gives_everyone_their_own_result() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = IdGuardLayer::new();
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
     let names = sentinels("remap");
     for sentinel in &names {
-        rmcp.holds.hold(sentinel);
+        rmcp.gates.hold(sentinel);
     }
     let calls = join_all(
         names
@@ -79,7 +78,7 @@ async fn remap_burst_through_the_proxy_gives_everyone_their_own_result() -> anyh
         rmcp.wait_started(&names).await?;
         assert_eq!(guard.stats().in_flight_requests, BURST);
         for sentinel in &names {
-            rmcp.holds.release(sentinel);
+            rmcp.gates.release(sentinel);
         }
         anyhow::Ok(())
     };
@@ -98,13 +97,13 @@ async fn remap_burst_through_the_proxy_gives_everyone_their_own_result() -> anyh
 /// released, the admitted one gets its own result.
 #[tokio::test]
 async fn reject_burst_through_the_proxy_gives_clean_400s() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
     let names = sentinels("reject");
     for sentinel in &names {
-        rmcp.holds.hold(sentinel);
+        rmcp.gates.hold(sentinel);
     }
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     for sentinel in names.clone() {
@@ -127,7 +126,7 @@ async fn reject_burst_through_the_proxy_gives_clean_400s() -> anyhow::Result<()>
     }
     let admitted = rmcp.started_so_far().await;
     assert_eq!(admitted.len(), 1, "only one call reached the server");
-    rmcp.holds.release(&admitted[0]);
+    rmcp.gates.release(&admitted[0]);
     let (sentinel, outcome) = tokio::time::timeout(OK_TIMEOUT, done_rx.recv())
         .await?
         .expect("senders alive");
@@ -143,10 +142,10 @@ async fn reject_burst_through_the_proxy_gives_clean_400s() -> anyhow::Result<()>
 /// wrong result or no answer.
 #[tokio::test]
 async fn control_pair_straight_to_the_upstream_cross_wires() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let session = Session::open(&rmcp.url).await?;
-    rmcp.holds.hold("A");
-    rmcp.holds.hold("B");
+    rmcp.gates.hold("A");
+    rmcp.gates.hold("B");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, HANG_TIMEOUT).await }
@@ -158,9 +157,9 @@ async fn control_pair_straight_to_the_upstream_cross_wires() -> anyhow::Result<(
     });
     // If B never reaches the tool, that is the bug too; don't wait forever.
     let b_started = rmcp.wait_started(&["B"]).await.is_ok();
-    rmcp.holds.release("B");
+    rmcp.gates.release("B");
     let b = b.await?;
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     let a = a.await?;
     println!("control pair (direct): A = {a:?}, B = {b:?}, B reached the tool: {b_started}");
     assert!(
@@ -174,12 +173,12 @@ async fn control_pair_straight_to_the_upstream_cross_wires() -> anyhow::Result<(
 /// answered first, then A; both get their own results with id 1.
 #[tokio::test]
 async fn remap_pair_through_the_proxy() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = IdGuardLayer::new();
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
-    rmcp.holds.hold("A");
-    rmcp.holds.hold("B");
+    rmcp.gates.hold("A");
+    rmcp.gates.hold("B");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -190,9 +189,9 @@ async fn remap_pair_through_the_proxy() -> anyhow::Result<()> {
         async move { session.echo(json!(1), "B", 0, OK_TIMEOUT).await }
     });
     rmcp.wait_started(&["B"]).await?;
-    rmcp.holds.release("B");
+    rmcp.gates.release("B");
     assert_eq!(b.await?, Outcome::Own);
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
     let stats = drained(&guard).await?;
     assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
@@ -203,11 +202,11 @@ async fn remap_pair_through_the_proxy() -> anyhow::Result<()> {
 /// reaches the server; A gets its own result; then id 1 is free again.
 #[tokio::test]
 async fn reject_pair_through_the_proxy() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
-    rmcp.holds.hold("A");
+    rmcp.gates.hold("A");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -216,7 +215,7 @@ async fn reject_pair_through_the_proxy() -> anyhow::Result<()> {
     let b = session.echo(json!(1), "B", 0, OK_TIMEOUT).await;
     assert_clean_rejection(&b);
     assert_eq!(rmcp.started_so_far().await, ["A"]);
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
     // Sequential reuse stays allowed.
     drained(&guard).await?;
@@ -234,49 +233,30 @@ async fn reject_pair_through_the_proxy() -> anyhow::Result<()> {
 /// session passes through unchanged.
 #[tokio::test]
 async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = IdGuardLayer::new();
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
 
-    let stream = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .client
-            .get(&session.url)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", proxy_support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let stream = tokio::time::timeout(OK_TIMEOUT, session.get_stream().send()).await??;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
 
     let listed = tokio::time::timeout(
         OK_TIMEOUT,
         session
-            .post(json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+            .post_json(json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
             .send(),
     )
     .await??
     .text()
     .await?;
-    let listed = proxy_support::find_response(&listed).expect("a response");
+    let listed = crate::support::ids::find_response(&listed).expect("a response");
     assert_eq!(listed["id"], 5);
     assert_eq!(listed["result"]["tools"][0]["name"], "echo");
     drop(stream);
 
-    let deleted = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .client
-            .delete(&session.url)
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", proxy_support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let deleted = tokio::time::timeout(OK_TIMEOUT, session.delete().send()).await??;
     assert!(
         deleted.status().is_success(),
         "DELETE: {}",
@@ -286,7 +266,7 @@ async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
     let after = tokio::time::timeout(
         OK_TIMEOUT,
         session
-            .post(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
+            .post_json(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
             .send(),
     )
     .await??;
@@ -300,11 +280,11 @@ async fn session_lifecycle_through_the_proxy() -> anyhow::Result<()> {
 /// rmcp does not read a disconnect as a cancellation, so `A` keeps running
 /// under id 1 after the guard released it.
 async fn disconnect_then_reuse(guard: IdGuardLayer) -> anyhow::Result<Outcome> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let proxy = serve_proxy(&rmcp.base, &guard).await?;
     let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
-    rmcp.holds.hold("A");
-    rmcp.holds.hold("B");
+    rmcp.gates.hold("A");
+    rmcp.gates.hold("B");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -320,9 +300,9 @@ async fn disconnect_then_reuse(guard: IdGuardLayer) -> anyhow::Result<Outcome> {
         async move { session.echo(json!(1), "B", 0, HANG_TIMEOUT).await }
     });
     rmcp.wait_started(&["B"]).await?;
-    rmcp.holds.release("A");
-    rmcp.wait_started(&["A:done"]).await?;
-    rmcp.holds.release("B");
+    rmcp.gates.release("A");
+    rmcp.wait_started(&["finished:A"]).await?;
+    rmcp.gates.release("B");
     let b = b.await?;
     drained(&guard).await?;
     Ok(b)

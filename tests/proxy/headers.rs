@@ -2,10 +2,6 @@
 //! pass both ways, hop-by-hop headers are dropped both ways (RFC 9110
 //! §7.6.1), `Host` is the upstream's, `X-Forwarded-*` are added, the upstream
 //! path prefix is honoured, and bodies pass byte for byte.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
@@ -16,9 +12,12 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mcp_id_guard::IdGuardLayer;
-use proxy_support::{drained, serve, serve_proxy, Served, OK_TIMEOUT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+
+use crate::support::server::{serve_proxy, serve_service, Served};
+use crate::support::wait::drained;
+use crate::support::OK_TIMEOUT;
 
 /// One request as the upstream received it.
 #[derive(Debug)]
@@ -75,7 +74,7 @@ async fn recording_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver
             Ok::<_, Infallible>(response.body(Full::new(body)).unwrap())
         }
     });
-    Ok((serve(service).await?, seen_rx))
+    Ok((serve_service(service).await?, seen_rx))
 }
 
 async fn next_seen(seen: &mut mpsc::UnboundedReceiver<Seen>) -> anyhow::Result<Seen> {
@@ -222,7 +221,7 @@ async fn session_id_round_trip_delete_and_upstream_statuses() -> anyhow::Result<
     let response = client
         .post(&url)
         .header("content-type", "application/json")
-        .header("accept", proxy_support::ACCEPT)
+        .header("accept", crate::support::ACCEPT)
         .body(initialize)
         .send()
         .await?;
@@ -240,7 +239,7 @@ async fn session_id_round_trip_delete_and_upstream_statuses() -> anyhow::Result<
     let response = client
         .post(&url)
         .header("content-type", "application/json")
-        .header("accept", proxy_support::ACCEPT)
+        .header("accept", crate::support::ACCEPT)
         .header("mcp-session-id", &session)
         .body(call)
         .send()

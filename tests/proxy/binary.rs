@@ -2,20 +2,20 @@
 //! server: `--help`, an MCP exchange through it, its flags and env vars, and
 //! graceful shutdown on SIGTERM. Every wait is bounded; the process is killed
 //! when a test ends early.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
-
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use proxy_support::{Outcome, Rmcp, Session, OK_TIMEOUT};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+
+use crate::support::client::Session;
+use crate::support::proxy::Outcome;
+use crate::support::server::upstream;
+use crate::support::OK_TIMEOUT;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-id-guard");
 
@@ -176,7 +176,7 @@ async fn invalid_upstream_exits_with_an_error() -> anyhow::Result<()> {
 /// gets 409, the held call its own result.
 #[tokio::test]
 async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let guard = Guard::start(
         &["--on-duplicate", "reject", "--reject-status", "409"],
         &[("MCP_ID_GUARD_UPSTREAM", &rmcp.base)],
@@ -188,7 +188,7 @@ async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
         Outcome::Own
     );
 
-    rmcp.holds.hold("A");
+    rmcp.gates.hold("A");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -202,7 +202,7 @@ async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
             code: -32600
         }
     );
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
     Ok(())
 }
@@ -212,10 +212,10 @@ async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
 /// the grace period is over.
 #[tokio::test]
 async fn sigterm_lets_in_flight_calls_finish_and_exits_0() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let mut guard = Guard::start(&["--upstream", &rmcp.base, "--grace-period", "20s"], &[]).await?;
     let session = Session::open(&format!("{}/mcp", guard.base)).await?;
-    rmcp.holds.hold("A");
+    rmcp.gates.hold("A");
     let a = tokio::spawn({
         let session = session.clone();
         async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
@@ -225,7 +225,7 @@ async fn sigterm_lets_in_flight_calls_finish_and_exits_0() -> anyhow::Result<()>
     let signalled = Instant::now();
     guard.sigterm()?;
     guard.wait_for_line("SIGTERM received").await?;
-    rmcp.holds.release("A");
+    rmcp.gates.release("A");
     assert_eq!(a.await?, Outcome::Own);
     let status = guard.wait_exit(OK_TIMEOUT).await?;
     let elapsed = signalled.elapsed();
@@ -239,21 +239,11 @@ async fn sigterm_lets_in_flight_calls_finish_and_exits_0() -> anyhow::Result<()>
 /// stream is cut, the client's stream ends, and the binary exits 0.
 #[tokio::test]
 async fn sigterm_cuts_open_streams_after_the_grace_period() -> anyhow::Result<()> {
-    let rmcp = Rmcp::start().await?;
+    let rmcp = upstream().await?;
     let grace = Duration::from_secs(1);
     let mut guard = Guard::start(&["--upstream", &rmcp.base, "--grace-period", "1s"], &[]).await?;
     let session = Session::open(&format!("{}/mcp", guard.base)).await?;
-    let mut stream = tokio::time::timeout(
-        OK_TIMEOUT,
-        session
-            .client
-            .get(&session.url)
-            .header("accept", "text/event-stream")
-            .header("mcp-session-id", &session.id)
-            .header("mcp-protocol-version", proxy_support::PROTOCOL_VERSION)
-            .send(),
-    )
-    .await??;
+    let mut stream = tokio::time::timeout(OK_TIMEOUT, session.get_stream().send()).await??;
     assert_eq!(stream.status(), 200);
 
     let signalled = Instant::now();

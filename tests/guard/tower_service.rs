@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -19,10 +18,13 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody};
 use serde_json::value::RawValue;
 use tower::{Layer, ServiceExt};
 use tower_test::mock;
+
+use crate::support::ids::{id_text, is_server_side};
+use crate::support::wait::{assert_drained, within};
 
 /// The client-side request body: any body, boxed, so one mock type serves
 /// complete bodies and bodies streamed through a channel.
@@ -35,13 +37,6 @@ type Handle = mock::Handle<InnerRequest, InnerResponse>;
 type Guarded = mock::Spawn<IdGuard<mock::Mock<InnerRequest, InnerResponse>>>;
 
 const SESSION: &str = "session-1";
-
-/// Bounds anything that could hang.
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(10), future)
-        .await
-        .expect("timed out")
-}
 
 fn request_text(id: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo"}}}}"#)
@@ -80,18 +75,6 @@ fn spawn(policy: OnDuplicate) -> (IdGuardLayer, Guarded, Handle) {
     (layer, service, handle)
 }
 
-/// The exact JSON text of a message's top-level `id`.
-fn raw_id(body: &[u8]) -> String {
-    let message: BTreeMap<String, Box<RawValue>> =
-        serde_json::from_slice(body).expect("a JSON object");
-    message["id"].get().to_owned()
-}
-
-/// Whether an id's JSON text is a server-side id minted by the guard.
-fn is_server_side(id: &str) -> bool {
-    id.starts_with("\"mcp-id-guard:")
-}
-
 async fn read_request(request: InnerRequest) -> Bytes {
     within(request.into_body().collect())
         .await
@@ -115,15 +98,6 @@ fn json_response(body: String) -> InnerResponse {
 
 fn in_flight(layer: &IdGuardLayer) -> usize {
     layer.stats().in_flight_requests
-}
-
-fn assert_drained(layer: &IdGuardLayer) {
-    let Stats {
-        in_flight_requests,
-        tracked_sessions,
-        ..
-    } = layer.stats();
-    assert_eq!((in_flight_requests, tracked_sessions), (0, 0));
 }
 
 /// Readies the guard, calls it and waits until the mock receives the request.
@@ -195,7 +169,7 @@ async fn readied_service_is_called_for_tracked_and_untracked_requests() {
         let body = read_request(request).await;
         send.send_response(json_response(format!(
             r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-            raw_id(&body)
+            id_text(&body)
         )));
         body
     });
@@ -246,7 +220,7 @@ async fn inner_error_releases_the_id() {
 
     let (future, send, body) = send_through(&mut service, &mut handle, tracked("7")).await;
     assert!(
-        is_server_side(&raw_id(&body)),
+        is_server_side(&id_text(&body)),
         "forwarded past the shadow: {}",
         String::from_utf8_lossy(&body)
     );
@@ -420,7 +394,7 @@ async fn remapped_id_is_restored_in_json_responses() {
     let original = r#""\u0031""#; // the string "1", which collides with 1
     let (second, second_send, second_body) =
         send_through(&mut service, &mut handle, tracked(original)).await;
-    let server_id = raw_id(&second_body);
+    let server_id = id_text(&second_body);
     let decoded: String = serde_json::from_str(&server_id).expect("a JSON string");
     assert!(decoded.starts_with("mcp-id-guard:"), "{decoded}");
     assert_eq!(
@@ -459,7 +433,7 @@ async fn remapped_id_is_restored_in_sse_responses() {
     let (_first, _first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
     let (second, second_send, second_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    let server_id = raw_id(&second_body);
+    let server_id = id_text(&second_body);
     assert!(server_id.starts_with("\"mcp-id-guard:"), "{server_id}");
 
     let stream = |id: &str| {
@@ -525,7 +499,7 @@ async fn cancellation_names_the_request_as_the_inner_service_knows_it() {
     let (first, _first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
     let (second, _second_send, second_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    let server_id = raw_id(&second_body);
+    let server_id = id_text(&second_body);
     assert!(server_id.starts_with("\"mcp-id-guard:"), "{server_id}");
 
     let body = send_cancellation(&mut service, &mut handle, "1").await;
@@ -559,7 +533,7 @@ async fn cancelled_but_open_exchange_keeps_its_id_from_the_inner_service() {
     let (layer, mut service, mut handle) = spawn(OnDuplicate::Remap);
     let (_first, _first_send, first_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    assert_eq!(raw_id(&first_body), "1");
+    assert_eq!(id_text(&first_body), "1");
     send_cancellation(&mut service, &mut handle, "1").await;
     assert_eq!(
         layer.stats().in_flight_requests,
@@ -569,7 +543,7 @@ async fn cancelled_but_open_exchange_keeps_its_id_from_the_inner_service() {
 
     let (_second, _second_send, second_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    let seen = raw_id(&second_body);
+    let seen = id_text(&second_body);
     assert_ne!(
         seen, "1",
         "the inner service now has two requests with id 1 in flight"
@@ -635,14 +609,14 @@ async fn cancellation_names_the_request_the_server_knows_by_the_clients_id() {
     let (first, first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
     let (_second, _second_send, second_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    assert!(raw_id(&second_body).starts_with("\"mcp-id-guard:"));
+    assert!(id_text(&second_body).starts_with("\"mcp-id-guard:"));
     first_send.send_response(json_response(
         r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.into(),
     ));
     read_response(within(first).await.unwrap()).await;
     let (_third, _third_send, third_body) =
         send_through(&mut service, &mut handle, tracked("1")).await;
-    assert_eq!(raw_id(&third_body), "1", "the server knows the third by 1");
+    assert_eq!(id_text(&third_body), "1", "the server knows the third by 1");
 
     let body = send_cancellation(&mut service, &mut handle, "1").await;
     assert_eq!(

@@ -1,10 +1,6 @@
 //! Failures around the proxy: an upstream that is down, slow to accept, hangs
 //! up before answering or in the middle of a stream, and a client that goes
 //! away mid-stream. Never a hang; every in-flight id is released.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
-
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
@@ -15,10 +11,14 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 use mcp_id_guard::proxy::Proxy;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
-use proxy_support::{dead_port, drained, first_event, serve, serve_proxy, Served, OK_TIMEOUT};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower_layer::Layer;
+
+use crate::support::server::{dead_port, serve_proxy, serve_service, Served};
+use crate::support::sse::first_event;
+use crate::support::wait::drained;
+use crate::support::OK_TIMEOUT;
 
 /// How long a 502 may take when the upstream is down (the connect timeout
 /// of [`serve_proxy`] is 2 s; a refused connection is immediate).
@@ -27,7 +27,7 @@ const FAIL_FAST: Duration = Duration::from_secs(5);
 async fn post(url: &str, session: Option<&str>, body: String) -> anyhow::Result<reqwest::Response> {
     let mut request = reqwest::Client::new()
         .post(url)
-        .header("accept", proxy_support::ACCEPT)
+        .header("accept", crate::support::ACCEPT)
         .header("content-type", "application/json");
     if let Some(session) = session {
         request = request.header("mcp-session-id", session);
@@ -139,7 +139,7 @@ async fn connect_timeout_answers_502() -> anyhow::Result<()> {
         .connect_timeout(timeout)
         .build(&format!("http://{addr}"))?;
     let guard = IdGuardLayer::new();
-    let served = serve(guard.layer(proxy)).await?;
+    let served = serve_service(guard.layer(proxy)).await?;
 
     let started = Instant::now();
     let response = post(
@@ -230,7 +230,7 @@ async fn scripted_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver<
             )
         }
     });
-    Ok((serve(service).await?, calls_rx))
+    Ok((serve_service(service).await?, calls_rx))
 }
 
 async fn next_call(calls: &mut mpsc::UnboundedReceiver<Call>) -> anyhow::Result<Call> {

@@ -8,7 +8,7 @@
 //! reports its arrival on a channel and waits for a semaphore permit, so an
 //! in-flight collision is created deterministically, without sleeping.
 
-use std::future::{Future, IntoFuture};
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,14 +29,10 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-const SESSION: &str = "session-axum";
+use crate::support::ids::server_side;
+use crate::support::wait::{assert_drained, within};
 
-/// Bounds anything that could hang.
-async fn within<F: Future>(future: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(20), future)
-        .await
-        .expect("timed out")
-}
+const SESSION: &str = "session-axum";
 
 /// The handler's shared state.
 struct Echo {
@@ -178,16 +174,6 @@ fn spawn_send(client: &reqwest::Client, url: &str, body: String) -> tokio::task:
     tokio::spawn(async move { send(&client, &url, body).await })
 }
 
-fn assert_drained(layer: &IdGuardLayer) {
-    let stats = layer.stats();
-    assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
-}
-
-fn assert_server_side(raw: &str) {
-    let decoded: String = serde_json::from_str(raw).expect("a JSON string");
-    assert!(decoded.starts_with("mcp-id-guard:"), "{decoded}");
-}
-
 fn assert_duplicate_rejection(reply: &Reply, status: StatusCode, id: serde_json::Value) {
     assert_eq!(reply.status, status);
     assert_eq!(reply.content_type.as_deref(), Some("application/json"));
@@ -212,7 +198,7 @@ async fn collision_scenario(mut server: Server, layer: &IdGuardLayer, policy: On
         OnDuplicate::Remap => {
             assert_eq!(duplicate.status, StatusCode::OK);
             assert_eq!(duplicate.body, answer_text("1"));
-            assert_server_side(&server.seen()[1]);
+            server_side(&server.seen()[1]);
         }
         _ => {
             assert_duplicate_rejection(&duplicate, StatusCode::BAD_REQUEST, 1.into());

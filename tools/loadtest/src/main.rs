@@ -2,26 +2,24 @@
 //! bare and behind [`IdGuardLayer`], driven by the same closed-loop load.
 //!
 //! ```text
-//! cargo run --release --example loadtest
-//! cargo run --release --example loadtest -- --duration 3 --rounds 10 --concurrency 64 --sessions 16
+//! cargo run --release -p mcp-id-guard-loadtest
+//! cargo run --release -p mcp-id-guard-loadtest -- --duration 3 --rounds 10 --concurrency 64 --sessions 16
 //! ```
 //!
-//! Flags (or the environment variables in brackets):
-//!
-//! | flag | default | |
-//! |---|---|---|
-//! | `--duration` (`LOADTEST_DURATION`) | 1.5 | seconds per measured run |
-//! | `--rounds` (`LOADTEST_ROUNDS`) | 8 | rounds; each runs every mode once |
-//! | `--concurrency` (`LOADTEST_CONCURRENCY`) | 64 | requests in flight at any time |
-//! | `--sessions` (`LOADTEST_SESSIONS`) | 16 | MCP sessions the load is spread over |
-//! | `--warmup` (`LOADTEST_WARMUP`) | 1 | seconds of unmeasured load per mode first |
-//! | `--nodelay` (`LOADTEST_NODELAY`) | 1 | 0: serve with `tests/common`'s harness instead (axum defaults, Nagle on) |
-//! | `--modes` (`LOADTEST_MODES`) | `bare,guarded,colliding` | which runs to make, in this order (one alone is handy under a profiler); `bare-long-ids` adds bare rmcp with unique string ids as long as server-side ids |
+//! Options (`--help` lists them with their environment variables and
+//! defaults): `--duration` seconds per measured run (1.5), `--rounds` (8; each
+//! runs every mode once), `--concurrency` requests in flight (64),
+//! `--sessions` MCP sessions the load is spread over (16), `--warmup` seconds
+//! of unmeasured load per mode first (1), `--nodelay` (1; 0 serves with axum's
+//! defaults, Nagle on), `--modes` which runs to make, in order
+//! (`bare,guarded,colliding`; one alone is handy under a profiler;
+//! `bare-long-ids` adds bare rmcp with unique string ids as long as
+//! server-side ids).
 //!
 //! The server is rmcp 3.11's `StreamableHttpService` in its default stateful
 //! mode with one tool, `echo`, nested at `/mcp` in an axum router, the guard
-//! layered on the router, exactly as `tests/common` serves it, except that
-//! accepted connections get `TCP_NODELAY`: with Nagle's algorithm on, the
+//! layered on the router, as the crate documents, and accepted connections
+//! get `TCP_NODELAY`: with Nagle's algorithm on, the
 //! last chunk of each SSE response waits for the client's delayed ACK, and
 //! every call takes ~40 ms of idle time, which hides any CPU cost
 //! (`--nodelay 0` shows it). Both servers run side by side in this process. Each round runs three
@@ -37,9 +35,6 @@
 //! over all its runs and the median of its per-round ratios to bare (the
 //! more robust figure when the machine is shared). Defaults take about 45 s.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,13 +43,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use axum::serve::ListenerExt;
 use bytes::Bytes;
+use clap::{Parser, ValueEnum};
 use http::header::{ACCEPT, CONTENT_TYPE};
 use http::{HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mcp_id_guard::IdGuardLayer;
+use mcp_id_guard::{IdGuardLayer, Stats};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
@@ -66,115 +62,84 @@ use tokio_util::sync::CancellationToken;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// A legacy-session protocol revision: the guard tracks its sessions.
+const PROTOCOL_VERSION: &str = "2025-06-18";
 /// A single call may take at most this long; a hang fails the run.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone)]
+/// The load generator's settings.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "loadtest",
+    about = "End-to-end cost of mcp-id-guard: rmcp's echo server, bare and guarded, under the same closed-loop load"
+)]
 struct Settings {
+    /// Seconds per measured run.
+    #[arg(long, env = "LOADTEST_DURATION", default_value = "1.5", value_parser = seconds)]
     duration: Duration,
+    /// Rounds; each runs every mode once.
+    #[arg(long, env = "LOADTEST_ROUNDS", default_value_t = 8, value_parser = at_least_one)]
     rounds: usize,
+    /// Requests in flight at any time.
+    #[arg(long, env = "LOADTEST_CONCURRENCY", default_value_t = 64, value_parser = at_least_one)]
     concurrency: usize,
+    /// MCP sessions the load is spread over.
+    #[arg(long, env = "LOADTEST_SESSIONS", default_value_t = 16, value_parser = at_least_one)]
     sessions: usize,
+    /// Seconds of unmeasured load per mode first.
+    #[arg(long, env = "LOADTEST_WARMUP", default_value = "1", value_parser = seconds)]
     warmup: Duration,
+    /// 1: accepted connections get TCP_NODELAY; 0: axum's defaults (Nagle on,
+    /// which adds the client's delayed-ACK wait to every call).
+    #[arg(
+        long,
+        env = "LOADTEST_NODELAY",
+        default_value = "1",
+        value_parser = zero_or_one,
+        action = clap::ArgAction::Set
+    )]
     nodelay: bool,
+    /// Which runs to make, in this order.
+    #[arg(
+        long,
+        env = "LOADTEST_MODES",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "bare,guarded,colliding"
+    )]
     modes: Vec<Mode>,
 }
 
-impl Settings {
-    fn from_args() -> anyhow::Result<Self> {
-        let env = |name: &str| std::env::var(name).ok();
-        let mut values = [
-            ("duration", env("LOADTEST_DURATION").unwrap_or("1.5".into())),
-            ("rounds", env("LOADTEST_ROUNDS").unwrap_or("8".into())),
-            (
-                "concurrency",
-                env("LOADTEST_CONCURRENCY").unwrap_or("64".into()),
-            ),
-            ("sessions", env("LOADTEST_SESSIONS").unwrap_or("16".into())),
-            ("warmup", env("LOADTEST_WARMUP").unwrap_or("1".into())),
-            ("nodelay", env("LOADTEST_NODELAY").unwrap_or("1".into())),
-            (
-                "modes",
-                env("LOADTEST_MODES").unwrap_or("bare,guarded,colliding".into()),
-            ),
-        ];
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            if arg == "-h" || arg == "--help" {
-                println!(
-                    "usage: loadtest [--duration SECS] [--rounds N] [--concurrency N] \
-                     [--sessions N] [--warmup SECS] [--nodelay 0|1] \
-                     [--modes bare,guarded,colliding,bare-long-ids]"
-                );
-                std::process::exit(0);
-            }
-            let Some(flag) = arg.strip_prefix("--") else {
-                bail!("unexpected argument {arg:?} (see --help)");
-            };
-            let (name, value) = match flag.split_once('=') {
-                Some((name, value)) => (name.to_owned(), value.to_owned()),
-                None => (
-                    flag.to_owned(),
-                    args.next()
-                        .with_context(|| format!("--{flag} needs a value"))?,
-                ),
-            };
-            let slot = values
-                .iter_mut()
-                .find(|(known, _)| *known == name)
-                .with_context(|| format!("unknown flag --{name} (see --help)"))?;
-            slot.1 = value;
-        }
-        let value = |name: &str| -> &str {
-            let (_, value) = values
-                .iter()
-                .find(|(known, _)| *known == name)
-                .expect("a known flag");
-            value
-        };
-        let number = |name: &str| -> anyhow::Result<f64> {
-            let value = value(name);
-            let number: f64 = value
-                .parse()
-                .with_context(|| format!("--{name}: {value:?} is not a number"))?;
-            ensure!(number.is_finite() && number >= 0.0, "--{name} must be >= 0");
-            Ok(number)
-        };
-        let settings = Self {
-            duration: Duration::from_secs_f64(number("duration")?),
-            rounds: number("rounds")? as usize,
-            concurrency: number("concurrency")? as usize,
-            sessions: number("sessions")? as usize,
-            warmup: Duration::from_secs_f64(number("warmup")?),
-            nodelay: number("nodelay")? != 0.0,
-            modes: value("modes")
-                .split(',')
-                .map(|name| match name.trim() {
-                    "bare" => Ok(Mode::Bare),
-                    "guarded" => Ok(Mode::Guarded),
-                    "colliding" => Ok(Mode::Colliding),
-                    "bare-long-ids" => Ok(Mode::BareLongIds),
-                    other => bail!("--modes: unknown mode {other:?}"),
-                })
-                .collect::<anyhow::Result<_>>()?,
-        };
-        ensure!(
-            settings.rounds > 0 && settings.concurrency > 0 && settings.sessions > 0,
-            "rounds, concurrency and sessions must be at least 1"
-        );
-        ensure!(
-            !settings.duration.is_zero(),
-            "duration must be more than 0 s"
-        );
-        Ok(settings)
+fn seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is not a duration >= 0"))
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(0) | Err(_) => Err(format!("{text:?} is not a whole number >= 1")),
+        Ok(number) => Ok(number),
+    }
+}
+
+fn zero_or_one(text: &str) -> Result<bool, String> {
+    match text {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(format!("{text:?}: 0 or 1")),
     }
 }
 
 /// The ways the load runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
+    /// Bare rmcp, unique ids.
     Bare,
+    /// Guarded, unique ids.
     Guarded,
+    /// Guarded, every id 1 (Remap).
     Colliding,
     /// Bare, but every id is a unique string as long as a server-side id:
     /// what the server's own cost of such ids is, apart from the guard's.
@@ -199,8 +164,14 @@ impl Mode {
     }
 }
 
-/// The echo tool of `tests/common`, without its test hooks (started
-/// signals, hold gates).
+/// Arguments of the `echo` tool.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct EchoArgs {
+    /// Answered as `ECHO:<sentinel>`.
+    sentinel: String,
+}
+
+/// rmcp's per-session handler: one tool, `echo`.
 #[derive(Clone)]
 struct Echo {
     tool_router: ToolRouter<Self>,
@@ -210,7 +181,7 @@ struct Echo {
 impl Echo {
     /// Answers `ECHO:<sentinel>`.
     #[tool(description = "Echo a sentinel back as ECHO:<sentinel>")]
-    async fn echo(&self, Parameters(args): Parameters<common::EchoArgs>) -> String {
+    async fn echo(&self, Parameters(args): Parameters<EchoArgs>) -> String {
         format!("ECHO:{}", args.sentinel)
     }
 }
@@ -224,23 +195,17 @@ impl ServerHandler for Echo {
 }
 
 /// A running server on loopback.
-enum Server {
-    Own {
-        url: String,
-        shutdown: CancellationToken,
-        task: JoinHandle<()>,
-    },
-    Harness(common::TestServer),
+struct Server {
+    url: String,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
 }
 
 impl Server {
-    /// Serves the echo server, bare or guarded, as `tests/common` does (rmcp's
-    /// default stateful config, SSE keep-alive 15 s, `nest_service("/mcp")`,
-    /// the guard on the router), with `TCP_NODELAY` unless `nodelay` is off.
+    /// Serves the echo server, bare or guarded: rmcp's default stateful
+    /// config, SSE keep-alive 15 s, `nest_service("/mcp")`, the guard on the
+    /// router, with `TCP_NODELAY` unless `nodelay` is off.
     async fn start(guard: Option<IdGuardLayer>, nodelay: bool) -> anyhow::Result<Self> {
-        if !nodelay {
-            return Ok(Self::Harness(common::serve(guard).await?));
-        }
         let shutdown = CancellationToken::new();
         let config = StreamableHttpServerConfig::default()
             .with_sse_keep_alive(Some(Duration::from_secs(15)))
@@ -257,15 +222,17 @@ impl Server {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
+        let listener = listener.tap_io(move |tcp| {
+            if nodelay {
+                let _ = tcp.set_nodelay(true);
+            }
         });
         let serving = axum::serve(listener, router)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let task = tokio::spawn(async move {
             let _ = serving.await;
         });
-        Ok(Self::Own {
+        Ok(Self {
             url: format!("http://{address}/mcp"),
             shutdown,
             task,
@@ -273,20 +240,28 @@ impl Server {
     }
 
     fn url(&self) -> &str {
-        match self {
-            Self::Own { url, .. } => url,
-            Self::Harness(server) => &server.url,
-        }
+        &self.url
     }
 
     async fn stop(self) {
-        match self {
-            Self::Own { shutdown, task, .. } => {
-                shutdown.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
-            }
-            Self::Harness(server) => server.stop().await,
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
+    }
+}
+
+/// Polls the guard's counters until nothing is in flight and no session is
+/// tracked, or 10 s pass: the guard lets go of an exchange when the server
+/// side of its response ends, which may trail what the client saw.
+async fn drained_stats(layer: &IdGuardLayer) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = layer.stats();
+        if (stats.in_flight_requests == 0 && stats.tracked_sessions == 0)
+            || Instant::now() >= deadline
+        {
+            return stats;
         }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -305,8 +280,8 @@ async fn post(
 ) -> anyhow::Result<(StatusCode, Option<HeaderValue>, Bytes)> {
     let mut request = Request::post(uri.clone())
         .header(CONTENT_TYPE, "application/json")
-        .header(ACCEPT, common::ACCEPT)
-        .header("mcp-protocol-version", common::PROTOCOL_VERSION);
+        .header(ACCEPT, "application/json, text/event-stream")
+        .header("mcp-protocol-version", PROTOCOL_VERSION);
     if let Some(session) = session {
         request = request.header("mcp-session-id", session.clone());
     }
@@ -327,7 +302,7 @@ async fn post(
 async fn open_session(client: &HttpClient, uri: &Uri) -> anyhow::Result<HeaderValue> {
     let initialize = format!(
         r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{}","capabilities":{{}},"clientInfo":{{"name":"loadtest","version":"0"}}}}}}"#,
-        common::PROTOCOL_VERSION
+        PROTOCOL_VERSION
     );
     let (status, session, _) = post(client, uri, None, initialize).await?;
     let session = match (status, session) {
@@ -487,7 +462,7 @@ impl Totals {
 }
 
 fn main() -> anyhow::Result<()> {
-    let settings = Settings::from_args()?;
+    let settings = Settings::parse();
     // Client and both servers share one runtime with one worker per core,
     // as a server process would have.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -577,7 +552,7 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
         }
         println!("{line}");
     }
-    let after = common::drained_stats(&layer, common::WAIT_TIMEOUT).await;
+    let after = drained_stats(&layer).await;
 
     let bare_rate = totals[Mode::Bare as usize].rate();
     let bare_rounds = totals[Mode::Bare as usize].per_round.clone();

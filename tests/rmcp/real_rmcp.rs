@@ -7,35 +7,24 @@
 //! echo tool's started signals and hold gates, never sleeps; every wait is
 //! bounded.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{
-    burst, drained_stats, pair, serve, CallReport, Client, EchoCall, Outcome, Tally, TestServer,
-    HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT,
-};
 use http::StatusCode;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+
+use crate::support::client::{burst, burst_delay, pair, Call, Outcome, Report, Session, Tally};
+use crate::support::ids::raw_id;
+use crate::support::server::{serve, McpServer};
+use crate::support::wait::{assert_released, is_drained, stats_when};
+use crate::support::{HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT};
 
 const BURST: usize = 12;
 
 /// Asserts that a call got its own result, with exactly the id text it sent,
-/// and that its response stream ended.
+/// that its response stream ended, and that no server-side id reached it.
 #[track_caller]
-fn assert_own(report: &CallReport) {
-    assert_eq!(
-        report.outcome,
-        Outcome::Own,
-        "{}: expected its own result: {report:#?}",
-        report.sentinel
-    );
-    assert_eq!(
-        report.answered_id.as_deref(),
-        Some(report.sent_id.as_str()),
-        "{}: the id must come back byte for byte",
-        report.sentinel
-    );
+fn assert_own(report: &Report) {
+    crate::support::client::assert_own(report);
     assert!(
         report.exchange.ended,
         "{}: the response stream must end after the response: {report:#?}",
@@ -53,7 +42,7 @@ fn assert_own(report: &CallReport) {
 /// `Content-Type: application/json` and a JSON-RPC `-32600` error carrying
 /// exactly the id text it sent.
 #[track_caller]
-fn assert_rejected(report: &CallReport, expected_status: StatusCode) {
+fn assert_rejected(report: &Report, expected_status: StatusCode) {
     let Outcome::Rejected {
         status,
         content_type,
@@ -68,7 +57,7 @@ fn assert_rejected(report: &CallReport, expected_status: StatusCode) {
     assert_eq!(body["error"]["code"], -32600, "{body}");
     assert!(body["error"]["message"].is_string(), "{body}");
     assert_eq!(
-        common::raw_id(&report.exchange.body).as_deref(),
+        raw_id(&report.exchange.body).as_deref(),
         Some(report.sent_id.as_str()),
         "the rejection carries exactly the id sent: {}",
         report.exchange.body
@@ -77,25 +66,14 @@ fn assert_rejected(report: &CallReport, expected_status: StatusCode) {
 
 /// Whether a call was answered by the guard with `400` and a well-formed
 /// `-32600` error carrying the id sent.
-fn is_clean_rejection(report: &CallReport) -> bool {
+fn is_clean_rejection(report: &Report) -> bool {
     matches!(
         &report.outcome,
         Outcome::Rejected { status: 400, content_type: Some(ct), body }
             if ct == "application/json"
                 && body["error"]["code"] == -32600
-                && common::raw_id(&report.exchange.body).as_deref() == Some(report.sent_id.as_str())
+                && raw_id(&report.exchange.body).as_deref() == Some(report.sent_id.as_str())
     )
-}
-
-/// Asserts every request has been released and returns the final counters.
-async fn assert_drained(layer: &IdGuardLayer) -> mcp_id_guard::Stats {
-    let stats = drained_stats(layer, WAIT_TIMEOUT).await;
-    assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
-        (0, 0),
-        "every request must be released once its response has ended: {stats:?}"
-    );
-    stats
 }
 
 // ---------------------------------------------------------------------------
@@ -109,7 +87,7 @@ async fn assert_drained(layer: &IdGuardLayer) -> mcp_id_guard::Stats {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_burst_with_duplicate_ids_cross_wires_or_hangs() -> anyhow::Result<()> {
     let server = serve(None).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let reports = burst(&client, "bare-burst", "1", BURST, HANG_TIMEOUT).await;
     let tally = Tally::of(&reports);
     eprintln!("bare burst, 12 x id 1: {tally}");
@@ -126,17 +104,17 @@ async fn bare_burst_with_duplicate_ids_cross_wires_or_hangs() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_burst_with_unique_ids_is_clean() -> anyhow::Result<()> {
     let server = serve(None).await?;
-    let client = Client::connect(&server.url).await?;
-    let calls: Vec<(String, EchoCall)> = (0..BURST)
+    let client = Session::open(&server.url).await?;
+    let calls: Vec<(String, Call)> = (0..BURST)
         .map(|i| {
-            let call = EchoCall::new(format!("unique-{i:02}"), common::burst_delay(i, BURST));
+            let call = Call::echo(format!("unique-{i:02}"), burst_delay(i, BURST));
             ((100 + i).to_string(), call)
         })
         .collect();
     let reports = futures::future::join_all(
         calls
             .iter()
-            .map(|(id, call)| client.call_echo(id, call, OK_TIMEOUT)),
+            .map(|(id, call)| client.call(id, call, OK_TIMEOUT)),
     )
     .await;
     reports.iter().for_each(assert_own);
@@ -155,10 +133,10 @@ async fn bare_burst_with_unique_ids_is_clean() -> anyhow::Result<()> {
 async fn remap_burst_every_call_gets_its_own_result() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new();
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let reports = burst(&client, "remap-burst", "1", BURST, OK_TIMEOUT).await;
     reports.iter().for_each(assert_own);
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!(stats.passed_total + stats.remapped_total, BURST as u64);
     assert!(stats.remapped_total >= 1, "calls overlapped: {stats:?}");
     assert_eq!(stats.rejected_total, 0);
@@ -173,15 +151,15 @@ async fn remap_burst_every_call_gets_its_own_result() -> anyhow::Result<()> {
 async fn remap_fully_overlapping_burst_remaps_eleven() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new();
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
-    let calls: Vec<EchoCall> = (0..BURST)
-        .map(|i| EchoCall::held(format!("overlap-{i:02}")))
+    let client = Session::open(&server.url).await?;
+    let calls: Vec<Call> = (0..BURST)
+        .map(|i| Call::stubborn(format!("overlap-{i:02}")))
         .collect();
     let tasks: Vec<_> = calls
         .iter()
         .map(|call| {
             let (client, call) = (client.clone(), call.clone());
-            tokio::spawn(async move { client.call_echo("1", &call, OK_TIMEOUT).await })
+            tokio::spawn(async move { client.call("1", &call, OK_TIMEOUT).await })
         })
         .collect();
     let sentinels: Vec<&str> = calls.iter().map(|call| call.sentinel.as_str()).collect();
@@ -198,7 +176,7 @@ async fn remap_fully_overlapping_burst_remaps_eleven() -> anyhow::Result<()> {
     for task in tasks {
         assert_own(&task.await?);
     }
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!((stats.passed_total, stats.remapped_total), (1, 11));
     server.stop().await;
     Ok(())
@@ -216,26 +194,23 @@ async fn remap_fully_overlapping_burst_remaps_eleven() -> anyhow::Result<()> {
 async fn reject_duplicates_of_a_held_call() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
-    let first = EchoCall::held("reject-held-00");
+    let client = Session::open(&server.url).await?;
+    let first = Call::stubborn("reject-held-00");
     let first_task = tokio::spawn({
         let (client, first) = (client.clone(), first.clone());
-        async move { client.call_echo("1", &first, OK_TIMEOUT).await }
+        async move { client.call("1", &first, OK_TIMEOUT).await }
     });
     server
         .started
         .wait_for(&first.sentinel, WAIT_TIMEOUT)
         .await?;
 
-    let others: Vec<EchoCall> = (1..BURST)
-        .map(|i| EchoCall::new(format!("reject-held-{i:02}"), 0))
+    let others: Vec<Call> = (1..BURST)
+        .map(|i| Call::echo(format!("reject-held-{i:02}"), 0))
         .collect();
-    let reports = futures::future::join_all(
-        others
-            .iter()
-            .map(|call| client.call_echo("1", call, OK_TIMEOUT)),
-    )
-    .await;
+    let reports =
+        futures::future::join_all(others.iter().map(|call| client.call("1", call, OK_TIMEOUT)))
+            .await;
     for report in &reports {
         assert_rejected(report, StatusCode::BAD_REQUEST);
     }
@@ -247,7 +222,7 @@ async fn reject_duplicates_of_a_held_call() -> anyhow::Result<()> {
 
     server.gates.release(&first.sentinel);
     assert_own(&first_task.await?);
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!(
         (
             stats.passed_total,
@@ -267,7 +242,7 @@ async fn reject_duplicates_of_a_held_call() -> anyhow::Result<()> {
 async fn reject_burst_is_own_result_or_clean_rejection() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let reports = burst(&client, "reject-burst", "1", BURST, OK_TIMEOUT).await;
     for report in &reports {
         assert!(
@@ -277,7 +252,7 @@ async fn reject_burst_is_own_result_or_clean_rejection() -> anyhow::Result<()> {
     }
     let tally = Tally::of(&reports);
     assert!(tally.own >= 1, "{tally}");
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!(stats.passed_total, tally.own as u64, "{stats:?}");
     assert_eq!(stats.rejected_total, tally.rejected as u64, "{stats:?}");
     assert_eq!(stats.remapped_total, 0);
@@ -294,7 +269,7 @@ async fn reject_burst_is_own_result_or_clean_rejection() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_pair_cross_wires() -> anyhow::Result<()> {
     let server = serve(None).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(
         &server,
         &client,
@@ -322,11 +297,11 @@ async fn bare_pair_cross_wires() -> anyhow::Result<()> {
 async fn remap_pair_both_get_their_own_results() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new();
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(&server, &client, "remap-pair", ("1", "1"), true, OK_TIMEOUT).await?;
     assert_own(&a);
     assert_own(&b);
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
     server.stop().await;
     Ok(())
@@ -338,7 +313,7 @@ async fn remap_pair_both_get_their_own_results() -> anyhow::Result<()> {
 async fn reject_pair_rejects_the_second() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(
         &server,
         &client,
@@ -351,7 +326,7 @@ async fn reject_pair_rejects_the_second() -> anyhow::Result<()> {
     assert_own(&a);
     assert_rejected(&b, StatusCode::BAD_REQUEST);
     assert_eq!(server.started.seen().await, [a.sentinel.as_str()]);
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!((stats.passed_total, stats.rejected_total), (1, 1));
     server.stop().await;
     Ok(())
@@ -365,7 +340,7 @@ async fn reject_pair_with_conflict_status() -> anyhow::Result<()> {
         .on_duplicate(OnDuplicate::Reject)
         .reject_status(StatusCode::CONFLICT);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(
         &server,
         &client,
@@ -377,7 +352,7 @@ async fn reject_pair_with_conflict_status() -> anyhow::Result<()> {
     .await?;
     assert_own(&a);
     assert_rejected(&b, StatusCode::CONFLICT);
-    assert_drained(&layer).await;
+    assert_released(&layer).await;
     server.stop().await;
     Ok(())
 }
@@ -389,7 +364,7 @@ async fn reject_pair_with_conflict_status() -> anyhow::Result<()> {
 async fn remap_pair_number_and_string_ids() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new();
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(
         &server,
         &client,
@@ -415,7 +390,7 @@ async fn remap_pair_number_and_string_ids() -> anyhow::Result<()> {
     assert_own(&d);
     assert_eq!(c.answered_id.as_deref(), Some(r#""1""#));
     assert_eq!(d.answered_id.as_deref(), Some("1"));
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!(
         (stats.passed_total, stats.remapped_total),
         (2, 2),
@@ -431,7 +406,7 @@ async fn remap_pair_number_and_string_ids() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_pair_number_and_string_ids_do_not_collide_in_rmcp() -> anyhow::Result<()> {
     let server = serve(None).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     let (a, b) = pair(
         &server,
         &client,
@@ -457,12 +432,12 @@ async fn bare_pair_number_and_string_ids_do_not_collide_in_rmcp() -> anyhow::Res
 async fn reject_allows_sequential_reuse() -> anyhow::Result<()> {
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let server = serve(Some(layer.clone())).await?;
-    let client = Client::connect(&server.url).await?;
+    let client = Session::open(&server.url).await?;
     for i in 0..5 {
-        let call = EchoCall::new(format!("sequential-{i}"), 0);
-        assert_own(&client.call_echo("1", &call, OK_TIMEOUT).await);
+        let call = Call::echo(format!("sequential-{i}"), 0);
+        assert_own(&client.call("1", &call, OK_TIMEOUT).await);
     }
-    let stats = assert_drained(&layer).await;
+    let stats = assert_released(&layer).await;
     assert_eq!((stats.passed_total, stats.rejected_total), (5, 0));
     server.stop().await;
     Ok(())
@@ -482,17 +457,17 @@ async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<
     let server = serve(Some(layer.clone())).await?;
     let mut sessions = Vec::new();
     for session in 0..6 {
-        let client = Client::connect(&server.url).await?;
+        let client = Session::open(&server.url).await?;
         sessions.push(async move {
             let mut reports = Vec::new();
             for i in 0..150 {
-                let call = EchoCall::new(format!("eager-{session}-{i:03}"), 0);
-                reports.push(client.call_echo_eager("1", &call, OK_TIMEOUT).await);
+                let call = Call::echo(format!("eager-{session}-{i:03}"), 0);
+                reports.push(client.call_eager("1", &call, OK_TIMEOUT).await);
             }
             reports
         });
     }
-    let reports: Vec<CallReport> = futures::future::join_all(sessions)
+    let reports: Vec<Report> = futures::future::join_all(sessions)
         .await
         .into_iter()
         .flatten()
@@ -500,7 +475,7 @@ async fn reject_allows_reuse_right_after_the_response_event() -> anyhow::Result<
     let tally = Tally::of(&reports);
     let first_bad = reports.iter().find(|report| report.outcome != Outcome::Own);
     assert_eq!(tally.own, reports.len(), "{tally}; first: {first_bad:#?}");
-    assert_drained(&layer).await;
+    assert_released(&layer).await;
     server.stop().await;
     Ok(())
 }
@@ -518,23 +493,23 @@ async fn remap_restores_the_id_on_a_resumed_get_stream() -> anyhow::Result<()> {
     for id_b in ["1", r#""1""#] {
         let layer = IdGuardLayer::new();
         let server = serve(Some(layer.clone())).await?;
-        let client = Client::connect(&server.url).await?;
-        let a = EchoCall::held("resume-A");
+        let client = Session::open(&server.url).await?;
+        let a = Call::stubborn("resume-A");
         let task_a = tokio::spawn({
             let (client, a) = (client.clone(), a.clone());
-            async move { client.call_echo("1", &a, OK_TIMEOUT).await }
+            async move { client.call("1", &a, OK_TIMEOUT).await }
         });
         server.started.wait_for(&a.sentinel, WAIT_TIMEOUT).await?;
 
-        let b = EchoCall::held("resume-B");
-        let event_id = client.start_echo_then_drop(id_b, &b, OK_TIMEOUT).await?;
+        let b = Call::stubborn("resume-B");
+        let event_id = client.start_echo_then_drop(id_b, &b).await?;
         server.started.wait_for(&b.sentinel, WAIT_TIMEOUT).await?;
         // Attach the resumed stream before B answers: rmcp 3.11 does not
         // replay an answer produced while no stream was attached.
-        let resumed = client.resume(&event_id, OK_TIMEOUT).await;
+        let resumed = client.resume(&event_id, OK_TIMEOUT).await?;
         assert_eq!(resumed.status(), Some(200));
         server.gates.release(&b.sentinel);
-        let report_b = CallReport::classify(id_b, &b.sentinel, resumed.read_response().await);
+        let report_b = Report::classify(id_b, &b.sentinel, resumed.read_response().await);
         assert_eq!(report_b.outcome, Outcome::Own, "{report_b:#?}");
         assert_eq!(report_b.answered_id.as_deref(), Some(id_b));
         assert!(
@@ -545,7 +520,7 @@ async fn remap_restores_the_id_on_a_resumed_get_stream() -> anyhow::Result<()> {
 
         server.gates.release(&a.sentinel);
         assert_own(&task_a.await?);
-        let stats = assert_drained(&layer).await;
+        let stats = assert_released(&layer).await;
         assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
         assert!(stats.restored_total >= 1, "{stats:?}");
         server.stop().await;
@@ -581,15 +556,15 @@ enum GiveUp {
 /// A's tool finishes, and C's only after A's answer had its chance to land on
 /// C. Returns what C got.
 async fn give_up_then_reuse(
-    server: &TestServer,
+    server: &McpServer,
     layer: Option<&IdGuardLayer>,
     how: GiveUp,
-) -> anyhow::Result<CallReport> {
-    let client = Client::connect(&server.url).await?;
-    let a = EchoCall::held("gave-up-A");
+) -> anyhow::Result<Report> {
+    let client = Session::open(&server.url).await?;
+    let a = Call::stubborn("gave-up-A");
     let task_a = tokio::spawn({
         let (client, a) = (client.clone(), a.clone());
-        async move { client.call_echo("1", &a, OK_TIMEOUT).await }
+        async move { client.call("1", &a, OK_TIMEOUT).await }
     });
     server.started.wait_for(&a.sentinel, WAIT_TIMEOUT).await?;
     match how {
@@ -608,14 +583,14 @@ async fn give_up_then_reuse(
     if let Some(layer) = layer {
         // The guard lets go of A when A's response stream ends or is dropped
         // (or, for a cancel, at once); give it a bounded chance to.
-        let stats = drained_stats(layer, Duration::from_secs(2)).await;
+        let stats = stats_when(layer, Duration::from_secs(2), is_drained).await;
         eprintln!("{how:?}: guard after giving up on A: {stats:?}");
     }
 
-    let c = EchoCall::held("reused-C");
+    let c = Call::stubborn("reused-C");
     let mut task_c = tokio::spawn({
         let (client, c) = (client.clone(), c.clone());
-        async move { client.call_echo("1", &c, OK_TIMEOUT).await }
+        async move { client.call("1", &c, OK_TIMEOUT).await }
     });
     let report = tokio::select! {
         started = server.started.wait_for(&c.sentinel, WAIT_TIMEOUT) => {
@@ -683,7 +658,7 @@ async fn bare_reuse_after_cancel_gets_the_cancelled_result() -> anyhow::Result<(
 async fn give_up_then_reuse_all(
     policies: &[OnDuplicate],
     rewrite_all_ids: bool,
-) -> anyhow::Result<Vec<(GiveUp, OnDuplicate, CallReport)>> {
+) -> anyhow::Result<Vec<(GiveUp, OnDuplicate, Report)>> {
     let mut scenarios = Vec::new();
     for how in [GiveUp::Disconnect, GiveUp::Cancel] {
         for &policy in policies {
@@ -734,5 +709,61 @@ async fn reuse_after_giving_up_is_not_cross_wired() -> anyhow::Result<()> {
         .map(|(how, policy, c)| format!("{how:?} {policy:?}: C got {:?}", c.outcome))
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
+    Ok(())
+}
+
+/// rmcp reads the ids `1.0`, `1e0` and `10e-1` as the integer 1.
+const SPELLINGS_OF_ONE: [&str; 3] = ["1.0", "1e0", "10e-1"];
+
+/// Control: bare, a request whose id is another spelling of 1 cross-wires
+/// with a held `1` (B gets A's result or A never gets an answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn number_spellings_of_one_id_cross_wire_bare() -> anyhow::Result<()> {
+    let server = serve(None).await?;
+    let pairs = futures::future::join_all(SPELLINGS_OF_ONE.map(|spelling| {
+        let server = &server;
+        async move {
+            let client = Session::open(&server.url).await?;
+            let tag = format!("bare-{spelling}");
+            pair(server, &client, &tag, ("1", spelling), true, HANG_TIMEOUT).await
+        }
+    }))
+    .await;
+    for (spelling, pair) in SPELLINGS_OF_ONE.iter().zip(pairs) {
+        let (a, b) = pair?;
+        let b_got_a = b.outcome
+            == Outcome::Wrong {
+                got: a.sentinel.clone(),
+            };
+        assert!(
+            b_got_a || a.outcome == Outcome::Hung,
+            "{spelling}: the bare server should cross-wire: A {a:#?}\nB {b:#?}"
+        );
+    }
+    server.stop().await;
+    Ok(())
+}
+
+/// Through the guard, every spelling of 1 is the id 1: the second request is
+/// remapped, both get their own results, and B gets its id back exactly as
+/// it wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn number_spellings_of_one_id_are_one_id_through_the_guard() -> anyhow::Result<()> {
+    for spelling in SPELLINGS_OF_ONE {
+        let layer = IdGuardLayer::new();
+        let server = serve(Some(layer.clone())).await?;
+        let client = Session::open(&server.url).await?;
+        let tag = format!("guarded-{spelling}");
+        let (a, b) = pair(&server, &client, &tag, ("1", spelling), true, OK_TIMEOUT).await?;
+        assert_own(&a);
+        assert_own(&b);
+        let stats = assert_released(&layer).await;
+        assert_eq!(
+            (stats.passed_total, stats.remapped_total),
+            (1, 1),
+            "{spelling}"
+        );
+        server.stop().await;
+    }
     Ok(())
 }

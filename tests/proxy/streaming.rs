@@ -2,10 +2,6 @@
 //! event every 300 ms, the client has the first event before the upstream has
 //! even sent the last one. The proof is a flag the upstream sets when it sends
 //! its last event, not timing; the 300 ms gaps are the scenario.
-#![cfg(feature = "proxy")]
-
-mod proxy_support;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,9 +15,13 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mcp_id_guard::IdGuardLayer;
-use proxy_support::{drained, first_event, serve, serve_proxy, sse_data, Served, OK_TIMEOUT};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+
+use crate::support::server::{serve_proxy, serve_service, Served};
+use crate::support::sse::{self, first_event};
+use crate::support::wait::drained;
+use crate::support::OK_TIMEOUT;
 
 const EVENTS: usize = 5;
 const GAP: Duration = Duration::from_millis(300);
@@ -77,7 +77,7 @@ async fn slow_sse_upstream(last_sent: Arc<AtomicBool>) -> anyhow::Result<Served>
             )
         }
     });
-    serve(service).await
+    serve_service(service).await
 }
 
 /// Reads the rest of an SSE response and returns the data of every event.
@@ -89,7 +89,7 @@ async fn all_events(
     while let Some(chunk) = tokio::time::timeout(OK_TIMEOUT, response.chunk()).await?? {
         text.push_str(std::str::from_utf8(&chunk)?);
     }
-    Ok(sse_data(&text))
+    Ok(sse::data(&text))
 }
 
 /// GET (a standalone stream, untracked by the guard) over HTTP/1.1.
@@ -153,7 +153,7 @@ async fn remapped_post_stream_is_not_buffered() -> anyhow::Result<()> {
         OK_TIMEOUT,
         reqwest::Client::new()
             .post(format!("http://{}/mcp", proxy.addr))
-            .header("accept", proxy_support::ACCEPT)
+            .header("accept", crate::support::ACCEPT)
             .header("content-type", "application/json")
             .header("mcp-session-id", "s")
             .body(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call"}).to_string())
@@ -205,7 +205,7 @@ async fn h2c_client_gets_events_as_they_come() -> anyhow::Result<()> {
         if let Ok(data) = frame?.into_data() {
             text.push_str(std::str::from_utf8(&data)?);
         }
-        if first_latency.is_none() && text.contains("\n\n") {
+        if first_latency.is_none() && !sse::events(&text).is_empty() {
             first_latency = Some(started.elapsed());
             assert!(!last_sent.load(Ordering::SeqCst));
         }
@@ -214,6 +214,6 @@ async fn h2c_client_gets_events_as_they_come() -> anyhow::Result<()> {
         "GET via proxy over h2c: first event after {:?}",
         first_latency.expect("an event")
     );
-    assert_eq!(sse_data(&text).len(), EVENTS);
+    assert_eq!(sse::data(&text).len(), EVENTS);
     Ok(())
 }
