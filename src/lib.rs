@@ -103,7 +103,9 @@
 //! is not valid Unicode, an integer beyond ±(2^53 − 1), where JavaScript
 //! merges neighbours, a fraction of more than 15 significant digits, `true`,
 //! an object), UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8; the Python SDK
-//! decodes them), a body that starts like JSON but cannot be followed (some
+//! decodes them), a compressed body (Express's body parser inflates request
+//! bodies, so the server would read what the guard cannot see), a body that
+//! starts like JSON but cannot be followed (some
 //! server's parser may still take it), and more than one `Mcp-Session-Id`
 //! header. The guard reads only the structure of a body (its keys and its
 //! ids), never the payload: a request whose `params` are broken is still
@@ -205,6 +207,7 @@
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
 //! | body starts with `{` or `[` but is not JSON the guard can follow | 400 | `-32700`, `id: null` |
 //! | UTF-16 or UTF-32 body | 415 | `-32700`, `id: null` |
+//! | a compressed body (`Content-Encoding` other than `identity`) | 415 | `-32600`, `id: null` |
 //! | a key twice in one message (or in a cancellation's `params`) | 400 | `-32600`, `id: null` |
 //! | a request or cancellation id that servers read differently | 400 | `-32600`, `id: null` |
 //! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |

@@ -6,14 +6,16 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{
+    HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING,
+};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::body::RequestBody;
 use crate::config::Config;
 use crate::edit::{splice, Edit};
-use crate::envelope::{read, utf8_bom, Peeked, Reading};
+use crate::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
 use crate::protocol::MCP_SESSION_ID;
 use crate::reply;
 use crate::table::{Admission, Registration, Route, Table, Waiter};
@@ -115,6 +117,22 @@ pub(crate) fn prepare<B>(
     // last, or all joined): no reading is safe.
     if sessions.next().is_some() {
         return Prepared::Answer(reply::several_sessions());
+    }
+    // A server that inflates request bodies reads a request the guard
+    // cannot see in the compressed bytes.
+    let encoded = pending
+        .parts
+        .headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        });
+    if encoded {
+        return Prepared::Answer(reply::unreadable(Unreadable::Compressed));
     }
     let session_id_too_long = session.len() > config.max_session_id_bytes;
     // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop

@@ -120,6 +120,9 @@ pub(crate) enum Unreadable {
     Malformed,
     /// UTF-16 or UTF-32 rather than UTF-8.
     NotUtf8,
+    /// Compressed (`Content-Encoding`): a server that inflates request bodies
+    /// (Express's body parser does) reads what the guard cannot see.
+    Compressed,
     /// A key appears twice in one message (or in a cancellation's `params`).
     DuplicateKey,
     /// A request (or cancellation) id that servers read differently; see
@@ -170,6 +173,11 @@ pub(crate) fn read(input: &[u8]) -> Reading {
         || (input.len() >= 2 && (input[0] == 0 || input[1] == 0));
     if wide {
         return Reading::Unreadable(Unreadable::NotUtf8);
+    }
+    // A second byte order mark (the caller dropped the first): no parser
+    // reads one, but a body that hides JSON behind marks is no accident.
+    if utf8_bom(input) > 0 {
+        return Reading::Unreadable(Unreadable::Malformed);
     }
     let first = input.iter().copied().find(|byte| !is_whitespace(*byte));
     if !matches!(first, Some(b'{' | b'[')) {
@@ -482,6 +490,7 @@ mod tests {
         );
         assert_eq!(refused(b"\xFF\xFE{\x00}\x00"), Some(Unreadable::NotUtf8));
         assert_eq!(refused(b"{\x00\x00\x00"), Some(Unreadable::NotUtf8));
+        assert_eq!(refused(b"\xEF\xBB\xBF{}"), Some(Unreadable::Malformed));
         assert_eq!(read(b"method=tools/call"), Reading::NotJsonRpc);
         assert_eq!(read(b""), Reading::NotJsonRpc);
         // An escaped key and an escaped method are what the server reads.

@@ -774,3 +774,33 @@ async fn queue_refuses_a_batch_with_a_duplicate() {
     within(held).await.unwrap();
     assert_drained(&layer);
 }
+
+/// A compressed request body: a server that inflates request bodies
+/// (Express's body parser does by default) would read the request inside,
+/// which the guard cannot see, so it answers `415` itself; `identity` is no
+/// compression.
+#[tokio::test]
+async fn compressed_request_bodies_are_refused() {
+    let (layer, service, probe) = guard(OnDuplicate::Remap);
+    for encoding in ["gzip", "deflate", "br, identity"] {
+        let mut request = post(request_text("1", "tools/call"));
+        request
+            .headers_mut()
+            .insert("content-encoding", encoding.parse().unwrap());
+        let answer = send(&service, request).await;
+        assert_eq!(
+            assert_error(&answer, StatusCode::UNSUPPORTED_MEDIA_TYPE, -32600),
+            "null",
+            "{encoding}"
+        );
+    }
+    assert_eq!(probe.calls(), 0);
+    let mut request = post(request_text("1", "tools/call"));
+    request
+        .headers_mut()
+        .insert("content-encoding", "identity".parse().unwrap());
+    let answer = send(&service, request).await;
+    assert_eq!(answer.body, answer_text("1").as_bytes());
+    assert_eq!(probe.calls(), 1);
+    assert_drained(&layer);
+}
