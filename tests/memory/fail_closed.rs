@@ -6,7 +6,7 @@
 //! - The whole session table stays within `max_table_bytes`: abandoned ids
 //!   are forgotten oldest first, and a request that still does not fit gets
 //!   `503` + `-32000` carrying its id. A counting global allocator (the same
-//!   as in `tests/memory_bound.rs`: live bytes per thread, allocator overhead
+//!   as in `tests/memory/main.rs`: live bytes per thread, allocator overhead
 //!   excluded) checks the real bytes, and that `Stats::table_bytes`, the
 //!   table's own estimate, is within a small factor of them. These tests
 //!   drive the guard directly as a `tower::Service` on the test's thread, so
@@ -18,7 +18,7 @@
 //! The memory tests run scaled down in `cargo test`; the full-size attack
 //! (100 000 abandoned requests with 64 KiB session ids against the default
 //! 64 MiB budget) is ignored there. Run it with
-//! `cargo test --release --all-features --test fail_closed_memory -- --ignored --nocapture`.
+//! `cargo test --release --all-features --test memory -- --ignored full_size --nocapture`.
 //!
 //! Controls (recorded against the code before the budget existed, same
 //! harness, debug build): 3 000 abandoned requests with 64 KiB session ids
@@ -28,8 +28,6 @@
 //! the suite: with the window off, the new request receives the old one's
 //! late answer.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,67 +53,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service};
 
-// ---------------------------------------------------------------------------
-// The counting allocator (as in tests/memory_bound.rs)
-// ---------------------------------------------------------------------------
-/// `System`, counting the live bytes of each thread.
-struct Counting;
-
-thread_local! {
-    /// Bytes allocated minus bytes freed by this thread. A `const` `Cell`
-    /// needs no lazy initialisation and no destructor, so using it inside the
-    /// allocator cannot recurse into it.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn track(delta: isize) {
-    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged; the counting has no effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
-        let pointer = unsafe { System.alloc(layout) };
-        if !pointer.is_null() {
-            track(layout.size() as isize);
-        }
-        pointer
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `alloc_zeroed`'s contract.
-        let pointer = unsafe { System.alloc_zeroed(layout) };
-        if !pointer.is_null() {
-            track(layout.size() as isize);
-        }
-        pointer
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is; the caller upholds `dealloc`'s contract.
-        unsafe { System.dealloc(pointer, layout) };
-        track(-(layout.size() as isize));
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `realloc`'s contract.
-        let moved = unsafe { System.realloc(pointer, layout, new_size) };
-        if !moved.is_null() {
-            track(new_size as isize - layout.size() as isize);
-        }
-        moved
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Bytes this thread holds now.
-fn live() -> isize {
-    LIVE.with(Cell::get)
-}
+use crate::live;
 
 // ---------------------------------------------------------------------------
 // Driving the guard on the test's thread
@@ -397,7 +335,7 @@ fn abandoned_requests_with_huge_session_ids_stay_under_the_budget() {
 
 /// The attack at full size against the default budget (64 MiB). Ignored in
 /// `cargo test` (it sends 6.25 GiB of session ids); run it with
-/// `cargo test --release --all-features --test fail_closed_memory -- --ignored --nocapture`.
+/// `cargo test --release --all-features --test memory -- --ignored full_size --nocapture`.
 #[test]
 #[ignore = "full size: run in release, see the module docs"]
 fn full_size_abandoned_requests_with_huge_session_ids_stay_under_the_budget() {
