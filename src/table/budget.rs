@@ -12,46 +12,17 @@
 use std::mem::size_of;
 use std::time::Instant;
 
-use super::inline::{INLINE_KEY, INLINE_SESSION_ID};
 use super::queue::Waiter;
-use super::session::{Entry, KeyState, ServerId, Session};
 use super::Abandoned;
 
 /// A hash table keeps between 7/16 and 7/8 of its slots full, plus one
 /// control byte per slot: an item costs about 1.5 times its size on average.
-const fn slot(size: usize) -> usize {
+pub(super) const fn slot(size: usize) -> usize {
     (size + 1) * 3 / 2
 }
 
 /// What an `Arc<[u8]>` or `Arc<T>` adds on the heap: its two counters.
-const ARC_HEADER: usize = 2 * size_of::<usize>();
-
-/// A session, with its id.
-pub(super) fn session(id_len: usize) -> usize {
-    slot(size_of::<Session>()) + heap(id_len, INLINE_SESSION_ID)
-}
-
-/// The requests of one session that share an id, with its collision key.
-pub(super) fn key(key_len: usize) -> usize {
-    slot(size_of::<KeyState>()) + heap(key_len, INLINE_KEY)
-}
-
-/// One forwarded request (the first of a key sits inline in its
-/// [`KeyState`], the others in a vector: one size fits both).
-pub(super) fn entry(server_id: &ServerId) -> usize {
-    size_of::<Entry>()
-        + match server_id {
-            ServerId::Bare | ServerId::Quoted => 0,
-            ServerId::Verbatim(text) | ServerId::Minted(text) => ARC_HEADER + text.len(),
-        }
-}
-
-/// What [`entry`] will charge at most for a request whose id is `raw_len`
-/// bytes of JSON text: a minted id holds the original (escaped, so at most
-/// twice as long) after a short prefix.
-pub(super) fn entry_bound(raw_len: usize) -> usize {
-    size_of::<Entry>() + ARC_HEADER + 2 * raw_len + 96
-}
+pub(super) const ARC_HEADER: usize = 2 * size_of::<usize>();
 
 /// A queued request, with its id text.
 pub(super) fn waiter(raw_len: usize) -> usize {
@@ -65,7 +36,7 @@ pub(super) const ABANDONED: usize = (size_of::<Abandoned>() + size_of::<Eviction
 /// A session seen starting during the restart window (its hash).
 pub(super) const STARTED: usize = slot(size_of::<u64>());
 
-fn heap(len: usize, inline: usize) -> usize {
+pub(super) fn heap(len: usize, inline: usize) -> usize {
     if len > inline {
         len
     } else {
@@ -80,4 +51,50 @@ fn heap(len: usize, inline: usize) -> usize {
 pub(super) struct Eviction {
     pub(super) expires: Instant,
     pub(super) shard: usize,
+}
+
+use std::sync::atomic::Ordering;
+
+impl super::Table {
+    /// Reserves `bytes` of the budget `limit`, forgetting the oldest
+    /// abandoned ids as long as that is needed and possible.
+    pub(super) fn make_room(&self, bytes: usize, limit: usize) -> bool {
+        loop {
+            if self.reserve(bytes, limit) {
+                return true;
+            }
+            if !self.evict_oldest() {
+                return false;
+            }
+        }
+    }
+
+    pub(super) fn reserve(&self, bytes: usize, limit: usize) -> bool {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = used.checked_add(bytes).filter(|next| *next <= limit) else {
+                return false;
+            };
+            match self
+                .used
+                .compare_exchange_weak(used, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Replaces a reservation of `reserved` bytes by the `charged` ones.
+    pub(super) fn settle(&self, reserved: usize, charged: usize) {
+        self.apply(charged as isize - reserved as isize);
+    }
+
+    pub(super) fn apply(&self, delta: isize) {
+        if delta > 0 {
+            self.used.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+        } else if delta < 0 {
+            self.used.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
 }

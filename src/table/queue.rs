@@ -3,8 +3,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::session::Session;
-
 /// A queued request's place in line.
 #[derive(Debug)]
 pub(crate) struct Waiter {
@@ -46,26 +44,4 @@ impl Waiter {
             }
         }
     }
-}
-
-/// Takes a waiter out of line; returns the bytes that frees.
-pub(super) fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) -> usize {
-    let found = session.keys.find_entry(key_hash, |state| {
-        state.hash == key_hash
-            && state
-                .waiters
-                .iter()
-                .any(|waiter| Arc::ptr_eq(waiter, ticket))
-    });
-    let Ok(mut slot) = found else {
-        return 0;
-    };
-    let state = slot.get_mut();
-    state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
-    let mut freed = super::budget::waiter(ticket.raw_id.len());
-    if state.is_empty() {
-        freed += state.cost();
-        slot.remove();
-    }
-    freed
 }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use super::inline::{InlineVec, SessionId, StoredKey};
+use std::mem::size_of;
+
+use super::budget::{heap, slot, ARC_HEADER};
+use super::inline::{InlineVec, SessionId, StoredKey, INLINE_KEY, INLINE_SESSION_ID};
 use super::queue::Waiter;
 use super::SessionRef;
 
@@ -197,7 +200,7 @@ impl KeyState {
     ) -> &'k mut Self {
         keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
             .or_insert_with(|| {
-                *charged += super::budget::key(probe.key.len());
+                *charged += key_cost(probe.key.len());
                 KeyState::new(probe)
             })
             .into_mut()
@@ -205,7 +208,7 @@ impl KeyState {
 
     /// What removing this (empty) key's state frees.
     pub(super) fn cost(&self) -> usize {
-        super::budget::key(self.key.as_bytes().len())
+        key_cost(self.key.as_bytes().len())
     }
 }
 
@@ -228,4 +231,57 @@ impl Probe<'_> {
     pub(super) fn same_key(&self, other: &Probe<'_>) -> bool {
         self.hash == other.hash && self.key == other.key
     }
+}
+
+impl Session {
+    /// Takes a waiter out of line; returns the bytes that frees.
+    pub(super) fn remove_waiter(&mut self, key_hash: u64, ticket: &Arc<Waiter>) -> usize {
+        let found = self.keys.find_entry(key_hash, |state| {
+            state.hash == key_hash
+                && state
+                    .waiters
+                    .iter()
+                    .any(|waiter| Arc::ptr_eq(waiter, ticket))
+        });
+        let Ok(mut slot) = found else {
+            return 0;
+        };
+        let state = slot.get_mut();
+        state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
+        let mut freed = super::budget::waiter(ticket.raw_id.len());
+        if state.is_empty() {
+            freed += state.cost();
+            slot.remove();
+        }
+        freed
+    }
+}
+
+// What the items of a session cost, for the byte budget (see `budget`).
+
+/// A session, with its id.
+pub(super) fn session_cost(id_len: usize) -> usize {
+    slot(size_of::<Session>()) + heap(id_len, INLINE_SESSION_ID)
+}
+
+/// The requests of one session that share an id, with its collision key.
+pub(super) fn key_cost(key_len: usize) -> usize {
+    slot(size_of::<KeyState>()) + heap(key_len, INLINE_KEY)
+}
+
+/// One forwarded request (the first of a key sits inline in its
+/// [`KeyState`], the others in a vector: one size fits both).
+pub(super) fn entry_cost(server_id: &ServerId) -> usize {
+    size_of::<Entry>()
+        + match server_id {
+            ServerId::Bare | ServerId::Quoted => 0,
+            ServerId::Verbatim(text) | ServerId::Minted(text) => ARC_HEADER + text.len(),
+        }
+}
+
+/// What [`entry_cost`] will charge at most for a request whose id is `raw_len`
+/// bytes of JSON text: a minted id holds the original (escaped, so at most
+/// twice as long) after a short prefix.
+pub(super) fn entry_cost_bound(raw_len: usize) -> usize {
+    size_of::<Entry>() + ARC_HEADER + 2 * raw_len + 96
 }

@@ -1,0 +1,146 @@
+//! Abandoned ids: expiring them when their time is up, and forgetting the
+//! oldest first when the byte budget is full.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::budget::{self, Eviction};
+use super::session;
+use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS};
+
+impl Table {
+    /// Drops abandoned ids whose time is up, and sessions left empty.
+    /// Amortised O(1): expiries are in order. Reads the clock only when the
+    /// shard has abandoned ids at all.
+    pub(super) fn expire_abandoned(&self, shard: &mut ShardState) {
+        if shard.abandoned.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut delta = 0;
+        while shard
+            .abandoned
+            .front()
+            .is_some_and(|first| first.expires <= now)
+        {
+            let Some(expired) = shard.abandoned.pop_front() else {
+                break;
+            };
+            self.drop_abandoned(shard, &expired, &mut delta);
+        }
+        self.apply(delta);
+    }
+
+    /// Drops one abandoned id, whose record was just taken off the shard's
+    /// queue, and its key and session if they are left empty. Adds the bytes
+    /// freed to `delta`.
+    pub(super) fn drop_abandoned(
+        &self,
+        shard: &mut ShardState,
+        record: &Abandoned,
+        delta: &mut isize,
+    ) {
+        *delta -= budget::ABANDONED as isize;
+        let Ok(mut slot) = shard.sessions.find_entry(record.session.hash, |entry| {
+            entry.serial == record.session.serial
+        }) else {
+            return;
+        };
+        let session = slot.get_mut();
+        let key_hash = record.key_hash;
+        let found = session
+            .keys
+            .find_entry(key_hash, |state| state.holds(key_hash, record.serial));
+        if let Ok(mut key_slot) = found {
+            let state = key_slot.get_mut();
+            let position = state
+                .entries
+                .iter()
+                .position(|entry| entry.serial == record.serial && entry.ended);
+            if let Some(position) = position {
+                if let Some(entry) = state.entries.get_mut(position) {
+                    *delta -= session::entry_cost(&entry.server_id) as isize;
+                }
+                state.entries.remove(position);
+                self.abandoned.fetch_sub(1, Ordering::Relaxed);
+                self.grant_waiters(&mut shard.next_serial, state, delta);
+            }
+            if state.is_empty() {
+                *delta -= state.cost() as isize;
+                key_slot.remove();
+            }
+        }
+        if session.is_empty() {
+            *delta += ShardState::keep_spare(&mut shard.spare, slot.remove().0);
+        }
+    }
+
+    /// Records an abandoned id in the table-wide eviction order (called with
+    /// its shard's lock held, so a shard's records and its evictions are in
+    /// the same order), dropping records whose time is up.
+    pub(super) fn push_eviction(&self, eviction: Eviction) {
+        let mut order = self
+            .evictions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        while order.front().is_some_and(|first| first.expires <= now) {
+            order.pop_front();
+        }
+        order.push_back(eviction);
+    }
+
+    /// Forgets the oldest abandoned id of the table, before its time. Returns
+    /// `false` when there is none left. Takes no lock while holding another.
+    pub(super) fn evict_oldest(&self) -> bool {
+        loop {
+            let victim = {
+                let mut order = self
+                    .evictions
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let now = Instant::now();
+                loop {
+                    match order.pop_front() {
+                        None => return false,
+                        // Expired: its shard drops it on its next use.
+                        Some(eviction) if eviction.expires <= now => {}
+                        Some(eviction) => break eviction,
+                    }
+                }
+            };
+            let mut shard = self.lock(victim.shard);
+            self.expire_abandoned(&mut shard);
+            // The shard's oldest record is the victim's (or, if that one
+            // expired meanwhile, the next: as good a choice).
+            let Some(record) = shard.abandoned.pop_front() else {
+                continue;
+            };
+            let mut delta = 0;
+            self.drop_abandoned(&mut shard, &record, &mut delta);
+            drop(shard);
+            self.apply(delta);
+            let evicted = self.evicted_total.fetch_add(1, Ordering::Relaxed) + 1;
+            self.log_eviction(evicted);
+            return true;
+        }
+    }
+
+    pub(super) fn log_eviction(&self, evicted: u64) {
+        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.eviction_logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
+        if due
+            && self
+                .eviction_logged_at
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                evicted_total = evicted,
+                table_bytes = self.used.load(Ordering::Relaxed),
+                "table full: forgetting the oldest abandoned ids before their time"
+            );
+        }
+    }
+}
