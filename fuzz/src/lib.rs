@@ -5,6 +5,7 @@
 
 pub mod input;
 pub mod oracle;
+pub mod readings;
 pub mod request_path;
 pub mod sse_rewriter;
 
@@ -46,4 +47,19 @@ pub enum KnownBug {
     /// (forged, well-formed) id in the response, so the client receives an
     /// id it did not send.
     QueuedReservedIdForwardedAsIs,
+    /// Open. A tracked POST whose body starts with two UTF-8 byte order
+    /// marks: the guard drops the first, finds no `{` or `[` (the second
+    /// mark comes first) and forwards the rest untracked, one mark in front.
+    /// Python's `json.loads` (the Python SDK) skips that mark and reads the
+    /// request: its id is not tracked, and can cross-wire. Input:
+    /// `regressions/open/second-bom-forwarded-untracked`.
+    SecondBomForwardedUntracked,
+}
+
+impl KnownBug {
+    /// Still open in the crate: the checks report it (`check_all`) but the
+    /// targets and `cargo test` go on past it (`check`).
+    pub fn is_open(self) -> bool {
+        matches!(self, KnownBug::SecondBomForwardedUntracked)
+    }
 }
