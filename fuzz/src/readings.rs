@@ -710,6 +710,100 @@ pub fn number_key(text: &str) -> Option<String> {
     Some(format!("{sign}{trimmed}e{exponent}"))
 }
 
+/// `body` as a gzip member of stored (uncompressed) deflate blocks: what a
+/// client sends with `Content-Encoding: gzip`, without a compressor.
+pub fn gzip_stored(body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 0xFF];
+    deflate_stored(&mut out, body);
+    out.extend_from_slice(&crc32(body).to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out
+}
+
+/// `body` as a zlib stream of stored blocks (`Content-Encoding: deflate`).
+pub fn zlib_stored(body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x78, 0x01];
+    deflate_stored(&mut out, body);
+    out.extend_from_slice(&adler32(body).to_be_bytes());
+    out
+}
+
+fn deflate_stored(out: &mut Vec<u8>, body: &[u8]) {
+    let mut blocks = body.chunks(0xFFFF).peekable();
+    if blocks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xFF, 0xFF]);
+    }
+    while let Some(block) = blocks.next() {
+        out.push(u8::from(blocks.peek().is_none()));
+        let length = block.len() as u16;
+        out.extend_from_slice(&length.to_le_bytes());
+        out.extend_from_slice(&(!length).to_le_bytes());
+        out.extend_from_slice(block);
+    }
+}
+
+/// The body a server that inflates request bodies reads under this
+/// `Content-Encoding`; only stored deflate blocks are decoded (what the
+/// generators write), anything else is `None`: not judged.
+pub fn inflate(coding: &[u8], body: &[u8]) -> Option<Vec<u8>> {
+    let coding = std::str::from_utf8(coding)
+        .ok()?
+        .trim()
+        .to_ascii_lowercase();
+    let (stream, trailer) = match coding.as_str() {
+        "gzip" | "x-gzip" => {
+            let rest = body.strip_prefix(&[0x1F, 0x8B, 8, 0][..])?;
+            (rest.get(6..)?, 8)
+        }
+        "deflate" => (body.strip_prefix(&[0x78, 0x01][..])?, 4),
+        _ => return None,
+    };
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        let header = *stream.get(at)?;
+        if header & 0b110 != 0 {
+            return None;
+        }
+        let length = u16::from_le_bytes([*stream.get(at + 1)?, *stream.get(at + 2)?]);
+        let check = u16::from_le_bytes([*stream.get(at + 3)?, *stream.get(at + 4)?]);
+        if check != !length {
+            return None;
+        }
+        let start = at + 5;
+        out.extend_from_slice(stream.get(start..start + usize::from(length))?);
+        at = start + usize::from(length);
+        if header & 1 == 1 {
+            break;
+        }
+    }
+    (stream.len() == at + trailer).then_some(out)
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for byte in bytes {
+        crc ^= u32::from(*byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn adler32(bytes: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for byte in bytes {
+        a = (a + u32::from(*byte)) % 65_521;
+        b = (b + a) % 65_521;
+    }
+    (b << 16) | a
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
