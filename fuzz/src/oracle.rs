@@ -282,6 +282,11 @@ pub fn read(input: &[u8], writer: Writer) -> Option<Body> {
             return None;
         }
     }
+    // Not valid JSON (serde skips the UTF-8 check in strings it ignores):
+    // the guard's reader alone decides what it makes of it.
+    if readings::parse(input, SYNTAX).is_none() {
+        return from_crate;
+    }
     let Some(parsed) = parse(input) else {
         return from_crate;
     };

@@ -1410,8 +1410,14 @@ fn check_server_readings(
                 .as_ref()
                 .and_then(|(_, messages)| messages.get(index))
                 .and_then(|message| message.cancels.clone());
-            let read_key =
-                read.map(|range| oracle::id_key(&String::from_utf8_lossy(&forwarded[range])));
+            if guard.is_none() && forwarded.starts_with(BOM) {
+                return Err(KnownBug::SecondBomForwardedUntracked);
+            }
+            let read_key = read.and_then(|range| {
+                readings::parse(&forwarded[range], readings::LAST_WINS)
+                    .as_ref()
+                    .and_then(readings::key)
+            });
             assert_eq!(
                 read_key,
                 readings::key(cancelled),
