@@ -5,7 +5,9 @@
 //! into the crate, except [`read`] for bodies that are not valid JSON: the
 //! guard reads only a body's envelope, so what it makes of a broken payload
 //! is defined by its reader alone (and checked against [`parse`] on every
-//! valid body).
+//! valid body). Which valid bodies the guard must refuse ([`must_refuse`])
+//! and how servers read the bytes they receive come from
+//! [`readings`](super::readings), the differential half.
 
 use std::borrow::Cow;
 use std::fmt;
