@@ -353,7 +353,7 @@ fn decode_wide(body: &[u8]) -> Option<Option<Vec<u32>>> {
     let body = &body[skip..];
     let decoded = match wide {
         Wide::Utf16 { big } => {
-            if !body.len().is_multiple_of(2) {
+            if !body.chunks_exact(2).remainder().is_empty() {
                 return Some(None);
             }
             let units: Vec<u16> = body
@@ -376,7 +376,7 @@ fn decode_wide(body: &[u8]) -> Option<Option<Vec<u32>>> {
                 .collect()
         }
         Wide::Utf32 { big } => {
-            if !body.len().is_multiple_of(4) {
+            if !body.chunks_exact(4).remainder().is_empty() {
                 return Some(None);
             }
             let mut points = Vec::with_capacity(body.len() / 4);
