@@ -50,8 +50,9 @@ pub enum KnownBug {
     /// Open. A tracked POST whose body starts with two UTF-8 byte order
     /// marks: the guard drops the first, finds no `{` or `[` (the second
     /// mark comes first) and forwards the rest untracked, one mark in front.
-    /// Python's `json.loads` (the Python SDK) skips that mark and reads the
-    /// request: its id is not tracked, and can cross-wire. Input:
+    /// Python's `json.loads` (the Python SDK) and Express skip that mark and
+    /// read the request: its id is not tracked, and can cross-wire. With
+    /// three marks, Node 20's `Request.json()` skips the two left. Input:
     /// `regressions/open/second-bom-forwarded-untracked`.
     SecondBomForwardedUntracked,
     /// Open. A tracked POST with `Content-Encoding: gzip` (or `deflate`)

@@ -9,9 +9,11 @@
 //!   accepted, lone surrogate escapes kept, a repeated key keeps the last
 //!   value (as JavaScript's `JSON.parse` does too);
 //! - [`FIRST_WINS`]: the same, but a repeated key keeps the first value;
-//! - [`JAVASCRIPT`]: `Request.json()` in a JavaScript server: a byte order
-//!   mark dropped, invalid UTF-8 replaced by U+FFFD, no `NaN`, the last of a
-//!   repeated key wins;
+//! - [`JAVASCRIPT`]: `Request.json()` in a JavaScript server (Node 20's
+//!   undici drops up to two byte order marks, measured), invalid UTF-8
+//!   replaced by U+FFFD, no `NaN`, the last of a repeated key wins; and
+//!   Express's `express.json()`, which inflates `gzip` and `deflate` bodies
+//!   (measured with Express 4);
 //! - [`STRICT`]: serde_json into typed messages (rmcp): UTF-8 only, no
 //!   byte order mark, lone surrogates refused, a repeated key in a message
 //!   (or in a cancellation's `params`) refuses the body.
@@ -49,8 +51,8 @@ pub enum BadUtf8 {
 pub struct Dialect {
     /// A name for messages.
     pub name: &'static str,
-    /// Skips a leading UTF-8 byte order mark.
-    pub utf8_bom: bool,
+    /// How many leading UTF-8 byte order marks it skips.
+    pub utf8_boms: usize,
     /// Detects UTF-16 and UTF-32 as Python's `json.detect_encoding` does.
     pub wide: bool,
     /// Invalid UTF-8.
@@ -68,7 +70,7 @@ pub struct Dialect {
 /// Python's `json.loads` (the Python SDK), JavaScript's last-wins keys.
 pub const LAST_WINS: Dialect = Dialect {
     name: "last-wins",
-    utf8_bom: true,
+    utf8_boms: 1,
     wide: true,
     bad_utf8: BadUtf8::SurrogatePass,
     non_finite: true,
@@ -84,10 +86,11 @@ pub const FIRST_WINS: Dialect = Dialect {
     ..LAST_WINS
 };
 
-/// `Request.json()` / `JSON.parse` in a JavaScript server.
+/// `Request.json()` / `JSON.parse` in a JavaScript server (Node 20 drops two
+/// byte order marks; Express one).
 pub const JAVASCRIPT: Dialect = Dialect {
     name: "javascript",
-    utf8_bom: true,
+    utf8_boms: 2,
     wide: false,
     bad_utf8: BadUtf8::Replace,
     non_finite: false,
@@ -99,7 +102,7 @@ pub const JAVASCRIPT: Dialect = Dialect {
 /// serde_json into typed messages (rmcp).
 pub const STRICT: Dialect = Dialect {
     name: "strict",
-    utf8_bom: false,
+    utf8_boms: 0,
     wide: false,
     bad_utf8: BadUtf8::Refuse,
     non_finite: false,
@@ -311,7 +314,7 @@ fn decode(body: &[u8], dialect: Dialect) -> Option<Vec<u32>> {
             return text;
         }
     }
-    if dialect.utf8_bom {
+    for _ in 0..dialect.utf8_boms {
         body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     }
     decode_utf8(body, dialect.bad_utf8)
@@ -819,11 +822,6 @@ mod tests {
         assert_eq!(number_key("1.0000000000000001"), None);
         assert_eq!(number_key("01"), None);
     }
-}
-
-#[cfg(test)]
-mod dialect_tests {
-    use super::*;
 
     fn ids(body: &[u8], dialect: Dialect) -> Option<Vec<Option<String>>> {
         let reading = read(body, dialect)?;
@@ -857,6 +855,17 @@ mod dialect_tests {
         assert_eq!(ids(&bom, STRICT), None);
         let twice = [b"\xEF\xBB\xBF", &bom[..]].concat();
         assert_eq!(ids(&twice, LAST_WINS), None, "one mark is skipped, not two");
+        assert_eq!(
+            ids(&twice, JAVASCRIPT),
+            Some(vec![Some("1".into())]),
+            "Node 20's Request.json() skips two"
+        );
+        for (coding, compressed) in [("gzip", gzip_stored(&bom)), ("deflate", zlib_stored(&bom))] {
+            assert_eq!(
+                inflate(coding.as_bytes(), &compressed).as_deref(),
+                Some(&bom[..])
+            );
+        }
         let utf16: Vec<u8> = plain.encode_utf16().flat_map(u16::to_le_bytes).collect();
         assert_eq!(ids(&utf16, LAST_WINS), Some(vec![Some("1".into())]));
         assert_eq!(ids(&utf16, STRICT), None);

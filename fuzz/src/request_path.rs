@@ -1774,6 +1774,7 @@ fn encode(input: &mut Input<'_>, body: Vec<u8>) -> Vec<u8> {
         10 => join(&[b"\x0C", &body]),
         11 => join(&[BOM, b" \n", &body]),
         12 => join(&[b" ", BOM, &body]),
+        23 => join(&[BOM, BOM, BOM, &body]),
         13 => {
             // `\ud800` as the three bytes Python's `surrogatepass` decodes.
             let raw = text.replace("\\ud800", "\u{FFFF}");
