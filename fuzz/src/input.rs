@@ -117,6 +117,42 @@ pub const ID_POOL: &[&str] = &[
     "\"\"",
 ];
 
+/// Number spellings servers read as one value (`1`, `0`, `1.5`), and ids
+/// servers read differently (the guard refuses them): big integers, long
+/// fractions, extreme exponents, `NaN`, lone surrogates, non-scalars.
+pub const SPELLINGS: &[&str] = &[
+    "1.0",
+    "1e0",
+    "10e-1",
+    "0.1e1",
+    "1E+0",
+    "100e-2",
+    "-0.0",
+    "0e5",
+    "\"1.0\"",
+    "1.5",
+    "15e-1",
+    "0.015e2",
+    "9007199254740991",
+    "-9007199254740991",
+    "9007199254740992",
+    "-9007199254740993",
+    "1e16",
+    "1.0000000000000001",
+    "1e400",
+    "1e-400",
+    "1e0000001",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "\"\\ud800\"",
+    "\"\\udc00\\ud800\"",
+    "false",
+    "{}",
+    "01",
+    "1.",
+];
+
 /// An id's JSON text: mostly from [`ID_POOL`], else the fuzz bytes if they
 /// are one JSON value, else those bytes as a JSON string.
 pub fn id_text(input: &mut Input<'_>) -> String {
@@ -126,6 +162,25 @@ pub fn id_text(input: &mut Input<'_>) -> String {
         4..=5 => return input.pick(ID_POOL).to_owned(),
         _ => {}
     }
+    fuzz_id(input)
+}
+
+/// A request id's JSON text, as a client may write it: like [`id_text`],
+/// and one time in eight a spelling from [`SPELLINGS`] (not all of them
+/// JSON: the guard must refuse those). The SSE target keeps [`id_text`]:
+/// servers echo only ids the guard let through.
+pub fn request_id_text(input: &mut Input<'_>) -> String {
+    match input.below(8) {
+        0..=2 => input.pick(&ID_POOL[..6]).to_owned(),
+        3 => input.pick(SPELLINGS).to_owned(),
+        4..=5 => input.pick(ID_POOL).to_owned(),
+        _ => fuzz_id(input),
+    }
+}
+
+/// The fuzz bytes if they are one JSON value, else those bytes as a JSON
+/// string.
+fn fuzz_id(input: &mut Input<'_>) -> String {
     let bytes = input.bytes(12);
     if let Ok(text) = std::str::from_utf8(bytes) {
         let trimmed = !text.is_empty()

@@ -5,6 +5,7 @@
 
 pub mod input;
 pub mod oracle;
+pub mod readings;
 pub mod request_path;
 pub mod sse_rewriter;
 
@@ -46,4 +47,31 @@ pub enum KnownBug {
     /// (forged, well-formed) id in the response, so the client receives an
     /// id it did not send.
     QueuedReservedIdForwardedAsIs,
+    /// Open. A tracked POST whose body starts with two UTF-8 byte order
+    /// marks: the guard drops the first, finds no `{` or `[` (the second
+    /// mark comes first) and forwards the rest untracked, one mark in front.
+    /// Python's `json.loads` (the Python SDK) and Express skip that mark and
+    /// read the request: its id is not tracked, and can cross-wire. With
+    /// three marks, Node 20's `Request.json()` skips the two left. Input:
+    /// `regressions/open/second-bom-forwarded-untracked`.
+    SecondBomForwardedUntracked,
+    /// Open. A tracked POST with `Content-Encoding: gzip` (or `deflate`)
+    /// and a compressed JSON-RPC request: the guard reads the compressed
+    /// bytes, finds no `{` or `[`, and forwards the body untracked. A server
+    /// that inflates request bodies (Express's `express.json()`, the usual
+    /// set-up of the TypeScript SDK) reads the request: its id is not
+    /// tracked, and can cross-wire. Input:
+    /// `regressions/open/compressed-body-forwarded-untracked`.
+    CompressedBodyForwardedUntracked,
+}
+
+impl KnownBug {
+    /// Still open in the crate: the checks report it (`check_all`) but the
+    /// targets and `cargo test` go on past it (`check`).
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            KnownBug::SecondBomForwardedUntracked | KnownBug::CompressedBodyForwardedUntracked
+        )
+    }
 }

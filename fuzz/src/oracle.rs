@@ -5,7 +5,9 @@
 //! into the crate, except [`read`] for bodies that are not valid JSON: the
 //! guard reads only a body's envelope, so what it makes of a broken payload
 //! is defined by its reader alone (and checked against [`parse`] on every
-//! valid body).
+//! valid body). Which valid bodies the guard must refuse ([`must_refuse`])
+//! and how servers read the bytes they receive come from
+//! [`readings`](super::readings), the differential half.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,6 +15,8 @@ use std::ops::Range;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+
+use super::readings;
 
 /// The reserved prefix of server-side ids (crate docs, "Remapped ids").
 pub const PREFIX: &str = "mcp-id-guard:";
@@ -22,24 +26,16 @@ pub fn is_json_whitespace(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// The collision key of an id's JSON text (crate docs, "When ids collide"):
-/// a string's decoded text; an integer's decimal text, with `-0` (and any
-/// spelling of zero) as `0`; anything else its exact JSON text.
+/// The collision key of an id's JSON text by the documented equivalence
+/// (crate `id` module docs, restated in [`readings::key`]): a string's
+/// decoded text, a number's exact value (an integer as its decimal text).
+/// An id with no key (servers read it differently) is keyed by its text:
+/// the guard never tracks one, so the key only names it in messages.
 pub fn id_key(raw: &str) -> String {
-    if raw.starts_with('"') {
-        if let Ok(decoded) = serde_json::from_str::<String>(raw) {
-            return decoded;
-        }
-        return raw.to_owned();
-    }
-    let digits = raw.strip_prefix('-').unwrap_or(raw);
-    if !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit()) {
-        if digits.bytes().all(|byte| byte == b'0') {
-            return "0".to_owned();
-        }
-        return raw.to_owned();
-    }
-    raw.to_owned()
+    readings::parse(raw.as_bytes(), readings::LAST_WINS)
+        .as_ref()
+        .and_then(readings::key)
+        .unwrap_or_else(|| raw.to_owned())
 }
 
 /// Whether an id is in the reserved namespace (a string whose decoded text
@@ -282,6 +278,22 @@ pub fn read(input: &[u8], writer: Writer) -> Option<Body> {
             }
         },
     );
+    if writer == Writer::Client {
+        if let Some(why) = must_refuse(input) {
+            assert_eq!(
+                from_crate,
+                None,
+                "the guard reads a body servers read differently ({why})\n  body: {:?}",
+                String::from_utf8_lossy(input)
+            );
+            return None;
+        }
+    }
+    // Not valid JSON (serde skips the UTF-8 check in strings it ignores):
+    // the guard's reader alone decides what it makes of it.
+    if readings::parse(input, SYNTAX).is_none() {
+        return from_crate;
+    }
     let Some(parsed) = parse(input) else {
         return from_crate;
     };
@@ -289,13 +301,84 @@ pub fn read(input: &[u8], writer: Writer) -> Option<Body> {
         let text = String::from_utf8_lossy(input);
         let both = text.contains("\"method\"")
             && (text.contains("\"result\"") || text.contains("\"error\""));
+        let ambiguous = writer == Writer::Server && must_refuse(input).is_some();
         assert!(
-            writer == Writer::Server && both,
+            writer == Writer::Server && (both || ambiguous),
             "the guard reads a valid body differently\n  body:   {text:?}\n  guard:  {from_crate:?}\n  oracle: {parsed:?}"
         );
         return from_crate;
     }
     Some(parsed)
+}
+
+/// Syntax only: RFC 8259 JSON in UTF-8, lone surrogate escapes allowed (the
+/// grammar has them), repeated keys kept.
+pub const SYNTAX: readings::Dialect = readings::Dialect {
+    name: "syntax",
+    duplicates: readings::Duplicates::Last,
+    lone_surrogates: true,
+    max_depth: usize::MAX,
+    ..readings::STRICT
+};
+
+/// Why the guard must refuse a valid JSON body (and not forward it) under
+/// the fail-closed rule, the first of [`refusal_reasons`].
+pub fn must_refuse(input: &[u8]) -> Option<&'static str> {
+    refusal_reasons(input).first().copied()
+}
+
+/// Every reason a valid JSON body has to be refused: a key twice in a
+/// message or in a cancellation's `params` (servers keep the first, the
+/// last, or refuse), or a request or cancellation id servers read
+/// differently (no documented key). Empty when the body is not valid JSON
+/// (the guard's reader alone decides what it makes of that) or has none.
+pub fn refusal_reasons(input: &[u8]) -> Vec<&'static str> {
+    let mut reasons = Vec::new();
+    let Some(value) = readings::parse(input, SYNTAX) else {
+        return reasons;
+    };
+    let elements = match &value {
+        readings::Value::Array(elements) => elements.as_slice(),
+        object @ readings::Value::Object(_) => std::slice::from_ref(object),
+        _ => return reasons,
+    };
+    let params_key: Vec<u16> = "params".encode_utf16().collect();
+    for element in elements {
+        let readings::Value::Object(members) = element else {
+            continue;
+        };
+        if readings::has_repeated_key(members) {
+            reasons.push("a key twice in a message");
+            continue;
+        }
+        // No repeated key: every reading sees this message alike.
+        let Some(seen) = readings::message(members, readings::LAST_WINS) else {
+            continue;
+        };
+        if seen
+            .id
+            .as_ref()
+            .is_some_and(|id| readings::key(id).is_none())
+        {
+            reasons.push("an id servers read differently");
+        }
+        let is_cancellation = seen.kind == readings::Kind::Notification
+            && seen.method.as_deref() == Some("notifications/cancelled");
+        let params = members.iter().find(|(key, _)| *key == params_key);
+        if let (true, Some((_, readings::Value::Object(params)))) = (is_cancellation, params) {
+            if readings::has_repeated_key(params) {
+                reasons.push("a key twice in a cancellation's params");
+            }
+        }
+        if seen
+            .cancels
+            .as_ref()
+            .is_some_and(|id| readings::key(id).is_none())
+        {
+            reasons.push("a cancelled id servers read differently");
+        }
+    }
+    reasons
 }
 
 /// Reads a body as JSON-RPC; `None` when it is not one JSON object or array.
@@ -343,8 +426,13 @@ fn classify(input: &[u8], envelope: &Envelope<'_>) -> Message {
         None => Kind::Other,
     };
     let cancels = match (kind, envelope.method, envelope.params) {
+        // Positional params (`[id]`) are not read as a cancellation: the
+        // guard reads only a `params` object (noted for the lead: a serde
+        // struct would take `[id]` positionally).
         (Kind::Notification, Some(method), Some(params))
-            if method.get() == "\"notifications/cancelled\"" =>
+            if params.get().starts_with('{')
+                && serde_json::from_str::<String>(method.get()).ok().as_deref()
+                    == Some("notifications/cancelled") =>
         {
             serde_json::from_str::<CancelParams<'_>>(params.get())
                 .ok()
