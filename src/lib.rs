@@ -233,6 +233,7 @@
 //! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware |
 //! | `proxy` | [`proxy::Proxy`]: a forwarding service to put the guard in front of an upstream MCP server in any language (hyper client) |
 //! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy`) |
+//! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

@@ -61,3 +61,122 @@ pub struct Stats {
     /// counted in `remapped_total`.
     pub restart_remapped_total: u64,
 }
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+impl Stats {
+    /// Publishes this snapshot through the [`metrics`] facade, to whatever
+    /// recorder the application installed (a Prometheus exporter, say):
+    /// counters `mcp_id_guard_<name>_total` (set to their absolute value) and
+    /// gauges `mcp_id_guard_in_flight_requests`, `_tracked_sessions`,
+    /// `_abandoned_ids` and `_table_bytes`. The guard keeps its own counts,
+    /// so nothing is recorded on the request path: call this when metrics are
+    /// collected (before a scrape, or on a timer).
+    ///
+    /// ```
+    /// let layer = mcp_id_guard::IdGuardLayer::new();
+    /// // With no recorder installed this does nothing.
+    /// layer.stats().record();
+    /// ```
+    pub fn record(&self) {
+        let gauges = [
+            ("mcp_id_guard_in_flight_requests", self.in_flight_requests),
+            ("mcp_id_guard_tracked_sessions", self.tracked_sessions),
+            ("mcp_id_guard_abandoned_ids", self.abandoned_ids),
+            ("mcp_id_guard_table_bytes", self.table_bytes),
+        ];
+        for (name, value) in gauges {
+            metrics::gauge!(name).set(value as f64);
+        }
+        let counters = [
+            ("mcp_id_guard_passed_total", self.passed_total),
+            ("mcp_id_guard_remapped_total", self.remapped_total),
+            ("mcp_id_guard_rejected_total", self.rejected_total),
+            ("mcp_id_guard_queued_total", self.queued_total),
+            ("mcp_id_guard_cancelled_total", self.cancelled_total),
+            ("mcp_id_guard_restored_total", self.restored_total),
+            (
+                "mcp_id_guard_abandoned_evicted_total",
+                self.abandoned_evicted_total,
+            ),
+            (
+                "mcp_id_guard_restart_remapped_total",
+                self.restart_remapped_total,
+            ),
+        ];
+        for (name, value) in counters {
+            metrics::counter!(name).absolute(value);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, CounterFn, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder,
+        SharedString, Unit,
+    };
+
+    use super::Stats;
+
+    /// Keeps the last value of every counter and gauge by name.
+    #[derive(Default, Clone)]
+    struct Values(Arc<Mutex<BTreeMap<String, f64>>>);
+
+    struct Handle(String, Values);
+
+    impl CounterFn for Handle {
+        fn increment(&self, _value: u64) {}
+        fn absolute(&self, value: u64) {
+            let mut values = self.1 .0.lock().unwrap();
+            values.insert(self.0.clone(), value as f64);
+        }
+    }
+
+    impl GaugeFn for Handle {
+        fn increment(&self, _value: f64) {}
+        fn decrement(&self, _value: f64) {}
+        fn set(&self, value: f64) {
+            let mut values = self.1 .0.lock().unwrap();
+            values.insert(self.0.clone(), value);
+        }
+    }
+
+    impl Recorder for Values {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(Handle(key.name().to_owned(), self.clone())))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(Handle(key.name().to_owned(), self.clone())))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn every_field_is_recorded_under_its_name() {
+        let stats = Stats {
+            in_flight_requests: 3,
+            table_bytes: 4096,
+            remapped_total: 7,
+            restart_remapped_total: 2,
+            ..Stats::default()
+        };
+        let values = Values::default();
+        metrics::with_local_recorder(&values, || stats.record());
+        let values = values.0.lock().unwrap();
+        assert_eq!(values.len(), 12, "{values:?}");
+        assert_eq!(values["mcp_id_guard_in_flight_requests"], 3.0);
+        assert_eq!(values["mcp_id_guard_table_bytes"], 4096.0);
+        assert_eq!(values["mcp_id_guard_remapped_total"], 7.0);
+        assert_eq!(values["mcp_id_guard_restart_remapped_total"], 2.0);
+        assert_eq!(values["mcp_id_guard_passed_total"], 0.0);
+    }
+}
