@@ -8,13 +8,12 @@
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::Request;
@@ -29,9 +28,11 @@ use tower_service::Service;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
+mod args;
 mod connection;
 mod limits;
 
+use args::{Args, LogFormat, Policy};
 use connection::TimedBody;
 
 /// Read buffer room beyond --max-header-bytes, so a head a little over the
@@ -44,353 +45,6 @@ const MIN_READ_BUFFER: usize = 8 * 1024;
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// The longest pause after failed `accept`s in a row.
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
-
-/// Guards an MCP streamable-HTTP server against concurrent requests that
-/// reuse a JSON-RPC id in one session: a reverse proxy that gives every
-/// duplicate a unique id (or rejects it) and streams everything else through.
-///
-/// Point MCP clients at http://<listen>/<the server's path>. Logs go to
-/// stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change how much is logged.
-#[derive(Debug, Parser)]
-#[command(name = "mcp-id-guard", version)]
-struct Args {
-    /// Address to listen on.
-    #[arg(long, env = "MCP_ID_GUARD_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-
-    /// Base URL of the MCP server to protect, such as http://127.0.0.1:8000.
-    /// A request for /mcp?x=1 goes to <upstream>/mcp?x=1.
-    #[arg(long, env = "MCP_ID_GUARD_UPSTREAM")]
-    upstream: String,
-
-    /// What to do with a request whose id is already in flight in its
-    /// session: give it a unique id and restore the client's in the response
-    /// (remap), answer it with an error (reject), or hold it until the earlier
-    /// request with that id has ended (queue).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_ON_DUPLICATE",
-        value_enum,
-        default_value_t = Policy::Remap
-    )]
-    on_duplicate: Policy,
-
-    /// HTTP status of rejections under --on-duplicate reject: any 4xx code,
-    /// such as 400 (as the Go SDK answers) or 409.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_REJECT_STATUS",
-        default_value = "400",
-        value_parser = parse_reject_status
-    )]
-    reject_status: http::StatusCode,
-
-    /// Under --on-duplicate queue, how long a request may wait before it
-    /// gets 503 (e.g. 30s).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_MAX_QUEUE_WAIT",
-        default_value = "30s",
-        value_parser = parse_duration
-    )]
-    max_queue_wait: Duration,
-
-    /// Give every tracked request a unique server-side id, not only
-    /// duplicates: the server never sees an id twice in a session, even after
-    /// a client went away while its request was still running there.
-    #[arg(long, env = "MCP_ID_GUARD_REWRITE_ALL_IDS")]
-    rewrite_all_ids: bool,
-
-    /// How long the id of a request its client gave up on (disconnected,
-    /// cancelled) stays shadowed, so the server's late answer cannot reach a
-    /// new request with that id (e.g. 5m; 0 turns shadowing off). Pick a
-    /// value above your longest tool call.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_ABANDONED_ID_TTL",
-        default_value = "5m",
-        value_parser = parse_duration
-    )]
-    abandoned_id_ttl: Duration,
-
-    /// For this long after start, requests of sessions whose `initialize`
-    /// answer this process did not see go with server-side ids, so a late
-    /// answer to a request cut by a restart of the proxy cannot reach a new
-    /// request reusing its id (e.g. 5m; 0 turns it off). Default: the
-    /// --abandoned-id-ttl.
-    #[arg(long, env = "MCP_ID_GUARD_RESTART_WINDOW", value_parser = parse_duration)]
-    restart_window: Option<Duration>,
-
-    /// Longest Mcp-Session-Id the guard accepts; requests in a session with
-    /// a longer one get 400 and never reach the upstream.
-    #[arg(long, env = "MCP_ID_GUARD_MAX_SESSION_ID_BYTES", default_value_t = 8 * 1024)]
-    max_session_id_bytes: usize,
-
-    /// Bytes the guard's session table may hold (in-flight requests,
-    /// abandoned ids, with their ids and session ids). When full, the oldest
-    /// abandoned ids are forgotten first; a request that still does not fit
-    /// gets 503.
-    #[arg(long, env = "MCP_ID_GUARD_MAX_TABLE_BYTES", default_value_t = 64 * 1024 * 1024)]
-    max_table_bytes: usize,
-
-    /// Largest JSON POST body the guard reads; larger ones get 413.
-    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
-    max_body_bytes: usize,
-
-    /// Requests one session may have in flight; more get 429.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_MAX_IN_FLIGHT_PER_SESSION",
-        default_value_t = 1024,
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    max_in_flight_per_session: u32,
-
-    /// How long to wait for the upstream to accept a connection before
-    /// answering 502 (e.g. 5s, 500ms).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_CONNECT_TIMEOUT",
-        default_value = "5s",
-        value_parser = parse_duration
-    )]
-    connect_timeout: Duration,
-
-    /// Host names clients may use to reach the proxy (comma-separated):
-    /// `name` or `name:*` for any port, `name:port`, IPv6 in brackets. A
-    /// request naming another host (in `Host` or HTTP/2 `:authority`) gets
-    /// 421: this is DNS-rebinding protection. Replaces the default, which on
-    /// a loopback --listen address is localhost, 127.0.0.1 and [::1] on any
-    /// port; on any other address, name the hosts or pass --allow-any-host.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_ALLOWED_HOSTS",
-        value_delimiter = ',',
-        conflicts_with = "allow_any_host"
-    )]
-    allowed_hosts: Vec<String>,
-
-    /// Serve requests whatever host they name (no Host check), e.g. behind a
-    /// load balancer that checks it.
-    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_HOST")]
-    allow_any_host: bool,
-
-    /// Browser origins allowed to call the proxy (comma-separated):
-    /// `scheme://host`, `scheme://host:port`, `scheme://host:*`, or `null`.
-    /// Requests without Origin (from programs, not browsers) always pass; an
-    /// origin not listed gets 403. Default: http/https origins on localhost,
-    /// 127.0.0.1 and [::1] (any port).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_ALLOWED_ORIGINS",
-        value_delimiter = ',',
-        conflicts_with = "allow_any_origin"
-    )]
-    allowed_origins: Vec<String>,
-
-    /// Serve requests whatever their Origin (no Origin check).
-    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_ORIGIN")]
-    allow_any_origin: bool,
-
-    /// Forward the client's Host to the upstream unchanged (instead of the
-    /// upstream's own address), so the upstream's own Host check still sees
-    /// it. The upstream must then accept the names clients use.
-    #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
-    preserve_host: bool,
-
-    /// How long a client may take to send a whole request head, from when
-    /// it connects (protocol detection and the HTTP/2 preface included) or
-    /// sends the first byte of a later request. Slow-header clients hold a
-    /// connection each; legitimate ones send a head in milliseconds. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_HEADER_READ_TIMEOUT",
-        default_value = "10s",
-        value_parser = parse_duration
-    )]
-    header_read_timeout: Duration,
-
-    /// Longest pause in a request body while the proxy waits for it; then
-    /// the request fails and the connection closes. MCP POST bodies are
-    /// small and sent at once. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_REQUEST_BODY_TIMEOUT",
-        default_value = "30s",
-        value_parser = parse_duration
-    )]
-    request_body_timeout: Duration,
-
-    /// How long a write to a client may stay blocked because the client does
-    /// not read (nginx's send_timeout); then the connection is dropped,
-    /// with the upstream request it holds. A slow-reading client would
-    /// otherwise keep an upstream connection busy for ever. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_SEND_TIMEOUT",
-        default_value = "60s",
-        value_parser = parse_duration
-    )]
-    send_timeout: Duration,
-
-    /// How long a connection may stay open with no request in progress. As
-    /// nginx's default, and above the idle timeouts of common load balancers
-    /// in front (60s), so they close first. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_KEEP_ALIVE_TIMEOUT",
-        default_value = "75s",
-        value_parser = parse_duration
-    )]
-    keep_alive_timeout: Duration,
-
-    /// How long the upstream may take to send response headers; then the
-    /// client gets 504 with a JSON-RPC error carrying its id. Streaming
-    /// (SSE) servers send headers at once; servers answering with plain JSON
-    /// send them when the tool finishes: set it above your longest tool
-    /// call. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_UPSTREAM_RESPONSE_TIMEOUT",
-        default_value = "5m",
-        value_parser = parse_duration
-    )]
-    upstream_response_timeout: Duration,
-
-    /// Longest pause in an upstream response body (SSE stream) before the
-    /// client's response is cut. SSE keep-alive comments count as activity
-    /// (rmcp and python-sdk send one every 15s), so healthy streams stay
-    /// open; clients reconnect cut GET streams. 0: off.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_UPSTREAM_IDLE_TIMEOUT",
-        default_value = "5m",
-        value_parser = parse_duration
-    )]
-    upstream_idle_timeout: Duration,
-
-    /// Most client connections open at once; past it the proxy stops
-    /// accepting until one closes. Default: half the descriptor limit
-    /// (ulimit -n) after a reserve, so client and upstream connections fit.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_MAX_CONNECTIONS",
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    max_connections: Option<u32>,
-
-    /// Most upstream connections open at once, idle pooled ones included
-    /// (each open SSE stream holds one); requests that find none free wait
-    /// up to --upstream-queue-timeout, then get 503. Default: 1024 (envoy's
-    /// default), or less when the descriptor limit leaves less room.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_MAX_UPSTREAM_CONNECTIONS",
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    max_upstream_connections: Option<u32>,
-
-    /// How long a request waits for a free upstream connection before it
-    /// gets 503 with a JSON-RPC error carrying its id.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_UPSTREAM_QUEUE_TIMEOUT",
-        default_value = "5s",
-        value_parser = parse_duration
-    )]
-    upstream_queue_timeout: Duration,
-
-    /// How long an idle upstream connection stays pooled: below the 5s
-    /// keep-alive of uvicorn and Node's HTTP server, so the proxy closes idle
-    /// connections before the upstream does.
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_POOL_IDLE_TIMEOUT",
-        default_value = "4s",
-        value_parser = parse_duration
-    )]
-    pool_idle_timeout: Duration,
-
-    /// Largest request head (request line and headers) in bytes; larger
-    /// ones get 431. Bounds each connection's read buffer too (nginx allows
-    /// about 32 KiB). 0: hyper's defaults (about 400 KiB).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_MAX_HEADER_BYTES",
-        default_value_t = 32 * 1024
-    )]
-    max_header_bytes: usize,
-
-    /// Serve /healthz, /readyz (the upstream accepts connections, else 503)
-    /// and /metrics (Prometheus text format) on this address, e.g.
-    /// 127.0.0.1:9090. Off by default. Keep it off the public network.
-    #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
-    admin_listen: Option<SocketAddr>,
-
-    /// Log format on stderr: text, or json (one object per line, for log
-    /// pipelines).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_LOG_FORMAT",
-        value_enum,
-        default_value_t = LogFormat::Text
-    )]
-    log_format: LogFormat,
-
-    /// On SIGINT/SIGTERM, how long open requests and streams may go on
-    /// before they are cut (e.g. 10s).
-    #[arg(
-        long,
-        env = "MCP_ID_GUARD_GRACE_PERIOD",
-        default_value = "5s",
-        value_parser = parse_duration
-    )]
-    grace_period: Duration,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Policy {
-    Remap,
-    Reject,
-    Queue,
-}
-
-/// A client-error status (400-499) for rejections.
-fn parse_reject_status(text: &str) -> Result<http::StatusCode, String> {
-    text.trim()
-        .parse::<u16>()
-        .ok()
-        .and_then(|code| http::StatusCode::from_u16(code).ok())
-        .filter(http::StatusCode::is_client_error)
-        .ok_or_else(|| format!("{text:?} is not a 4xx status code such as 400 or 409"))
-}
-
-/// `5`, `5s`, `500ms`, `2m`: a whole number with an optional unit (seconds
-/// when none is given).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 5s or 500ms"))?;
-    match unit.trim() {
-        "" | "s" => Ok(Duration::from_secs(number)),
-        "ms" => Ok(Duration::from_millis(number)),
-        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
-        _ => Err(format!(
-            "{text:?}: unknown unit (use ms, s or m, e.g. 5s or 500ms)"
-        )),
-    }
-}
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -836,6 +490,7 @@ async fn shutdown_signal() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::{parse_duration, parse_reject_status};
 
     #[test]
     fn durations() {
