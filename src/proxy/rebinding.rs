@@ -12,21 +12,17 @@
 //! the proxy has to check it itself, before anything else.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use http::header::{HOST, ORIGIN};
 use http::{Request, Response, StatusCode};
 
 use super::body::ProxyBody;
+use super::warnings::RateLimit;
 use crate::reply;
 
 /// Host names a loopback listener answers to by default (any port).
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
-
-/// How often each kind of refusal is logged at most.
-const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why a host or origin pattern was refused by [`HostPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -450,47 +446,16 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// Logs refusals at most once per [`LOG_INTERVAL`] per kind: a rebinding page
+/// Logs refusals at most once per interval per kind ([`RateLimit`]): a rebinding page
 /// can send thousands of requests, and each would otherwise be a log line.
-#[derive(Debug)]
-struct RefusalLog {
-    start: Instant,
-    /// Per kind: when the next line may be written (ms since `start`), and
-    /// how many refusals were not logged since the last line.
-    next_ms: [AtomicU64; 2],
-    suppressed: [AtomicU64; 2],
-}
-
-impl Default for RefusalLog {
-    fn default() -> Self {
-        Self {
-            start: Instant::now(),
-            next_ms: [AtomicU64::new(0), AtomicU64::new(0)],
-            suppressed: [AtomicU64::new(0), AtomicU64::new(0)],
-        }
-    }
-}
+#[derive(Debug, Default)]
+struct RefusalLog(RateLimit<2>);
 
 impl RefusalLog {
     fn refused(&self, kind: RefusalKind, value: &str) {
-        let index = kind as usize;
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_ms[index].load(Ordering::Relaxed);
-        let interval = u64::try_from(LOG_INTERVAL.as_millis()).unwrap_or(u64::MAX);
-        let claimed = now >= next
-            && self.next_ms[index]
-                .compare_exchange(
-                    next,
-                    now.saturating_add(interval),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
-        if !claimed {
-            self.suppressed[index].fetch_add(1, Ordering::Relaxed);
+        let Some(suppressed) = self.0.ready(kind as usize) else {
             return;
-        }
-        let suppressed = self.suppressed[index].swap(0, Ordering::Relaxed);
+        };
         // The value comes from a possibly hostile client: bounded and escaped.
         let shown: String = value.chars().take(80).collect();
         let (what, answer) = match kind {
