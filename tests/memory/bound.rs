@@ -15,8 +15,6 @@
 //! per-exchange registration and its wrapper around the response.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -27,7 +25,7 @@ use http_body_util::Full;
 use mcp_id_guard::{IdGuardLayer, RequestBody, ResponseBody, Stats};
 use tower::{Layer, Service};
 
-use crate::{live, peak, reset_peak};
+use crate::{call, live, peak, reset_peak};
 
 // ---------------------------------------------------------------------------
 // Driving the guard
@@ -65,34 +63,6 @@ fn request(session: &str, id: &str) -> Request<Full<Bytes>> {
         .header("mcp-session-id", session)
         .body(Full::new(Bytes::from(body)))
         .expect("valid request")
-}
-
-/// Polls a future that must be ready at once (nothing here ever waits).
-fn ready_now<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => panic!("the exchange should complete without waiting"),
-    }
-}
-
-/// Calls a service once, as a server would (`poll_ready`, then `call`).
-fn call<S, R>(service: &mut S, request: R) -> S::Response
-where
-    S: Service<R, Error = Infallible>,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    match service.poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        _ => panic!("the service should be ready"),
-    }
-    match ready_now(service.call(request)) {
-        Ok(response) => response,
-        Err(never) => match never {},
-    }
 }
 
 /// Reads a response body to its end: the exchange ends normally.

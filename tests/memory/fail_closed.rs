@@ -30,8 +30,6 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -53,7 +51,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service};
 
-use crate::live;
+use crate::{call, live};
 
 // ---------------------------------------------------------------------------
 // Driving the guard on the test's thread
@@ -100,34 +98,6 @@ fn call_request(session: &str, id: &str) -> Request<Full<Bytes>> {
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo"}}}}"#
         ),
     )
-}
-
-/// Polls a future that must be ready at once (nothing here ever waits).
-fn ready_now<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => panic!("the exchange should complete without waiting"),
-    }
-}
-
-/// Calls a service once, as a server would (`poll_ready`, then `call`).
-fn call<S, R>(service: &mut S, request: R) -> S::Response
-where
-    S: Service<R, Error = Infallible>,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    match service.poll_ready(&mut cx) {
-        Poll::Ready(Ok(())) => {}
-        _ => panic!("the service should be ready"),
-    }
-    match ready_now(service.call(request)) {
-        Ok(response) => response,
-        Err(never) => match never {},
-    }
 }
 
 /// Reads a response body to its end (the exchange ends normally).

@@ -11,6 +11,12 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use tower::Service;
 
 mod bound;
 mod fail_closed;
@@ -92,4 +98,36 @@ static ALLOCATOR: Counting = Counting;
 /// Bytes this thread holds now.
 pub(crate) fn live() -> isize {
     LIVE.with(Cell::get)
+}
+
+// ---------------------------------------------------------------------------
+// Driving a service on the test's thread
+// ---------------------------------------------------------------------------
+
+/// Polls a future that must be ready at once (nothing here ever waits).
+pub(crate) fn ready_now<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("the exchange should complete without waiting"),
+    }
+}
+
+/// Calls a service once, as a server would (`poll_ready`, then `call`).
+pub(crate) fn call<S, R>(service: &mut S, request: R) -> S::Response
+where
+    S: Service<R, Error = Infallible>,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match service.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => {}
+        _ => panic!("the service should be ready"),
+    }
+    match ready_now(service.call(request)) {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
 }
