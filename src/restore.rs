@@ -399,6 +399,7 @@ struct Cursor<'a> {
 /// Restores the client ids in one whole JSON body (single or batch):
 /// `None` when there is nothing to restore. For the crate's benchmarks,
 /// fuzz checks and tests.
+#[cfg(any(test, feature = "internals"))]
 pub(crate) fn restore_whole(body: &[u8]) -> Option<Vec<u8>> {
     let chunk = Bytes::copy_from_slice(body);
     let mut restorer = Restorer::new(usize::MAX, false);
