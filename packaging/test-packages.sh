@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds the Python wheel and the npm packages of `mcp-id-guard` from this
+# checkout, installs each the way a user would (a fresh virtualenv; an npm
+# project installing the packed tarballs), and shows the installed command
+# keeping a real MCP server's answers apart (see burst.py): a FastMCP server
+# from PyPI (mcp 1.27.0) behind the pip-installed command, a TypeScript SDK
+# server from npm behind the npm-installed one, each with its control case.
+#
+# One release build of the binary serves both: the npm packages carry the
+# binary taken out of the wheel. Loopback traffic only; every step is bounded.
+#
+# Usage: packaging/test-packages.sh   (needs python3 with venv, node and npm,
+# and the package registries; runs in a temporary directory it removes)
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/mcp-id-guard-packaging.XXXXXX")"
+# Each background step runs under `timeout`, which leads its own process
+# group: killing the group stops the step and every server it started.
+groups=()
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    for group in "${groups[@]}"; do
+        kill -TERM -- "-$group" 2>/dev/null || true
+    done
+    for group in "${groups[@]}"; do
+        wait "$group" 2>/dev/null || true
+    done
+    rm -rf "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Runs "$@" in its own process group, bounded by $1 seconds; returns its status.
+bounded() {
+    local seconds=$1
+    shift
+    timeout --kill-after=10 "$seconds" "$@" &
+    local pid=$!
+    groups+=("$pid")
+    local status=0
+    wait "$pid" || status=$?
+    if [ "$status" -eq 124 ]; then
+        echo "packaging: timed out after ${seconds}s: $*" >&2
+    fi
+    return "$status"
+}
+
+step() { printf '== packaging: %s (%ss so far)\n' "$1" "$SECONDS"; }
+
+cd "$repo"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n 1)"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+# No proxy variable may route the test's loopback traffic anywhere else.
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+
+step "build tools (maturin, uv) into a virtualenv"
+python3 -m venv "$work/build-venv"
+bounded 300 "$work/build-venv/bin/pip" install --quiet -r "$repo/packaging/python/requirements-build.txt"
+
+step "build the wheel (release build of the binary, features from pyproject.toml)"
+# CARGO_TARGET_DIR, if set, is honoured, so a CI cache of the release build is reused.
+bounded 1500 "$work/build-venv/bin/maturin" build --release --out "$work/dist"
+wheel="$(ls "$work"/dist/mcp_id_guard-"$version"-*.whl)"
+echo "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+
+step "install the wheel into a fresh virtualenv, with the FastMCP server (mcp 1.27.0)"
+python3 -m venv "$work/venv"
+bounded 300 "$work/venv/bin/pip" install --quiet "$wheel"
+bounded 300 "$work/venv/bin/pip" install --quiet -r "$repo/packaging/python/requirements-test.txt"
+installed="$work/venv/bin/mcp-id-guard"
+if [ "$(timeout 30 "$installed" --version)" != "mcp-id-guard $version" ]; then
+    echo "packaging: the installed command does not report version $version" >&2
+    exit 1
+fi
+# The command as uvx runs it, from the wheel and nothing else.
+uvx_version="$(UV_CACHE_DIR="$work/uv-cache" UV_NO_CONFIG=1 timeout 120 \
+    "$work/build-venv/bin/uvx" --offline --quiet --from "$wheel" mcp-id-guard --version)"
+if [ "$uvx_version" != "mcp-id-guard $version" ]; then
+    echo "packaging: uvx --from the wheel printed '$uvx_version'" >&2
+    exit 1
+fi
+
+step "pip: 12 concurrent id-1 calls, FastMCP server alone vs. behind the installed mcp-id-guard"
+bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --guard "$installed" \
+    -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
+
+step "done"
