@@ -280,7 +280,8 @@ def main() -> int:
         failed += not held
         log(f"  [{'pass' if held else 'FAIL'}] {name}: {tally(outcomes)}")
         for outcome in outcomes:
-            if outcome.verdict != "OK":
+            # Hung calls are counted in the tally; list each one only when it matters.
+            if outcome.verdict != "OK" and (not held or outcome.verdict != "TIMEOUT"):
                 log(f"      id {outcome.sent_id!r} {outcome.sentinel[:8]}: {outcome.verdict} {outcome.detail}")
     verdict = "PASS" if failed == 0 else "FAIL"
     log(

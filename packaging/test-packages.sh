@@ -89,4 +89,42 @@ step "pip: 12 concurrent id-1 calls, FastMCP server alone vs. behind the install
 bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
 
+step "npm: stage and pack the launcher package and this platform's binary package (binary from the wheel)"
+npm_work="$work/npm"
+mkdir -p "$npm_work/tarballs" "$npm_work/project" "$npm_work/project-no-optional"
+"$work/venv/bin/python" - "$wheel" "$npm_work/mcp-id-guard" <<'PYTHON'
+import shutil, sys, zipfile
+wheel, target = sys.argv[1:]
+with zipfile.ZipFile(wheel) as archive:
+    (member,) = [name for name in archive.namelist() if name.endswith(".data/scripts/mcp-id-guard")]
+    with archive.open(member) as source, open(target, "wb") as out:
+        shutil.copyfileobj(source, out)
+PYTHON
+node "$repo/packaging/npm/stage.mjs" --version "$version" --binary "$npm_work/mcp-id-guard" --out "$npm_work/stage" >/dev/null
+for package in "$npm_work"/stage/*/; do
+    bounded 120 npm pack --silent --pack-destination "$npm_work/tarballs" "$package" >/dev/null
+done
+ls "$npm_work/tarballs"
+
+step "npm: install the tarballs into a project with a TypeScript SDK server (@modelcontextprotocol/sdk 1.32.2)"
+cp "$repo"/packaging/npm/test/{package.json,package-lock.json,echo-server.mjs} "$npm_work/project/"
+npm_flags=(--no-audit --no-fund --loglevel=error)
+bounded 300 npm ci "${npm_flags[@]}" --prefix "$npm_work/project"
+# --offline: the other platforms' optional packages are not published, so npm
+# must not ask the registry for them; missing optional packages are skipped.
+bounded 120 npm install --offline "${npm_flags[@]}" --prefix "$npm_work/project" "$npm_work"/tarballs/*.tgz
+echo '{"private": true}' >"$npm_work/project-no-optional/package.json"
+bounded 120 npm install --offline --omit=optional "${npm_flags[@]}" --prefix "$npm_work/project-no-optional" \
+    "$npm_work/tarballs/mcp-id-guard-$version.tgz"
+
+step "npm: the installed command against hostile arguments and signals (node --test)"
+MCP_ID_GUARD_NPM_BIN="$npm_work/project/node_modules/.bin/mcp-id-guard" \
+    MCP_ID_GUARD_NPM_BIN_NO_OPTIONAL="$npm_work/project-no-optional/node_modules/.bin/mcp-id-guard" \
+    MCP_ID_GUARD_VERSION="$version" \
+    bounded 120 node --test "$repo/packaging/npm/test/launcher.test.mjs"
+
+step "npm: 12 concurrent id-1 calls, TypeScript SDK server alone vs. behind the npm-installed mcp-id-guard"
+bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label npm \
+    --guard "$npm_work/project/node_modules/.bin/mcp-id-guard" -- node "$npm_work/project/echo-server.mjs"
+
 step "done"
