@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -193,8 +194,6 @@ def start_server(command: list[str]) -> tuple[subprocess.Popen, int]:
 
     # The announcement is read on a thread so a server that never prints
     # cannot hang the test.
-    import threading
-
     reader = threading.Thread(target=read_first_line, daemon=True)
     reader.start()
     reader.join(STARTUP_DEADLINE_S)
