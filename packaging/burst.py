@@ -187,6 +187,14 @@ def wait_until_accepting(port: int, process: subprocess.Popen, what: str) -> Non
 
 def start_server(command: list[str]) -> tuple[subprocess.Popen, int]:
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        return server, announced_port(server)
+    except BaseException:
+        stop(server)
+        raise
+
+
+def announced_port(server: subprocess.Popen) -> int:
     announced: list[str] = []
 
     def read_first_line() -> None:
@@ -199,10 +207,16 @@ def start_server(command: list[str]) -> tuple[subprocess.Popen, int]:
     reader.join(STARTUP_DEADLINE_S)
     line = announced[0].strip() if announced else ""
     if not line.startswith("LISTENING "):
+        if announced:  # end of its output: the server is exiting
+            try:
+                status = server.wait(timeout=5)
+                raise RuntimeError(f"the server exited with status {status} before announcing its port")
+            except subprocess.TimeoutExpired:
+                pass
         raise RuntimeError(f"the server did not announce its port within {STARTUP_DEADLINE_S:.0f} s (got {line!r})")
     port = int(line.split()[1])
     wait_until_accepting(port, server, "the server")
-    return server, port
+    return port
 
 
 def start_guard(command: str, upstream_port: int) -> tuple[subprocess.Popen, int]:
