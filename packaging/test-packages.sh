@@ -55,8 +55,8 @@ step() { printf '== packaging: %s (%ss so far)\n' "$1" "$SECONDS"; }
 cd "$repo"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/Cargo.toml" | head -n 1)"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-# No proxy variable may route the test's loopback traffic anywhere else.
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+# Proxy variables stay as they are (pip and npm may need them to reach the
+# registries); the test's own HTTP clients ignore them and talk to 127.0.0.1.
 
 step "build tools (maturin, uv) into a virtualenv"
 python3 -m venv "$work/build-venv"
@@ -127,4 +127,4 @@ step "npm: 12 concurrent id-1 calls, TypeScript SDK server alone vs. behind the 
 bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label npm \
     --guard "$npm_work/project/node_modules/.bin/mcp-id-guard" -- node "$npm_work/project/echo-server.mjs"
 
-step "done"
+step "done: the wheel and the npm packages were built, installed and checked"
