@@ -560,17 +560,24 @@ fn sse_stream(event_size: usize, restorable: bool) -> (Vec<Bytes>, usize) {
     (chunks, stream.len())
 }
 
+/// Rewrites a stream as the response body does: pieces go on as frames,
+/// uncopied.
 fn rewrite(chunks: &[Bytes]) -> usize {
     let mut rewriter = internals::SseRewriter::default();
+    let mut pieces = std::collections::VecDeque::new();
     let mut out = 0;
     for chunk in chunks {
-        if let Some(bytes) = rewriter.push(chunk.clone()) {
-            out += black_box(bytes).len();
-        }
+        rewriter.push_pieces(chunk.clone(), &mut pieces);
+        out += pieces
+            .drain(..)
+            .map(|piece| black_box(piece).len())
+            .sum::<usize>();
     }
-    if let Some(bytes) = rewriter.finish() {
-        out += black_box(bytes).len();
-    }
+    rewriter.finish_pieces(&mut pieces);
+    out += pieces
+        .drain(..)
+        .map(|piece| black_box(piece).len())
+        .sum::<usize>();
     out
 }
 

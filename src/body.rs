@@ -1,20 +1,21 @@
 //! Request and response bodies of [`IdGuard`](crate::IdGuard).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::HeaderMap;
+use http::header::CONTENT_LENGTH;
+use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
-use crate::envelope::splice;
-use crate::id::IdKey;
-use crate::rewrite::restore_edits;
+use crate::protocol::has_media_type;
+use crate::restore::{Part, Restorer};
 use crate::sse::SseRewriter;
-use crate::table::{InFlight, Table};
+use crate::table::{Registration, Table};
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only
@@ -101,9 +102,9 @@ where
 
 /// Ends a registration whose exchange ended normally: the server has answered.
 /// Dropping it any other way marks its ids abandoned.
-fn complete(in_flight: &mut Option<InFlight>) {
-    if let Some(in_flight) = in_flight.take() {
-        in_flight.complete();
+fn complete(registration: &mut Option<Registration>) {
+    if let Some(registration) = registration.take() {
+        registration.complete();
     }
 }
 
@@ -138,32 +139,99 @@ enum ResponseKind<B> {
     Inner {
         #[pin]
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
     },
-    /// An `application/json` body that carries a server-side id: read whole,
-    /// then emitted with the client's id restored.
-    RestoreJson {
+    /// A body that may carry server-side ids, restored as it streams.
+    Restore {
         #[pin]
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         table: Arc<Table>,
-        buffer: Accumulated,
-        trailers: Option<HeaderMap>,
-        restored: Option<Bytes>,
-        finished: bool,
-    },
-    /// A `text/event-stream` body, rewritten event by event.
-    RestoreSse {
-        #[pin]
-        body: B,
-        in_flight: Option<InFlight>,
-        table: Arc<Table>,
-        rewriter: SseRewriter,
+        /// Boxed: the unchanged inner body, the common case, stays small.
+        stream: Box<Stream>,
+        /// Restored pieces ready to go on.
+        out: VecDeque<Bytes>,
         trailers: Option<HeaderMap>,
         finished: bool,
     },
     /// A response the guard produced itself.
-    Guard { body: Full<Bytes> },
+    Answer { body: Full<Bytes> },
+}
+
+/// What the guard needs to restore client ids in a response.
+#[derive(Debug, Clone)]
+pub(crate) struct Restoring {
+    /// Counts what is restored.
+    pub(crate) table: Arc<Table>,
+    /// The longest id a client could have sent (the body limit): a longer
+    /// id token is not held back.
+    pub(crate) max_id: usize,
+}
+
+/// How a restored body is framed.
+#[derive(Debug)]
+enum Stream {
+    /// One JSON text (`application/json`). The last restored piece is held
+    /// until the body ends, so the registration is released before the client
+    /// has the whole response and an immediate reuse of the id never collides.
+    Json {
+        restorer: Restorer,
+        offset: usize,
+        last: Option<Bytes>,
+    },
+    /// A `text/event-stream`.
+    Sse(SseRewriter),
+}
+
+impl Stream {
+    fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        match self {
+            Stream::Json {
+                restorer,
+                offset,
+                last,
+            } => {
+                let start = *offset;
+                *offset += chunk.len();
+                let mut pieces = VecDeque::new();
+                restorer.push(&chunk, start, &[Part::Json(start..*offset)], &mut pieces);
+                for piece in pieces {
+                    out.extend(last.replace(piece));
+                }
+            }
+            Stream::Sse(rewriter) => rewriter.push(chunk, out),
+        }
+    }
+
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        match self {
+            Stream::Json {
+                restorer,
+                offset,
+                last,
+            } => {
+                out.extend(last.take());
+                restorer.push(&Bytes::new(), *offset, &[Part::End(*offset)], out);
+                restorer.finish(out);
+            }
+            Stream::Sse(rewriter) => rewriter.finish(out),
+        }
+    }
+
+    fn take_restored(&mut self) -> usize {
+        match self {
+            Stream::Json { restorer, .. } => restorer.take_restored(),
+            Stream::Sse(rewriter) => rewriter.take_restored(),
+        }
+    }
+
+    /// Every response the exchange waits for has passed.
+    fn all_answered(&self) -> bool {
+        match self {
+            Stream::Json { .. } => false,
+            Stream::Sse(rewriter) => rewriter.all_answered(),
+        }
+    }
 }
 
 /// An empty inner body; lets tower-http's `TimeoutLayer` (which builds its
@@ -173,59 +241,89 @@ impl<B: Default> Default for ResponseBody<B> {
         Self {
             kind: ResponseKind::Inner {
                 body: B::default(),
-                in_flight: None,
+                registration: None,
             },
         }
     }
 }
 
 impl<B: Body> ResponseBody<B> {
-    pub(crate) fn inner(body: B, mut in_flight: Option<InFlight>) -> Self {
+    pub(crate) fn inner(body: B, mut registration: Option<Registration>) -> Self {
         // A body that is empty from the start is never polled.
         if body.is_end_stream() {
-            complete(&mut in_flight);
+            complete(&mut registration);
         }
         Self {
-            kind: ResponseKind::Inner { body, in_flight },
+            kind: ResponseKind::Inner { body, registration },
         }
     }
 
-    pub(crate) fn restore_json(body: B, in_flight: Option<InFlight>, table: Arc<Table>) -> Self {
-        Self {
-            kind: ResponseKind::RestoreJson {
-                body,
-                in_flight,
-                table,
-                buffer: Accumulated::default(),
-                trailers: None,
-                restored: None,
-                finished: false,
-            },
-        }
-    }
-
-    pub(crate) fn restore_sse(
+    fn restore(
         body: B,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         table: Arc<Table>,
-        awaited: Vec<IdKey>,
+        stream: Stream,
     ) -> Self {
         Self {
-            kind: ResponseKind::RestoreSse {
+            kind: ResponseKind::Restore {
                 body,
-                in_flight,
+                registration,
                 table,
-                rewriter: SseRewriter::awaiting(awaited),
+                stream: Box::new(stream),
+                out: VecDeque::new(),
                 trailers: None,
                 finished: false,
             },
         }
     }
 
-    pub(crate) fn guard(body: Full<Bytes>) -> Self {
+    pub(crate) fn answer(body: Full<Bytes>) -> Self {
         Self {
-            kind: ResponseKind::Guard { body },
+            kind: ResponseKind::Answer { body },
         }
+    }
+
+    /// Moves the registration into the response body, choosing how the body is
+    /// rewritten when the request carried a server-side id.
+    pub(crate) fn wrap(
+        response: Response<B>,
+        registration: Option<Registration>,
+        restoring: Option<Restoring>,
+    ) -> Response<Self> {
+        let (mut parts, body) = response.into_parts();
+        // Under Reject and Queue an event stream is also watched for the
+        // responses, so the ids are free as soon as the client has them, even if
+        // the server keeps the stream open a little longer.
+        let awaited = registration
+            .as_ref()
+            .map(Registration::awaited_keys)
+            .unwrap_or_default();
+        let is_json = has_media_type(&parts.headers, "application/json");
+        let is_sse = has_media_type(&parts.headers, "text/event-stream");
+        let restoring = restoring.or_else(|| {
+            // Watching needs the rewriter even when nothing is restored.
+            let table = registration.as_ref()?.table();
+            (is_sse && !awaited.is_empty()).then(|| Restoring {
+                table: Arc::clone(table),
+                max_id: usize::MAX,
+            })
+        });
+        let Some(Restoring { table, max_id }) = restoring else {
+            return Response::from_parts(parts, Self::inner(body, registration));
+        };
+        let stream = if is_json {
+            Stream::Json {
+                restorer: Restorer::new(max_id, false),
+                offset: 0,
+                last: None,
+            }
+        } else if is_sse {
+            Stream::Sse(SseRewriter::watching(max_id, awaited))
+        } else {
+            return Response::from_parts(parts, Self::inner(body, registration));
+        };
+        parts.headers.remove(CONTENT_LENGTH);
+        Response::from_parts(parts, Self::restore(body, registration, table, stream))
     }
 }
 
@@ -243,65 +341,28 @@ where
         match self.project().kind.project() {
             ResponseKindProj::Inner {
                 mut body,
-                in_flight,
+                registration,
             } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
                 // hyper stops polling once `is_end_stream` says so, so the end
                 // is noticed here as well as on `None`.
                 if frame.is_none() || body.is_end_stream() {
-                    complete(in_flight);
+                    complete(registration);
                 }
                 Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
             }
-            ResponseKindProj::RestoreJson {
+            ResponseKindProj::Restore {
                 mut body,
-                in_flight,
+                registration,
                 table,
-                buffer,
-                trailers,
-                restored,
-                finished,
-            } => {
-                while !*finished {
-                    match ready!(body.as_mut().poll_frame(cx)) {
-                        Some(Ok(frame)) => match frame.into_data() {
-                            Ok(mut data) => buffer.push(data.copy_to_bytes(data.remaining())),
-                            Err(frame) => *trailers = frame.into_trailers().ok(),
-                        },
-                        Some(Err(error)) => return Poll::Ready(Some(Err(error))),
-                        None => {
-                            *finished = true;
-                            let whole = std::mem::take(buffer).into_bytes();
-                            let edits = restore_edits(&whole);
-                            note_restored(table, edits.len());
-                            *restored = Some(if edits.is_empty() {
-                                whole
-                            } else {
-                                Bytes::from(splice(&whole, &edits))
-                            });
-                            // Released before the client can see the response,
-                            // so an immediate reuse of the id never collides.
-                            complete(in_flight);
-                        }
-                    }
-                }
-                if let Some(data) = restored.take().filter(|data| !data.is_empty()) {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(
-                    trailers
-                        .take()
-                        .map(|trailers| Ok(Frame::trailers(trailers))),
-                )
-            }
-            ResponseKindProj::RestoreSse {
-                mut body,
-                in_flight,
-                table,
-                rewriter,
+                stream,
+                out,
                 trailers,
                 finished,
             } => loop {
+                if let Some(piece) = out.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(piece))));
+                }
                 if *finished {
                     return Poll::Ready(
                         trailers
@@ -312,13 +373,11 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            let out = rewriter.push(data.copy_to_bytes(data.remaining()));
-                            note_restored(table, rewriter.take_restored());
-                            if rewriter.all_answered() {
-                                complete(in_flight);
-                            }
-                            if let Some(out) = out {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            stream.push(data.copy_to_bytes(data.remaining()), out);
+                            note_restored(table, stream.take_restored());
+                            // Released before the answer's last bytes go on.
+                            if stream.all_answered() {
+                                complete(registration);
                             }
                         }
                         // Trailers come last; held until the held-back bytes are out.
@@ -327,16 +386,13 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        complete(in_flight);
-                        let rest = rewriter.finish();
-                        note_restored(table, rewriter.take_restored());
-                        if let Some(rest) = rest {
-                            return Poll::Ready(Some(Ok(Frame::data(rest))));
-                        }
+                        stream.finish(out);
+                        note_restored(table, stream.take_restored());
+                        complete(registration);
                     }
                 }
             },
-            ResponseKindProj::Guard { body } => Pin::new(body)
+            ResponseKindProj::Answer { body } => Pin::new(body)
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),
         }
@@ -345,16 +401,13 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.is_end_stream(),
-            ResponseKind::RestoreJson {
+            ResponseKind::Restore {
                 finished,
-                restored,
+                out,
                 trailers,
                 ..
-            } => *finished && restored.is_none() && trailers.is_none(),
-            ResponseKind::RestoreSse {
-                finished, trailers, ..
-            } => *finished && trailers.is_none(),
-            ResponseKind::Guard { body } => body.is_end_stream(),
+            } => *finished && out.is_empty() && trailers.is_none(),
+            ResponseKind::Answer { body } => body.is_end_stream(),
         }
     }
 
@@ -362,15 +415,13 @@ where
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.size_hint(),
             // The restored length is known only once rewritten.
-            ResponseKind::RestoreJson { .. } | ResponseKind::RestoreSse { .. } => {
-                SizeHint::default()
-            }
-            ResponseKind::Guard { body } => body.size_hint(),
+            ResponseKind::Restore { .. } => SizeHint::default(),
+            ResponseKind::Answer { body } => body.size_hint(),
         }
     }
 }
 
-/// A body read so far (a tracked request's, or a JSON response to restore).
+/// A tracked request's body read so far.
 /// A body that arrives in one chunk (the usual case) is kept as that chunk,
 /// without copying.
 #[derive(Debug, Default)]

@@ -5,19 +5,17 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::body::{Accumulated, RequestBody, ResponseBody};
-use crate::layer::Config;
-use crate::service::{
-    body_too_large, body_unreadable, prepare, queue_timeout, PendingForward, Prepared,
-};
-use crate::table::{InFlight, Table, Waiter};
+use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
+use crate::config::Config;
+use crate::prepare::{prepare, PendingForward, Prepared};
+use crate::reply::{body_too_large, body_unreadable, queue_timeout};
+use crate::table::{Registration, Table, Waiter};
 
 /// Response future of [`IdGuard`](crate::IdGuard).
 ///
@@ -52,19 +50,21 @@ where
     Queued {
         service: Option<S>,
         pending: Option<PendingForward>,
-        in_flight: Option<InFlight>,
+        registration: Option<Registration>,
         ticket: Arc<Waiter>,
         /// Started at the first poll, inside the server's runtime.
         deadline: Option<Pin<Box<tokio::time::Sleep>>>,
         max_wait: Duration,
+        /// The longest id a client could have sent.
+        max_id: usize,
     },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
         future: S::Future,
-        in_flight: Option<InFlight>,
-        /// Restore client ids in the response, counting them in this table.
-        restore: Option<Arc<Table>>,
+        registration: Option<Registration>,
+        /// Restore client ids in the response.
+        restore: Option<Restoring>,
     },
     /// A response the guard gives itself.
     Answered {
@@ -86,11 +86,11 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<RequestBody<B>>>,
 {
-    pub(crate) fn called(future: S::Future, restore: Option<Arc<Table>>) -> Self {
+    pub(crate) fn called(future: S::Future, restore: Option<Restoring>) -> Self {
         Self {
             state: State::Calling {
                 future,
-                in_flight: None,
+                registration: None,
                 restore,
             },
         }
@@ -167,24 +167,28 @@ where
                             ) {
                                 Prepared::Forward {
                                     request,
-                                    in_flight,
+                                    registration,
                                     restore,
                                 } => State::Calling {
                                     future: service.call(request),
-                                    in_flight,
-                                    restore: restore.then(|| Arc::clone(&read.table)),
+                                    registration,
+                                    restore: restore.then(|| Restoring {
+                                        table: Arc::clone(&read.table),
+                                        max_id: read.config.max_body_bytes,
+                                    }),
                                 },
                                 Prepared::Queue {
                                     pending,
-                                    in_flight,
+                                    registration,
                                     ticket,
                                 } => State::Queued {
                                     service: Some(service),
                                     pending: Some(pending),
-                                    in_flight: Some(in_flight),
+                                    registration: Some(registration),
                                     ticket,
                                     deadline: None,
                                     max_wait: read.config.max_queue_wait,
+                                    max_id: read.config.max_body_bytes,
                                 },
                                 Prepared::Answer(response) => State::Answered {
                                     response: Some(response),
@@ -202,22 +206,25 @@ where
                 StateProj::Queued {
                     service,
                     pending,
-                    in_flight,
+                    registration,
                     ticket,
                     deadline,
                     max_wait,
+                    max_id,
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready(server_id) => {
-                        match (service.take(), pending.take(), in_flight.take()) {
-                            (Some(mut service), Some(pending), Some(in_flight)) => {
-                                let restore =
-                                    server_id.is_some().then(|| Arc::clone(in_flight.table()));
+                        match (service.take(), pending.take(), registration.take()) {
+                            (Some(mut service), Some(pending), Some(registration)) => {
+                                let restore = server_id.is_some().then(|| Restoring {
+                                    table: Arc::clone(registration.table()),
+                                    max_id: *max_id,
+                                });
                                 let future =
                                     service.call(pending.into_request(server_id.as_deref()));
-                                in_flight.forwarded();
+                                registration.forwarded();
                                 State::Calling {
                                     future,
-                                    in_flight: Some(in_flight),
+                                    registration: Some(registration),
                                     restore,
                                 }
                             }
@@ -230,7 +237,7 @@ where
                         ready!(deadline.as_mut().poll(cx));
                         // Leaving the queue: dropping the registration takes
                         // the request out of line.
-                        in_flight.take();
+                        registration.take();
                         let id = pending.as_ref().map_or("null", PendingForward::queued_id);
                         State::Answered {
                             response: Some(queue_timeout(id)),
@@ -239,19 +246,19 @@ where
                 },
                 StateProj::Calling {
                     future,
-                    in_flight,
+                    registration,
                     restore,
                 } => {
                     let response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
                         Err(error) => {
-                            in_flight.take();
+                            registration.take();
                             return Poll::Ready(Err(error));
                         }
                     };
-                    return Poll::Ready(Ok(wrap_response(
+                    return Poll::Ready(Ok(ResponseBody::wrap(
                         response,
-                        in_flight.take(),
+                        registration.take(),
                         restore.take(),
                     )));
                 }
@@ -259,57 +266,10 @@ where
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response.map(ResponseBody::guard)));
+                    return Poll::Ready(Ok(response.map(ResponseBody::answer)));
                 }
             };
             self.as_mut().project().state.set(next);
         }
     }
-}
-
-/// Moves the registration into the response body, choosing how the body is
-/// rewritten when the request carried a server-side id.
-fn wrap_response<B: Body>(
-    response: Response<B>,
-    in_flight: Option<InFlight>,
-    restore: Option<Arc<Table>>,
-) -> Response<ResponseBody<B>> {
-    let (mut parts, body) = response.into_parts();
-    let media_type = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .map(media_type);
-    // Under Reject and Queue an event stream is also watched for the
-    // responses, so the ids are free as soon as the client has them, even if
-    // the server keeps the stream open a little longer.
-    let awaited = in_flight
-        .as_ref()
-        .map(InFlight::awaited_keys)
-        .unwrap_or_default();
-    let is = |expected: &str| media_type.is_some_and(|media| media.eq_ignore_ascii_case(expected));
-    let body = match restore {
-        Some(table) if is("application/json") => {
-            parts.headers.remove(CONTENT_LENGTH);
-            ResponseBody::restore_json(body, in_flight, table)
-        }
-        Some(table) if is("text/event-stream") => {
-            parts.headers.remove(CONTENT_LENGTH);
-            ResponseBody::restore_sse(body, in_flight, table, awaited)
-        }
-        None if is("text/event-stream") && !awaited.is_empty() => {
-            let table = in_flight.as_ref().map(|guard| Arc::clone(guard.table()));
-            match table {
-                Some(table) => ResponseBody::restore_sse(body, in_flight, table, awaited),
-                None => ResponseBody::inner(body, in_flight),
-            }
-        }
-        _ => ResponseBody::inner(body, in_flight),
-    };
-    Response::from_parts(parts, body)
-}
-
-/// The media type of a `Content-Type` value, without parameters.
-pub(crate) fn media_type(value: &str) -> &str {
-    value.split(';').next().unwrap_or_default().trim()
 }

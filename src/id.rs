@@ -2,12 +2,20 @@
 //! that remapping forwards instead.
 //!
 //! # Equivalence
-//! Two ids collide when their decoded values are equal, and an integer `n` also
-//! collides with the string `"n"`: the Python SDK routes by `str(id)`, so `1` and
-//! `"1"` share one routing slot there. The key of a string id is its decoded text
-//! (`"\u0031"` is `1`); the key of an integer is its decimal text (`-0` is `0`);
-//! any other id (a fraction, an exponent, a non-scalar, none of them valid MCP
-//! ids) is keyed by its exact JSON text.
+//! Two ids collide when some server the guard fronts would route them to one
+//! slot. The key of a string id is its decoded text (`"\u0031"` is `1`). A
+//! number is keyed by its value however it is written: rmcp reads `1.0`,
+//! `1e0` and `10e-1` as the integer 1, and TypeScript ids are JavaScript
+//! numbers. An integer value's key is its decimal text (`-0` is `0`), so it
+//! also collides with the string of the same digits: the Python SDK routes by
+//! `str(id)`, so `1` and `"1"` share one routing slot there.
+//!
+//! Ids that servers do not read alike have no key, and the request path
+//! refuses them: strings that are not valid Unicode (lone surrogates, which
+//! Python and JavaScript keep and serde refuses), integers beyond ±(2^53 − 1)
+//! (JavaScript merges neighbours there), fractions with more than 15
+//! significant digits or extreme exponents, and anything that is not a string
+//! or a number.
 //!
 //! # Remapped ids
 //! A remapped id is a JSON string `"mcp-id-guard:<tag>:<counter>:<original>"`
@@ -38,24 +46,123 @@ pub(crate) fn id_key(raw: &str) -> IdKey {
 
 /// The collision key of an id's JSON text, borrowed from it whenever it can
 /// be (the key of `7` is `7`, of `"abc"` is `abc`): the session table looks
-/// up every request's id, and most of them are never stored.
+/// up every request's id, and most of them are never stored. An id that
+/// [`key_of`] refuses is keyed by its exact text (the request path never
+/// hands one to the table; the response path only compares).
 pub(crate) fn id_key_text(raw: &str) -> Cow<'_, str> {
-    if raw.starts_with('"') {
-        if let Ok(decoded) = serde_json::from_str::<Cow<'_, str>>(raw) {
-            return decoded;
-        }
-    } else if is_integer(raw) {
-        let digits = raw.trim_start_matches('-');
-        if digits.bytes().all(|digit| digit == b'0') {
-            return Cow::Borrowed("0");
-        }
-    }
-    Cow::Borrowed(raw)
+    key_of(raw).unwrap_or(Cow::Borrowed(raw))
 }
 
-fn is_integer(raw: &str) -> bool {
-    let digits = raw.strip_prefix('-').unwrap_or(raw);
-    !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
+/// The largest integer every server reads exactly: ids are JavaScript numbers
+/// in the TypeScript SDK, so `9007199254740993` and `9007199254740992` are one
+/// id there and two in Python and rmcp.
+const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
+
+/// A fraction keeps its identity across servers only up to this many
+/// significant digits (an f64 holds 15 decimal digits exactly).
+const MAX_FRACTION_DIGITS: usize = 15;
+
+/// The collision key of an id's JSON text (see the module docs), or `None`
+/// for an id that servers do not read alike: a string that is not valid
+/// Unicode, a number outside what every server reads exactly, or anything
+/// else (`true`, an object, `NaN`, ...).
+pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
+    match raw.as_bytes().first()? {
+        b'"' => serde_json::from_str::<Cow<'_, str>>(raw).ok(),
+        b'-' | b'0'..=b'9' => number_key(raw),
+        _ => None,
+    }
+}
+
+/// The key of a JSON number: its exact value, written one way. An integer
+/// value (`1`, `1.0`, `1e0`, `10e-1`, `-0.0`) is its decimal text, so it
+/// collides with the string of the same digits; any other value is
+/// `<digits>e<exponent>` with no leading or trailing zeros in the digits.
+fn number_key(raw: &str) -> Option<Cow<'_, str>> {
+    let bytes = raw.as_bytes();
+    let (negative, rest) = match bytes.split_first()? {
+        (b'-', rest) => (true, rest),
+        _ => (false, bytes),
+    };
+    // The JSON grammar: int [frac] [exp], int without leading zeros.
+    let int_len = rest.iter().take_while(|byte| byte.is_ascii_digit()).count();
+    if int_len == 0 || (int_len > 1 && rest[0] == b'0') {
+        return None;
+    }
+    let (int, mut rest) = rest.split_at(int_len);
+    let mut frac: &[u8] = &[];
+    if let Some((b'.', after)) = rest.split_first() {
+        let len = after
+            .iter()
+            .take_while(|byte| byte.is_ascii_digit())
+            .count();
+        if len == 0 {
+            return None;
+        }
+        (frac, rest) = after.split_at(len);
+    }
+    let mut exponent: i64 = 0;
+    if let Some((b'e' | b'E', after)) = rest.split_first() {
+        let (sign, digits) = match after.split_first() {
+            Some((b'-', digits)) => (-1, digits),
+            Some((b'+', digits)) => (1, digits),
+            _ => (1, after),
+        };
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        // Past a few digits the value is out of every range we accept.
+        if digits.len() > 6 {
+            return None;
+        }
+        let value: i64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        exponent = sign * value;
+        rest = &[];
+    }
+    if !rest.is_empty() {
+        return None;
+    }
+    // value = digits × 10^exponent, digits without leading or trailing zeros.
+    let all = || int.iter().chain(frac).copied();
+    let leading = all().take_while(|digit| *digit == b'0').count();
+    let digits: Vec<u8> = all().skip(leading).collect();
+    let trailing = digits
+        .iter()
+        .rev()
+        .take_while(|digit| **digit == b'0')
+        .count();
+    let digits = &digits[..digits.len() - trailing];
+    if digits.is_empty() {
+        return Some(Cow::Borrowed("0"));
+    }
+    exponent += trailing as i64 - frac.len() as i64;
+    let sign = if negative { "-" } else { "" };
+    if exponent >= 0 {
+        // An integer: at most 16 digits, at most 2^53 - 1.
+        if digits.len() as i64 + exponent > 16 {
+            return None;
+        }
+        let mut text = String::with_capacity(17);
+        text.push_str(sign);
+        text.push_str(std::str::from_utf8(digits).ok()?);
+        text.extend(std::iter::repeat_n('0', exponent as usize));
+        let magnitude: u64 = text.trim_start_matches('-').parse().ok()?;
+        if magnitude > MAX_EXACT_INTEGER {
+            return None;
+        }
+        return Some(if text == raw {
+            Cow::Borrowed(raw)
+        } else {
+            Cow::Owned(text)
+        });
+    }
+    if digits.len() > MAX_FRACTION_DIGITS || !(-300..=300).contains(&exponent) {
+        return None;
+    }
+    Some(Cow::Owned(format!(
+        "{sign}{}e{exponent}",
+        std::str::from_utf8(digits).ok()?
+    )))
 }
 
 /// Whether an id key is in the reserved namespace (a forged or replayed
@@ -143,7 +250,12 @@ pub(crate) fn restore(raw: &str) -> Option<String> {
     if !well_formed {
         return None;
     }
-    // Only give back something that is itself one whole JSON value.
+    // Only give back something that is itself one whole JSON value, and that
+    // fits in an SSE data line (guards mint no line breaks: ids are strings
+    // or numbers).
+    if original.contains(['\r', '\n']) {
+        return None;
+    }
     let value = serde_json::from_str::<&RawValue>(original).ok()?;
     (value.get().len() == original.len()).then(|| original.to_owned())
 }
@@ -157,14 +269,59 @@ mod tests {
         assert_eq!(id_key("1"), id_key(r#""1""#));
         assert_eq!(id_key(r#""\u0031""#), id_key("1"));
         assert_eq!(id_key("-0"), id_key("0"));
-        assert_eq!(id_key("-00"), id_key("0"));
+        // Not JSON: the request path refuses it (no key).
+        assert_eq!(key_of("-00"), None);
         assert_ne!(id_key("1"), id_key("2"));
-        assert_ne!(id_key("1.0"), id_key("1"));
-        assert_eq!(&*id_key("1e3"), "1e3");
+        assert_eq!(&*id_key("1e3"), "1000");
+    }
+
+    #[test]
+    fn numbers_collide_by_value() {
+        for same_as_one in ["1.0", "1e0", "10e-1", "0.1e1", "1E+0", "100e-2", r#""1""#] {
+            assert_eq!(key_of(same_as_one).as_deref(), Some("1"), "{same_as_one}");
+        }
+        for zero in ["-0.0", "0e5", "-0", "0.000"] {
+            assert_eq!(key_of(zero).as_deref(), Some("0"), "{zero}");
+        }
+        assert_eq!(key_of("-12.50").as_deref(), Some("-125e-1"));
+        assert_eq!(key_of("1.5"), key_of("15e-1"));
+        assert_eq!(key_of("1.5"), key_of("0.015e2"));
+        assert_ne!(key_of("1.5"), key_of("1.50001"));
         assert_eq!(
-            &*id_key("123456789012345678901234567890"),
-            "123456789012345678901234567890"
+            key_of("9007199254740991").as_deref(),
+            Some("9007199254740991")
         );
+        assert_eq!(
+            key_of("-9007199254740991").as_deref(),
+            Some("-9007199254740991")
+        );
+    }
+
+    #[test]
+    fn ids_servers_read_differently_have_no_key() {
+        for refused in [
+            "9007199254740992",
+            "-9007199254740993",
+            "1e16",
+            "123456789012345678901234567890",
+            "1.0000000000000001",
+            "1e-400",
+            "1e9999999999",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "NaN",
+            "Infinity",
+            "true",
+            "null",
+            "[1]",
+            "{}",
+            r#""\ud800""#,
+            "1 ",
+        ] {
+            assert_eq!(key_of(refused), None, "{refused}");
+        }
     }
 
     #[test]
@@ -176,7 +333,7 @@ mod tests {
             r#""a\"b\\c""#,
             "-0",
             "1e3",
-            "{\"a\":\n[1, 2]}",
+            "{\"a\":[1, 2]}",
             r#""ü""#,
         ] {
             let minted = String::from_utf8(minter.mint(original)).unwrap();

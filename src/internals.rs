@@ -5,24 +5,19 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use crate::envelope::{peek, splice, Kind, Peeked, Writer};
+use crate::edit::splice;
+use crate::envelope::{peek, Kind, Peeked};
 use crate::id::IdMinter;
-use crate::rewrite::restore_edits;
+use crate::restore::restore_whole;
 
 /// Rewrites the id of every request in a JSON-RPC body (single or batch) to a
 /// freshly minted server-side id, as remapping does. `None` when the body is
 /// not JSON-RPC or has no request.
 pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
-    let peeked = peek(body, Writer::Client)?;
+    let peeked = peek(body)?;
     let edits: Vec<_> = peeked
-        .messages()
-        .iter()
-        .filter(|message| message.kind == Kind::Request)
-        .filter_map(|message| {
-            let range = message.id.clone()?;
-            let raw = std::str::from_utf8(&body[range.clone()]).ok()?;
-            Some((range, minter.0.mint(raw)))
-        })
+        .request_ids(body)
+        .map(|(range, raw)| (range, minter.0.mint(raw)))
         .collect();
     (!edits.is_empty()).then(|| splice(body, &edits))
 }
@@ -30,8 +25,7 @@ pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
 /// Restores client ids in a JSON-RPC response body (single or batch), as the
 /// response path does. `None` when there was nothing to restore.
 pub fn restore_response_ids(body: &[u8]) -> Option<Vec<u8>> {
-    let edits = restore_edits(body);
-    (!edits.is_empty()).then(|| splice(body, &edits))
+    restore_whole(body)
 }
 
 /// One message as the guard's envelope peeker reads it.
@@ -49,12 +43,9 @@ pub struct ReadMessage {
 /// else whether it is a batch and its messages. `from_server`: the body is
 /// the inner server's (responses), else a client's (requests).
 pub fn read_body(body: &[u8], from_server: bool) -> Option<(bool, Vec<ReadMessage>)> {
-    let writer = if from_server {
-        Writer::Server
-    } else {
-        Writer::Client
-    };
-    let peeked = peek(body, writer)?;
+    // Both sides are read alike now; the flag stays for the fuzz oracle.
+    let _ = from_server;
+    let peeked = peek(body)?;
     let messages = peeked
         .messages()
         .iter()
@@ -94,13 +85,42 @@ impl Minter {
 pub struct SseRewriter(crate::sse::SseRewriter);
 
 impl SseRewriter {
-    /// Feeds one chunk; returns the bytes of every event it completed.
+    /// Feeds one chunk; returns the bytes that can go on (joined into one
+    /// buffer here; the real body passes them on piece by piece).
     pub fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
-        self.0.push(chunk)
+        let mut out = std::collections::VecDeque::new();
+        self.0.push(chunk, &mut out);
+        joined(out)
+    }
+
+    /// Feeds one chunk; appends the pieces that can go on to `out`, as the
+    /// real response body passes them on (one frame each, uncopied).
+    pub fn push_pieces(&mut self, chunk: Bytes, out: &mut std::collections::VecDeque<Bytes>) {
+        self.0.push(chunk, out);
+    }
+
+    /// Ends the stream; appends whatever was held back to `out`.
+    pub fn finish_pieces(&mut self, out: &mut std::collections::VecDeque<Bytes>) {
+        self.0.finish(out);
     }
 
     /// Ends the stream; returns whatever was held back.
     pub fn finish(&mut self) -> Option<Bytes> {
-        self.0.finish()
+        let mut out = std::collections::VecDeque::new();
+        self.0.finish(&mut out);
+        joined(out)
+    }
+}
+
+/// The pieces as one buffer: the only piece itself when there is one.
+fn joined(mut out: std::collections::VecDeque<Bytes>) -> Option<Bytes> {
+    match out.len() {
+        0 => None,
+        1 => out.pop_front(),
+        _ => Some(Bytes::from(
+            out.iter()
+                .flat_map(|piece| piece.iter().copied())
+                .collect::<Vec<u8>>(),
+        )),
     }
 }

@@ -4,57 +4,10 @@ use std::time::Duration;
 use http::StatusCode;
 use tower_layer::Layer;
 
+use crate::config::{Config, OnDuplicate};
 use crate::service::IdGuard;
 use crate::stats::Stats;
 use crate::table::Table;
-
-/// What the guard does with a request whose id is already in flight in its
-/// session.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnDuplicate {
-    /// Forward it with a fresh server-side id and restore the client's id in
-    /// the response. Every caller gets its own result. The default.
-    #[default]
-    Remap,
-    /// Answer it at once with [`IdGuardLayer::reject_status`] (400 by default)
-    /// and a JSON-RPC `-32600` error carrying the offending id; it never
-    /// reaches the inner service.
-    Reject,
-    /// Hold it until the earlier request with that id ends, then forward it
-    /// with its own id: first come, first served per session and id. Costs
-    /// latency (same-id requests of a session run one after another); a request
-    /// that waits longer than [`IdGuardLayer::max_queue_wait`] gets `503` and a
-    /// JSON-RPC `-32000` error carrying its id. A batch containing a duplicate
-    /// is refused as under `Reject`. Waiting uses tokio's timer.
-    Queue,
-}
-
-/// The guard's settings, copied into every service.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Config {
-    pub(crate) on_duplicate: OnDuplicate,
-    pub(crate) reject_status: StatusCode,
-    pub(crate) max_body_bytes: usize,
-    pub(crate) max_in_flight_per_session: usize,
-    pub(crate) max_queue_wait: Duration,
-    pub(crate) rewrite_all_ids: bool,
-    pub(crate) abandoned_id_ttl: Duration,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            on_duplicate: OnDuplicate::Remap,
-            reject_status: StatusCode::BAD_REQUEST,
-            max_body_bytes: 4 * 1024 * 1024,
-            max_in_flight_per_session: 1024,
-            max_queue_wait: Duration::from_secs(30),
-            rewrite_all_ids: false,
-            abandoned_id_ttl: Duration::from_secs(300),
-        }
-    }
-}
 
 /// Applies [`IdGuard`] to a service.
 ///
@@ -141,8 +94,8 @@ impl IdGuardLayer {
         self
     }
 
-    /// Sets how long the id of a given-up exchange stays shadowed (default
-    /// 5 minutes; zero turns shadowing off).
+    /// Sets how long the id of an abandoned exchange is remembered (default
+    /// 5 minutes; zero forgets it at once).
     ///
     /// When a client goes away before its exchange ends (it disconnects, or
     /// drops the request), the inner service fails, or the request is
@@ -152,8 +105,8 @@ impl IdGuardLayer {
     /// long, a new request with that id in the session is therefore given a
     /// server-side id, whatever the policy — never rejected or queued, since the
     /// client did nothing wrong — so the late answer cannot reach it. Pick a
-    /// value above your longest tool call. At most 65 536 shadows are kept per
-    /// layer; past that, given-up ids are released at once (and logged).
+    /// value above your longest tool call. At most 65 536 abandoned ids are
+    /// kept per layer; past that, they are released at once (and logged).
     pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
         self.config.abandoned_id_ttl = ttl;
         self

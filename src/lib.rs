@@ -4,99 +4,139 @@
 //! # The problem
 //! In the stateful streamable-HTTP transport of MCP (protocol revisions
 //! 2025-03-26 to 2025-11-25), a server routes each response back to the POST
-//! that asked for it by JSON-RPC request id alone. When two POSTs in one
+//! that asked for it by JSON-RPC request id alone; the official Python,
+//! TypeScript and Rust (rmcp) SDKs all do. When two POSTs in one
 //! `Mcp-Session-Id` carry the same id at the same time, the later one receives
 //! the earlier one's result, its own result is dropped, and the earlier one
-//! hangs. The spec forbids reusing an id in flight, but widely used clients send
-//! every request with `id: 1` and share one session across conversations.
+//! hangs. The spec forbids reusing an id in flight, but widely used clients
+//! send every request with `id: 1` and share one session across
+//! conversations.
 //!
-//! # The fix
-//! [`IdGuardLayer`] wraps any HTTP service (an rmcp `StreamableHttpService`, an
-//! axum `Router`, a reverse proxy). It reads tracked POST bodies, registers each
-//! request's id in its session before calling the inner service, and on a
-//! duplicate either remaps it ([`OnDuplicate::Remap`], the default: the inner
-//! server sees a unique id and the client's id is restored in the response) or
-//! rejects it ([`OnDuplicate::Reject`]: HTTP 400 and JSON-RPC `-32600` carrying
-//! the id), or queues it until the earlier request with that id has ended
-//! ([`OnDuplicate::Queue`]). An id is free again for the client as soon as its
-//! exchange ends, however it ends (under `Reject` and `Queue`, as soon as the
-//! response event has passed, even if the server keeps the stream open).
+//! # Quick start
+//! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
+//! session before the server does (the whole program is
+//! `examples/quickstart.rs`):
 //!
-//! ```
-//! use mcp_id_guard::{IdGuardLayer, OnDuplicate};
-//! # async fn mcp(_: axum::extract::Request) -> &'static str { "" }
+//! ```no_run
+//! # #[derive(Clone)] struct MyServer;
+//! # impl rmcp::ServerHandler for MyServer {}
+//! # impl MyServer { fn new() -> Self { Self } }
+//! use std::sync::Arc;
+//! use mcp_id_guard::IdGuardLayer;
+//! use rmcp::transport::streamable_http_server::{
+//!     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+//! };
 //!
+//! # #[tokio::main] async fn main() -> std::io::Result<()> {
+//! let mcp = StreamableHttpService::new(
+//!     || Ok(MyServer::new()),
+//!     Arc::new(LocalSessionManager::default()),
+//!     StreamableHttpServerConfig::default(),
+//! );
 //! let guard = IdGuardLayer::new(); // OnDuplicate::Remap
-//! let app: axum::Router = axum::Router::new()
-//!     .route("/mcp", axum::routing::any(mcp))
-//!     .layer(guard.clone());
-//! assert_eq!(guard.stats().in_flight_requests, 0);
+//! let app = axum::Router::new().nest_service("/mcp", mcp).layer(guard.clone());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
 //! ```
 //!
-//! # What is tracked
-//! A `POST` with `Content-Type: application/json` (parameters and case
-//! ignored), an `Mcp-Session-Id` header, no `MCP-Protocol-Version` of
-//! 2026-07-28 or later (that revision has no sessions), and a body that is a
-//! JSON-RPC request (an object with a string `method` and a non-null `id`) or a
-//! batch containing requests. Everything else passes through byte-identical and
-//! untracked: `initialize` (no session yet), notifications, client responses to
-//! server requests, GET and DELETE, other content types, bodies that are not
-//! JSON (the inner server reports its own parse error).
+//! The layer works on any `Service<http::Request<B>>` whose response is an
+//! `http::Response`: an rmcp `StreamableHttpService`, an axum `Router`, a
+//! forwarding proxy ([`proxy`], feature `proxy`). Servers in other languages
+//! get the same protection from the `mcp-id-guard` reverse-proxy binary
+//! (feature `cli`).
 //!
-//! # What the guard reads
-//! Only a message's envelope: its top-level keys, from the front up to the
-//! first object or array value (`params`, `result`) and, when that does not
-//! settle the message, from the back. So it finds `id` without reading the
-//! payload, at any body size, whether a library writes `id` first (rmcp,
-//! the Python SDK's responses) or last (the TypeScript SDK). The payload is
-//! not validated: a body whose envelope reads as a request is tracked even if
-//! its `params` are broken, and the server answers it with its own parse
-//! error. Bodies the envelope does not settle (an escaped key, a
-//! notification with a payload, `notifications/cancelled`, a client's
-//! response, a batch) are parsed whole; if that fails they pass untracked. A
-//! duplicated envelope key (`id`, `method`, `params`, `result`, `error`) seen
-//! either way makes a body unreadable, so it passes untracked, but one
-//! hidden inside the unread middle of a body is not seen: only the client
-//! that wrote such a body can be confused by it. From the inner server, an
-//! `id` with a `result` or `error` read before any `method` is a response.
+//! # Policies
+//! | [`OnDuplicate`] | a request whose id is already in flight in its session | the client sees |
+//! |---|---|---|
+//! | `Remap` (default) | goes to the server with a unique server-side id | its own result, with its own id restored byte for byte |
+//! | `Reject` | never reaches the server | `reject_status` (400) and JSON-RPC `-32600` carrying its id |
+//! | `Queue` | waits, first come first served per session and id, until the earlier exchange ends, then goes with its own id | its own result, later; `503` after `max_queue_wait` |
 //!
-//! # When ids collide
-//! Ids collide when their decoded values are equal, and an integer `n` also
-//! collides with the string `"n"` (the Python SDK routes by `str(id)`): `1`,
-//! `"1"` and `"\u0031"` are one id. `-0` is `0`; an id that is neither a string
-//! nor an integer is compared by its exact JSON text. A request collides with
-//! an earlier request of its own batch, and with a request of its session still
-//! in flight with the same id: under `Remap`, one the server knows by that id
-//! (later duplicates are remapped anyway); under `Reject` and `Queue`, any.
-//! Sequential reuse is always allowed.
+//! An id is free again for the client as soon as its exchange ends, however
+//! it ends (under `Reject` and `Queue`, as soon as the response event has
+//! passed, even if the server keeps the stream open), so sequential reuse
+//! always works. Two ids collide when the server would route them to one
+//! slot: `1`, `"1"` and `"\u0031"` are one id (the Python SDK routes by
+//! `str(id)`). A request also collides with an earlier request of its own
+//! batch. Under `Remap` only a live request the server knows by that very id
+//! counts; under `Reject` and `Queue`, any live request with it.
 //!
-//! # Remapped ids
-//! A remapped request goes to the inner service with the id
-//! `"mcp-id-guard:<instance tag>:<counter>:<original id JSON>"`. The top-level
-//! `id` of every JSON-RPC response (an object with `result` or `error`) that
-//! carries such an id is replaced by the original, byte for byte, in
-//! `application/json` and `text/event-stream` responses; nothing else in the
-//! response changes. A client id that already starts with `mcp-id-guard:` is
-//! always remapped, so restoring unwraps exactly one level.
+//! Under `Queue`, same-id requests of a session run one after another. A
+//! batch containing a duplicate is refused as under `Reject` (holding a whole
+//! batch for one member would delay its other requests behind unrelated
+//! work). A queued request counts against the per-session cap, and one whose
+//! client goes away leaves the queue.
 //!
-//! Responses replayed on a resumed `GET` stream (`Last-Event-ID`) or delivered
-//! on the standalone `GET` stream are restored the same way: the id carries
-//! everything needed, so no state is kept and any guard instance can restore
-//! any other's ids. Event runs that do not contain the prefix are not parsed.
+//! # What is tracked: fail closed
+//! The guard is a security boundary, so it follows one rule: **a POST in a
+//! tracked session whose body any real server could read as a JSON-RPC
+//! request is either tracked under the id that server would see, or answered
+//! by the guard itself, never forwarded untracked.**
 //!
-//! With [`IdGuardLayer::rewrite_all_ids`] every tracked request gets a
-//! server-side id, colliding or not: the server never sees an id twice in a
-//! session, and several guard replicas in front of one server cannot collide
-//! without sharing state.
+//! A session is tracked when the request carries one `Mcp-Session-Id` and no
+//! `MCP-Protocol-Version` of 2026-07-28 or later (that revision has no
+//! sessions, so ids cannot cross-wire). In such a session:
+//! - **every `POST` is read, whatever its `Content-Type`**: servers check it
+//!   loosely (the Python SDK takes `application/json, text/plain`);
+//! - its requests (objects with a string `method` and a non-null `id`, alone
+//!   or in a batch) are tracked; notifications, client responses to server
+//!   requests, `GET` and `DELETE` pass through untracked;
+//! - **ids compare as the servers compare them**: strings by their decoded
+//!   text (`"\u0031"` is `"1"`), numbers by value (`1`, `1.0`, `1e0` and
+//!   `10e-1` are one id: rmcp reads them all as the integer 1), and an
+//!   integer also equals the string of its digits (`1` and `"1"`: the Python
+//!   SDK routes by `str(id)`);
+//! - keys are read decoded (`"\u0069d"` is `id`) and **every top-level key of
+//!   every message is read**, not only the first few, so a second `id` hidden
+//!   after a large payload is seen;
+//! - a UTF-8 byte order mark is dropped before the body is read and
+//!   forwarded (the Python SDK skips one, serde refuses it);
+//! - a body whose first byte (after whitespace) is not `{` or `[` is no
+//!   JSON-RPC message to any server: it passes untracked, byte-identical,
+//!   and the server answers it with its own error (form data, plain text, an
+//!   empty body).
 //!
-//! # Given-up requests
+//! Where servers would read a body differently, the guard refuses it (see the
+//! answers below): a key twice in one message (Python and JavaScript keep the
+//! last, serde refuses), an id that servers read differently (a string that
+//! is not valid Unicode, an integer beyond ±(2^53 − 1), where JavaScript
+//! merges neighbours, a fraction of more than 15 significant digits, `true`,
+//! an object), UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8; the Python SDK
+//! decodes them), a compressed body (Express's body parser inflates request
+//! bodies, so the server would read what the guard cannot see), a body that
+//! starts like JSON but cannot be followed (some
+//! server's parser may still take it), and more than one `Mcp-Session-Id`
+//! header. The guard reads only the structure of a body (its keys and its
+//! ids), never the payload: a request whose `params` are broken is still
+//! tracked, and the server answers it with its own error.
+//!
+//! A remapped request reaches the server with the id
+//! `"mcp-id-guard:<instance tag>:<counter>:<original id JSON>"`; the top-level
+//! `id` of every JSON-RPC response carrying such an id is replaced by the
+//! original, in `application/json` and `text/event-stream` responses, on the
+//! POST's own stream and on `GET` streams (standalone or resumed with
+//! `Last-Event-ID`). The id carries everything needed, so restoring keeps no
+//! state and any guard instance restores any other's ids. A client id that
+//! already starts with `mcp-id-guard:` is itself remapped, so restoring
+//! unwraps exactly one level. Nothing else in a message changes.
+//!
+//! Responses are restored as they stream: bytes go on as they arrive, and
+//! only a response's `id` is held back (with at most 64 KiB after it) until
+//! the message shows it is a response, wherever the `id` sits (first in
+//! rmcp's and Python's responses, last in the TypeScript SDK's), across SSE
+//! `data:` lines and chunk boundaries. Memory per exchange does not grow with
+//! the size of the response. A server message with two `id` keys is passed on
+//! as it is.
+//!
+//! # Abandoned ids
 //! The server may still answer a request the client gave up on: a disconnect
 //! is not a cancellation (spec 2025-06-18, transports), and a handler may
 //! ignore a cancellation. An unguarded server hands that late answer to the
 //! next request that reuses the id. So when an exchange ends before its
 //! response (the client disconnected or dropped the request, the inner
 //! service failed, a panic) or was cancelled, and the server knew it by the
-//! client's own id, the id stays *shadowed* for
+//! client's own id, the id stays *abandoned* for
 //! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
 //! but a new request with it goes to the server with a server-side id, under
 //! every policy (never refused or queued: the client did nothing wrong).
@@ -109,45 +149,63 @@
 //! remapped one. `requestId` is rewritten to the id the server knows the
 //! request by: its server-side id, or the client's id as it was sent (so `"1"`
 //! cancels a request sent as `1` on servers that compare ids by type). The id
-//! is free for the client at once, and shadowed as above. A `requestId` that
+//! is free for the client at once, and abandoned as above. A `requestId` that
 //! matches nothing passes unchanged; a cancellation never affects another
 //! session. In a batch, each cancellation is handled on its own, after the
 //! batch's requests were admitted; a batch the guard refuses cancels nothing.
 //!
-//! # Queueing
-//! Under [`OnDuplicate::Queue`] a duplicate waits, first come first served per
-//! session and id, until the earlier request's exchange ends, and then goes to
-//! the inner service with its own id. Same-id requests of a session therefore
-//! run one after another: each waits for the whole previous exchange. The wait
-//! is bounded by [`IdGuardLayer::max_queue_wait`] (30 s; then `503` and
-//! `-32000`), queued requests count against the per-session cap, and a request
-//! whose client goes away leaves the queue. A batch containing a duplicate is
-//! refused as under `Reject`: holding a whole batch for one member would delay
-//! its other requests behind unrelated work. A waiting request keeps the inner
-//! service that `poll_ready` readied for it, so behind a concurrency limit
-//! (tower's `ConcurrencyLimit`) it holds a permit while it waits; put such
-//! limits outside the guard.
+//! # Replicas
+//! With [`IdGuardLayer::rewrite_all_ids`] every tracked request gets a
+//! server-side id, colliding or not: the server never sees an id twice in a
+//! session, and several guard instances in front of one server cannot collide
+//! without sharing state (each instance's ids carry its own random tag).
 //!
 //! # Answers the guard gives itself
 //! | case | status | JSON-RPC error |
 //! |---|---|---|
 //! | duplicate under `Reject` | `reject_status` (400) | `-32600`, the offending `id` |
-//! | batch with a duplicate under `Reject` | `reject_status` | an array: one error per request of the batch, each with its `id` |
+//! | batch with a duplicate under `Reject` or `Queue` | `reject_status` | an array: one error per request of the batch, each with its `id` |
 //! | body over `max_body_bytes` | 413 | `-32600`, `id: null` |
 //! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
 //! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
+//! | body starts with `{` or `[` but is not JSON the guard can follow | 400 | `-32700`, `id: null` |
+//! | UTF-16 or UTF-32 body | 415 | `-32700`, `id: null` |
+//! | a compressed body (`Content-Encoding` other than `identity`) | 415 | `-32600`, `id: null` |
+//! | a key twice in one message (or in a cancellation's `params`) | 400 | `-32600`, `id: null` |
+//! | a request or cancellation id that servers read differently | 400 | `-32600`, `id: null` |
+//! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |
 //!
-//! The guard reads tracked bodies itself, so a body limit outside it (such as
-//! tower-http's `RequestBodyLimitLayer`) surfaces as a failed read: `400`, not
-//! `413`. Set [`IdGuardLayer::max_body_bytes`] to the limit you want, or put
-//! such layers inside the guard.
+//! # Where to put other layers
+//! - **Outside the guard**: concurrency limits (tower's `ConcurrencyLimit`),
+//!   rate limits, authentication, tracing. A request waiting under `Queue`
+//!   keeps the inner service that `poll_ready` readied for it, so a limit
+//!   *inside* the guard would hold a permit while it waits.
+//! - **Inside the guard**: body limits. The guard reads tracked bodies itself,
+//!   so a limit outside it (such as tower-http's `RequestBodyLimitLayer`)
+//!   surfaces as a failed read, `400`, not `413`: set
+//!   [`IdGuardLayer::max_body_bytes`] instead, or put such layers inside.
+//! - **Compression** of responses belongs outside the guard: it restores ids
+//!   in the server's uncompressed bytes (it drops `Accept-Encoding` on
+//!   requests whose responses it restores).
+//! - **Timeouts** go either side. tower-http's `TimeoutLayer` builds its `408`
+//!   from `Default`, which [`ResponseBody`] implements.
+//!
+//! # Feature flags
+//! | feature | what it adds |
+//! |---|---|
+//! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware |
+//! | `proxy` | [`proxy::Proxy`]: a forwarding service to put the guard in front of an upstream MCP server in any language (hyper client) |
+//! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy`) |
+//! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
 
 mod body;
+mod config;
+mod edit;
 mod envelope;
 mod future;
 mod id;
@@ -155,16 +213,19 @@ mod id;
 #[doc(hidden)]
 pub mod internals;
 mod layer;
+mod prepare;
+mod protocol;
 mod reply;
-mod rewrite;
+mod restore;
 mod service;
 mod sse;
 mod stats;
 mod table;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::OnDuplicate;
 pub use future::ResponseFuture;
-pub use layer::{IdGuardLayer, OnDuplicate};
+pub use layer::IdGuardLayer;
 pub use service::IdGuard;
 pub use stats::Stats;
 

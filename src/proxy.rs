@@ -144,8 +144,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
-use crate::envelope::{peek, Kind, Peeked, Writer};
-use crate::future::media_type;
+use crate::envelope::{peek, Kind, Peeked};
+use crate::protocol::media_type;
 use crate::reply;
 
 mod body;
@@ -478,7 +478,7 @@ impl ErrorIds {
                 .and_then(|range| std::str::from_utf8(&body[range]).ok())
                 .map(str::to_owned)
         };
-        match peek(body, Writer::Client) {
+        match peek(body) {
             Some(Peeked::Single(message)) => id_text(&message).map_or(Self::Null, Self::Single),
             Some(Peeked::Batch(messages)) => {
                 let ids: Vec<String> = messages.iter().filter_map(id_text).collect();

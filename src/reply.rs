@@ -5,10 +5,14 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
+use crate::envelope::Unreadable;
+
 /// JSON-RPC "Invalid Request".
 pub(crate) const INVALID_REQUEST: i32 = -32600;
 /// JSON-RPC implementation-defined server error.
 pub(crate) const SERVER_ERROR: i32 = -32000;
+/// JSON-RPC "Parse error".
+pub(crate) const PARSE_ERROR: i32 = -32700;
 
 pub(crate) const DUPLICATE_MESSAGE: &str =
     "Invalid Request: a request with this id is already in flight in this session";
@@ -73,6 +77,79 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// `413` for a tracked POST over the body limit.
+pub(crate) fn body_too_large(limit: usize) -> Response<Full<Bytes>> {
+    single(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "null",
+        INVALID_REQUEST,
+        &format!("Invalid Request: request body exceeds the limit of {limit} bytes"),
+    )
+}
+
+/// `503` for a request that waited too long under `OnDuplicate::Queue`.
+pub(crate) fn queue_timeout(id: &str) -> Response<Full<Bytes>> {
+    single(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        SERVER_ERROR,
+        QUEUE_TIMEOUT_MESSAGE,
+    )
+}
+
+/// `400` for a tracked POST whose body failed while being read.
+pub(crate) fn body_unreadable() -> Response<Full<Bytes>> {
+    single(
+        StatusCode::BAD_REQUEST,
+        "null",
+        INVALID_REQUEST,
+        "Invalid Request: the request body could not be read",
+    )
+}
+
+/// The guard's answer to a body it will not forward because servers could
+/// read it differently from the guard (see [`Unreadable`]).
+pub(crate) fn unreadable(why: Unreadable) -> Response<Full<Bytes>> {
+    let (status, code, message) = match why {
+        Unreadable::Malformed => (
+            StatusCode::BAD_REQUEST,
+            PARSE_ERROR,
+            "Parse error: the request body is not JSON",
+        ),
+        Unreadable::NotUtf8 => (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            PARSE_ERROR,
+            "Parse error: the request body must be UTF-8 JSON (RFC 8259)",
+        ),
+        Unreadable::Compressed => (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_REQUEST,
+            "Invalid Request: compressed request bodies (Content-Encoding) are not accepted",
+        ),
+        Unreadable::DuplicateKey => (
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            "Invalid Request: a key appears twice in one message",
+        ),
+        Unreadable::Id => (
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            "Invalid Request: a request id must be a string or an integer between -(2^53-1) and 2^53-1",
+        ),
+    };
+    single(status, "null", code, message)
+}
+
+/// `400` for a request that names more than one session.
+pub(crate) fn several_sessions() -> Response<Full<Bytes>> {
+    single(
+        StatusCode::BAD_REQUEST,
+        "null",
+        INVALID_REQUEST,
+        "Invalid Request: more than one Mcp-Session-Id header",
+    )
 }
 
 #[cfg(test)]

@@ -17,13 +17,14 @@ pub struct Stats {
     pub tracked_sessions: usize,
     /// Ids the server may still answer although their exchange has ended (the
     /// client went away before the response, the inner service failed, or the
-    /// request was cancelled): each shadows its id until it expires; see
+    /// request was cancelled): a new request with such an id goes with a
+    /// server-side id until it expires; see
     /// [`IdGuardLayer::abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl).
     pub abandoned_ids: usize,
     /// Requests forwarded at once with the client's own id.
     pub passed_total: u64,
     /// Requests forwarded at once with a server-side id: duplicates under
-    /// [`OnDuplicate::Remap`](crate::OnDuplicate::Remap), shadowed ids, client
+    /// [`OnDuplicate::Remap`](crate::OnDuplicate::Remap), abandoned ids, client
     /// ids in the reserved namespace, and every request with
     /// [`rewrite_all_ids`](crate::IdGuardLayer::rewrite_all_ids).
     pub remapped_total: u64,
@@ -37,7 +38,7 @@ pub struct Stats {
     /// wait (forwarded, timed out with `503`, or left by their client).
     pub queued_total: u64,
     /// `notifications/cancelled` that named a request of the session (which
-    /// frees the id for the client and shadows it).
+    /// frees the id for the client and leaves it abandoned).
     pub cancelled_total: u64,
     /// Client ids put back into responses (JSON or SSE, POST or GET streams).
     pub restored_total: u64,

@@ -29,6 +29,8 @@
 //! the clients' planned disconnect moments and the bounded polling of the
 //! guard's counters. Every wait is bounded.
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,8 +48,10 @@ use axum::Router;
 use bytes::Bytes;
 use futures::channel::mpsc;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
-use serde_json::value::RawValue;
 use serde_json::Value;
+use support::ids::raw_id;
+use support::sse;
+use support::wait::{is_drained, stats_when};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle};
 
@@ -139,23 +143,79 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Python's `str(id)`: an integer and the string of its digits share a key.
-fn str_key(id: &RawValue) -> String {
-    match serde_json::from_str::<Value>(id.get()) {
-        Ok(Value::String(text)) => text,
-        Ok(other) => other.to_string(),
-        Err(_) => id.get().to_owned(),
+/// Python's `str(id)` after pydantic's `int | str` validation: an integer
+/// and the string of its digits share a key, and a float with an integral
+/// value (`1.0`, `1e0`) is the integer.
+fn str_key(id: &Value) -> String {
+    match id {
+        Value::String(text) => text.clone(),
+        Value::Number(number) => match number.as_f64() {
+            Some(value) if number.is_f64() && value.fract() == 0.0 && value.abs() < 9.0e15 => {
+                format!("{}", value as i64)
+            }
+            _ => number.to_string(),
+        },
+        other => other.to_string(),
     }
 }
 
-/// The parts of a JSON-RPC message the upstream looks at.
-#[derive(serde::Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    method: Option<String>,
-    #[serde(default)]
-    params: Value,
+/// Reads a POST body the way the Python SDK (mcp 1.27) does: the content type
+/// passes when any comma-separated part of its media type is
+/// `application/json`; `json.loads` on bytes skips a UTF-8 byte order mark and
+/// decodes UTF-16 and UTF-32 (found by a BOM or by NUL bytes, as RFC 4627
+/// did); a key given twice keeps its last value (`serde_json::Value` does the
+/// same). `Err` carries the status the SDK answers.
+fn read_like_python(headers: &HeaderMap, body: &[u8]) -> Result<Value, StatusCode> {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let media = content_type.split(';').next().unwrap_or_default();
+    if !media
+        .split(',')
+        .any(|part| part.trim() == "application/json")
+    {
+        return Err(StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+    let utf16 = |bytes: &[u8], little: bool| -> Option<String> {
+        let units = bytes.chunks_exact(2).map(|pair| {
+            if little {
+                u16::from_le_bytes([pair[0], pair[1]])
+            } else {
+                u16::from_be_bytes([pair[0], pair[1]])
+            }
+        });
+        char::decode_utf16(units)
+            .collect::<Result<String, _>>()
+            .ok()
+    };
+    let utf32 = |bytes: &[u8], little: bool| -> Option<String> {
+        bytes
+            .chunks_exact(4)
+            .map(|quad| {
+                let quad = [quad[0], quad[1], quad[2], quad[3]];
+                char::from_u32(if little {
+                    u32::from_le_bytes(quad)
+                } else {
+                    u32::from_be_bytes(quad)
+                })
+            })
+            .collect()
+    };
+    let text = match body {
+        [0xEF, 0xBB, 0xBF, rest @ ..] => std::str::from_utf8(rest).ok().map(str::to_owned),
+        [0xFF, 0xFE, 0, 0, rest @ ..] => utf32(rest, true),
+        [0, 0, 0xFE, 0xFF, rest @ ..] => utf32(rest, false),
+        [0xFF, 0xFE, rest @ ..] => utf16(rest, true),
+        [0xFE, 0xFF, rest @ ..] => utf16(rest, false),
+        [0, 0, _, _, ..] => utf32(body, false),
+        [0, _, ..] => utf16(body, false),
+        [_, 0, 0, 0, ..] => utf32(body, true),
+        [_, 0, ..] => utf16(body, true),
+        _ => std::str::from_utf8(body).ok().map(str::to_owned),
+    };
+    let text = text.ok_or(StatusCode::BAD_REQUEST)?;
+    serde_json::from_str(&text).map_err(|_| StatusCode::BAD_REQUEST)
 }
 
 impl Upstream {
@@ -178,13 +238,12 @@ impl Upstream {
         }
     }
 
-    fn initialize(&self, id: &RawValue) -> Response {
+    fn initialize(&self, id: &Value) -> Response {
         let n = self.next_session.fetch_add(1, Ordering::Relaxed);
         let session_id = format!("soak-{n:05}-{:08x}", std::process::id());
         lock(&self.sessions).insert(session_id.clone(), Arc::default());
         let body = format!(
-            r#"{{"jsonrpc":"2.0","id":{},"result":{{"protocolVersion":"2025-06-18","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"scripted","version":"0"}}}}}}"#,
-            id.get()
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"protocolVersion":"2025-06-18","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"scripted","version":"0"}}}}}}"#
         );
         let mut response = ([("content-type", "application/json")], body).into_response();
         response.headers_mut().insert(
@@ -199,7 +258,7 @@ impl Upstream {
     fn call(
         self: &Arc<Self>,
         session: Arc<Mutex<SessionState>>,
-        id: &RawValue,
+        id: &Value,
         params: &Value,
     ) -> Response {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +270,7 @@ impl Upstream {
         let delay = Duration::from_millis(arguments["delay_ms"].as_u64().unwrap_or(0));
         let abortable = arguments["abortable"].as_bool().unwrap_or(false);
         let key = str_key(id);
-        let raw_id = id.get().to_owned();
+        let raw_id = id.to_string();
         let (sender, receiver) = mpsc::unbounded();
         let aborted = Arc::new(AtomicBool::new(false));
 
@@ -290,10 +349,7 @@ impl Upstream {
     /// slot if it is abortable, ending the stream in that slot unanswered.
     fn cancel(&self, session: &Mutex<SessionState>, request_id: &Value) {
         self.counters.cancels.fetch_add(1, Ordering::Relaxed);
-        let key = match request_id {
-            Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
+        let key = str_key(request_id);
         let mut state = lock(session);
         match state.handlers.get(&key) {
             None => {
@@ -325,19 +381,23 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Ok(message) = serde_json::from_slice::<Message<'_>>(&body) else {
-        return (StatusCode::BAD_REQUEST, "not a JSON-RPC message").into_response();
+    let message = match read_like_python(&headers, &body) {
+        Ok(message) => message,
+        Err(status) => return (status, "not a JSON-RPC message").into_response(),
     };
-    match (message.method.as_deref(), message.id) {
+    let id = message.get("id").filter(|id| !id.is_null());
+    let method = message.get("method").and_then(Value::as_str);
+    let params = message.get("params").cloned().unwrap_or_default();
+    match (method, id) {
         (Some("initialize"), Some(id)) => upstream.initialize(id),
         (Some(method), id) => {
             let Some(session) = upstream.session(&headers) else {
                 return (StatusCode::NOT_FOUND, "unknown session").into_response();
             };
             match (method, id) {
-                ("tools/call", Some(id)) => upstream.call(session, id, &message.params),
+                ("tools/call", Some(id)) => upstream.call(session, id, &params),
                 ("notifications/cancelled", None) => {
-                    upstream.cancel(&session, &message.params["requestId"]);
+                    upstream.cancel(&session, &params["requestId"]);
                     StatusCode::ACCEPTED.into_response()
                 }
                 (_, None) => StatusCode::ACCEPTED.into_response(),
@@ -708,42 +768,11 @@ impl Client {
     }
 }
 
-/// The exact JSON text of a message's top-level `id`.
-fn raw_id(json: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Envelope<'a> {
-        #[serde(borrow)]
-        id: Option<&'a RawValue>,
-    }
-    let envelope: Envelope<'_> = serde_json::from_str(json).ok()?;
-    envelope.id.map(|id| id.get().to_owned())
-}
-
-/// The JSON-RPC responses in the complete events of an SSE body.
-fn sse_answers(body: &str) -> Vec<String> {
-    let normalized = body.replace("\r\n", "\n");
-    let mut events: Vec<&str> = normalized.split("\n\n").collect();
-    events.pop(); // not terminated by a blank line
-    events
-        .into_iter()
-        .filter_map(|event| {
-            let data: Vec<&str> = event
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .map(|data| data.strip_prefix(' ').unwrap_or(data))
-                .collect();
-            let data = data.join("\n");
-            let value: Value = serde_json::from_str(&data).ok()?;
-            (value.get("result").is_some() || value.get("error").is_some()).then_some(data)
-        })
-        .collect()
-}
-
 fn classify_stream(planned: &Planned, body: &str) -> Outcome {
     if body.contains("mcp-id-guard:") {
         return Outcome::Wrong(format!("a server-side id reached the client: {body}"));
     }
-    let answers = sse_answers(body);
+    let answers = sse::responses(body);
     match answers.as_slice() {
         [] => Outcome::EndedWithoutAnswer,
         [answer] => {
@@ -956,7 +985,7 @@ async fn soak(
     let elapsed = started.elapsed();
 
     let stats = match &guard {
-        Some(layer) => Some(drained(layer).await),
+        Some(layer) => Some(stats_when(layer, WAIT_BOUND, is_drained).await),
         None => None,
     };
     let aborted = lock(&server.upstream.aborted).clone();
@@ -1027,23 +1056,6 @@ async fn soak(
         upstream,
         stats,
     })
-}
-
-/// Polls the guard's counters until nothing is in flight and no session is
-/// tracked, or `WAIT_BOUND` passes; returns the last snapshot. The guard
-/// releases an exchange when the server side of its response ends, which may
-/// trail what the client saw.
-async fn drained(layer: &IdGuardLayer) -> Stats {
-    let deadline = Instant::now() + WAIT_BOUND;
-    loop {
-        let stats = layer.stats();
-        if (stats.in_flight_requests == 0 && stats.tracked_sessions == 0)
-            || Instant::now() >= deadline
-        {
-            return stats;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1276,6 +1288,214 @@ async fn soak_10k_rewrite_all_ids() -> anyhow::Result<()> {
 async fn soak_full_100k_all_policies() -> anyhow::Result<()> {
     for policy in Policy::ALL {
         guarded_soak(policy, 100_000, "100k").await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Fail closed: what the Python SDK reads, the guard tracks or answers
+// ---------------------------------------------------------------------------
+
+/// How B's `id: 1` request is written: each is one the Python SDK reads as a
+/// `tools/call` with id 1 (see [`read_like_python`]).
+#[derive(Debug, Clone, Copy)]
+enum Spelling {
+    /// `Content-Type: application/json, text/plain`.
+    ContentTypeList,
+    /// `"id":2` first, `"id":1` last: the last one wins.
+    DuplicateId,
+    /// A UTF-8 byte order mark before the JSON.
+    Bom,
+    /// UTF-16 (little endian, with a BOM).
+    Utf16,
+    /// UTF-32 (big endian, no BOM).
+    Utf32,
+}
+
+/// A `tools/call` body with `id_json`, working `delay_ms`.
+fn call_body(id_json: &str, sentinel: &str, delay_ms: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id_json},"method":"tools/call","params":{{"name":"echo","arguments":{{"sentinel":"{sentinel}","delay_ms":{delay_ms}}}}}}}"#
+    )
+}
+
+impl Spelling {
+    /// B's request: its content type and body bytes.
+    fn request(self, sentinel: &str, delay_ms: u64) -> (&'static str, Vec<u8>) {
+        let body = call_body("1", sentinel, delay_ms);
+        match self {
+            Spelling::ContentTypeList => ("application/json, text/plain", body.into_bytes()),
+            Spelling::DuplicateId => {
+                let twice = format!(r#"{{"id":2,{}"#, &body[1..]);
+                ("application/json", twice.into_bytes())
+            }
+            Spelling::Bom => {
+                let mut bytes = b"\xEF\xBB\xBF".to_vec();
+                bytes.extend_from_slice(body.as_bytes());
+                ("application/json", bytes)
+            }
+            Spelling::Utf16 => {
+                let mut bytes = vec![0xFF, 0xFE];
+                bytes.extend(body.encode_utf16().flat_map(u16::to_le_bytes));
+                ("application/json", bytes)
+            }
+            Spelling::Utf32 => {
+                let bytes = body
+                    .chars()
+                    .flat_map(|c| u32::from(c).to_be_bytes())
+                    .collect();
+                ("application/json", bytes)
+            }
+        }
+    }
+}
+
+/// What one POST of the pair brought back within `bound`.
+#[derive(Debug, PartialEq, Eq)]
+enum Got {
+    /// Its own answer (its sentinel).
+    Own,
+    /// Another request's answer.
+    Other(String),
+    /// No answer in time.
+    Hung,
+    /// An HTTP error status.
+    Refused(u16),
+}
+
+async fn send(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    sentinel: &str,
+    bound: Duration,
+) -> Got {
+    let exchange = async {
+        let response = http
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", content_type)
+            .header("mcp-protocol-version", "2025-06-18")
+            .header("mcp-session-id", session)
+            .body(body)
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return Some(Got::Refused(response.status().as_u16()));
+        }
+        let text = response.text().await.ok()?;
+        let answer = sse::responses(&text).into_iter().next()?;
+        let value: Value = serde_json::from_str(&answer).ok()?;
+        let echo = value["result"]["echo"].as_str()?.to_owned();
+        Some(if echo == sentinel {
+            Got::Own
+        } else {
+            Got::Other(echo)
+        })
+    };
+    tokio::time::timeout(bound, exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(Got::Hung)
+}
+
+/// The seed's pair on the Python-faithful upstream: A (`id: 1`, answers after
+/// 600 ms) is in flight when B (`id: 1` written as `spelling`, answers after
+/// 1 s) arrives. Returns what A and B got.
+async fn python_pair(
+    guard: Option<IdGuardLayer>,
+    spelling: Spelling,
+) -> anyhow::Result<(Got, Got)> {
+    let server = Server::start(guard).await?;
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build()?,
+        url: server.url.clone(),
+        bound: WAIT_BOUND,
+        queue_wait: None,
+    };
+    let session = client.initialize().await?;
+    let bound = Duration::from_secs(3);
+    let a = tokio::spawn({
+        let (http, url, session) = (client.http.clone(), server.url.clone(), session.clone());
+        async move {
+            let body = call_body("1", "A", 600).into_bytes();
+            send(&http, &url, &session, "application/json", body, "A", bound).await
+        }
+    });
+    // A has reached the upstream (its slot is taken) before B is sent.
+    let deadline = Instant::now() + WAIT_BOUND;
+    while server.upstream.counters.requests.load(Ordering::Relaxed) == 0 {
+        anyhow::ensure!(Instant::now() < deadline, "A never reached the upstream");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (content_type, body) = spelling.request("B", 1000);
+    let b = send(
+        &client.http,
+        &server.url,
+        &session,
+        content_type,
+        body,
+        "B",
+        bound,
+    )
+    .await;
+    let a = a.await?;
+    server.stop().await;
+    Ok((a, b))
+}
+
+const SPELLINGS: [Spelling; 5] = [
+    Spelling::ContentTypeList,
+    Spelling::DuplicateId,
+    Spelling::Bom,
+    Spelling::Utf16,
+    Spelling::Utf32,
+];
+
+/// Control: the Python-faithful upstream reads every spelling as id 1, so
+/// the pair cross-wires bare (B gets A's answer, or A never gets one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_spellings_of_one_id_cross_wire_bare() -> anyhow::Result<()> {
+    let pairs =
+        futures::future::join_all(SPELLINGS.map(|spelling| python_pair(None, spelling))).await;
+    for (spelling, pair) in SPELLINGS.iter().zip(pairs) {
+        let (a, b) = pair?;
+        assert!(
+            b == Got::Other("A".into()) || a == Got::Hung,
+            "{spelling:?}: the bare upstream cross-wires: A {a:?}, B {b:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Through the guard every spelling is tracked as id 1 (remapped: B gets its
+/// own answer) or refused by the guard itself (B never reaches the upstream);
+/// A always gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_spellings_of_one_id_are_tracked_or_refused() -> anyhow::Result<()> {
+    let layers = SPELLINGS.map(|_| IdGuardLayer::new());
+    let pairs = futures::future::join_all(
+        SPELLINGS
+            .iter()
+            .zip(&layers)
+            .map(|(spelling, layer)| python_pair(Some(layer.clone()), *spelling)),
+    )
+    .await;
+    for ((spelling, pair), layer) in SPELLINGS.iter().zip(pairs).zip(&layers) {
+        let (a, b) = pair?;
+        assert_eq!(a, Got::Own, "{spelling:?}: A gets its own answer");
+        let expected = match spelling {
+            Spelling::ContentTypeList | Spelling::Bom => Got::Own,
+            Spelling::DuplicateId => Got::Refused(400),
+            Spelling::Utf16 | Spelling::Utf32 => Got::Refused(415),
+        };
+        assert_eq!(b, expected, "{spelling:?}");
+        let remapped = u64::from(expected == Got::Own);
+        assert_eq!(layer.stats().remapped_total, remapped, "{spelling:?}");
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Fuzz checks for `mcp-id-guard`, shared by the cargo-fuzz targets in
-//! `fuzz_targets/` and by the root package's `tests/fuzz_regressions.rs`
+//! `fuzz_targets/` and by the root package's `tests/guard/fuzz_regressions.rs`
 //! (which includes this file with `#[path]`), so CI runs every check over
 //! the committed seeds and crash inputs without a fuzzer.
 
@@ -13,7 +13,7 @@ pub mod sse_rewriter;
 /// to go on past it (while a bug is open) or to stop on it (the fuzz targets
 /// do: all four are fixed, see "Fix four bugs found by fuzzing"). Each has
 /// an input under `regressions/` and a regression test in
-/// `tests/fuzz_regressions.rs`.
+/// `tests/guard/fuzz_regressions.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KnownBug {
     /// A restored original id whose JSON text holds a raw CR or LF (JSON

@@ -68,6 +68,11 @@ pub fn restore_decoded(raw: &str) -> Option<String> {
         return None;
     }
     let decoded: String = serde_json::from_str(raw).ok()?;
+    // Guards mint only string and number ids, which hold no raw line break;
+    // one that does could not stay inside an SSE data line.
+    if decoded.contains(['\r', '\n']) {
+        return None;
+    }
     let rest = decoded.strip_prefix(PREFIX)?;
     let (tag, rest) = rest.split_once(':')?;
     let (serial, original) = rest.split_once(':')?;

@@ -1,0 +1,507 @@
+//! The one JSON-RPC envelope reader, shared by the request path (find requests
+//! and their ids) and the response path (find responses whose ids need
+//! restoring).
+//!
+//! It borrows: ids are located as byte ranges of the input, so callers can
+//! splice replacement bytes at exact offsets ([`crate::edit`]) without
+//! re-serializing a message. Underneath is one incremental structural
+//! [`scan::Scanner`]: the request path runs it over a whole body, the
+//! response path ([`crate::restore`]) over a stream, chunk by chunk.
+//!
+//! # Reading like the servers
+//! A client's body is read the way the most lenient server the guard fronts
+//! would read it, and where servers disagree the guard refuses the body
+//! ([`Unreadable`]) rather than guess:
+//! - every top-level key of every message is read (string and nested values
+//!   skipped with memchr, never parsed), keys decoded (`"\u0069d"` is `id`),
+//!   and a key seen twice in a message refuses the body: Python and
+//!   JavaScript keep the last, serde refuses, so no reading is safe;
+//! - ids are compared by value ([`crate::id`]), and an id servers read
+//!   differently refuses the body;
+//! - a body that starts like JSON but cannot be followed refuses the body:
+//!   some server's parser may still accept it;
+//! - UTF-16 and UTF-32 bodies are refused (RFC 8259 §8.1: JSON exchanged
+//!   between systems is UTF-8; the Python SDK decodes them); the caller drops
+//!   a UTF-8 byte order mark first ([`utf8_bom`]).
+//!
+//! The payload (`params`, `result`) is not validated: a request whose
+//! `params` are broken is still tracked, and the server answers it with its
+//! own error. A body whose first byte (after whitespace) is not `{` or `[` is
+//! no JSON-RPC message to any server and passes untracked.
+
+pub(crate) mod scan;
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::ops::Range;
+
+use scan::{is_whitespace, Event, Scanner};
+
+/// What one JSON-RPC message in a body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// An object with a string `method` and a non-null `id`.
+    Request,
+    /// An object with a string `method` and no (or a null) `id`.
+    Notification,
+    /// An object with a non-null `result` or `error` and no `method`.
+    Response,
+    /// Anything else (not a JSON-RPC message we act on).
+    Other,
+}
+
+/// One message of a body: its kind and where its top-level `id` token sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Message {
+    pub(crate) kind: Kind,
+    /// Byte range of the `id` value's JSON text inside the read input,
+    /// `None` when the message has no id or `id` is `null`.
+    pub(crate) id: Option<Range<usize>>,
+    /// For a `notifications/cancelled`, the byte range of `params.requestId`
+    /// (absent or `null`: `None`).
+    pub(crate) cancels: Option<Range<usize>>,
+}
+
+/// The shape of a read body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Peeked {
+    /// A single JSON-RPC message (an object).
+    Single(Message),
+    /// A batch (JSON array); one entry per element, in order.
+    Batch(Vec<Message>),
+}
+
+impl Peeked {
+    /// The messages, in order, whatever the shape.
+    pub(crate) fn messages(&self) -> &[Message] {
+        match self {
+            Peeked::Single(message) => std::slice::from_ref(message),
+            Peeked::Batch(messages) => messages,
+        }
+    }
+
+    /// The requests' ids, in order: where each sits in `input` (the body this
+    /// was read from) and its JSON text.
+    pub(crate) fn request_ids<'a>(
+        &self,
+        input: &'a [u8],
+    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+        self.messages()
+            .iter()
+            .filter(|message| message.kind == Kind::Request)
+            .filter_map(move |message| token(input, message.id.clone()?))
+    }
+
+    /// The `params.requestId` of each `notifications/cancelled`, in order:
+    /// where it sits in `input` and its JSON text.
+    pub(crate) fn cancelled_ids<'a>(
+        &self,
+        input: &'a [u8],
+    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+        self.messages()
+            .iter()
+            .filter_map(move |message| token(input, message.cancels.clone()?))
+    }
+}
+
+/// A token's range and text. Ranges handed out by [`read`] are validated
+/// ids, which are UTF-8.
+fn token(input: &[u8], range: Range<usize>) -> Option<(Range<usize>, &str)> {
+    let text = std::str::from_utf8(&input[range.clone()]).ok()?;
+    Some((range, text))
+}
+
+/// Why the guard answers a body itself instead of forwarding it: some server
+/// could read it as a request the guard would not track as that server sees
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unreadable {
+    /// It starts like JSON (`{` or `[`) but is not JSON the guard can follow.
+    Malformed,
+    /// UTF-16 or UTF-32 rather than UTF-8.
+    NotUtf8,
+    /// Compressed (`Content-Encoding`): a server that inflates request bodies
+    /// (Express's body parser does) reads what the guard cannot see.
+    Compressed,
+    /// A key appears twice in one message (or in a cancellation's `params`).
+    DuplicateKey,
+    /// A request (or cancellation) id that servers read differently; see
+    /// [`crate::id::key_of`].
+    Id,
+}
+
+/// How the guard reads a client's body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// Not a JSON object or array: no server reads it as JSON-RPC.
+    NotJsonRpc,
+    /// Read: its messages.
+    Read(Peeked),
+    /// The guard answers it itself.
+    Unreadable(Unreadable),
+}
+
+/// The messages of a body, when [`read`] reads it.
+pub(crate) fn peek(input: &[u8]) -> Option<Peeked> {
+    match read(input) {
+        Reading::Read(peeked) => Some(peeked),
+        Reading::NotJsonRpc | Reading::Unreadable(_) => None,
+    }
+}
+
+/// The length of a UTF-8 byte order mark at the start of `body` (3), or 0.
+/// The Python SDK skips one; the guard drops it before reading and
+/// forwarding, so every server reads the same bytes.
+pub(crate) fn utf8_bom(body: &[u8]) -> usize {
+    if body.starts_with(b"\xEF\xBB\xBF") {
+        3
+    } else {
+        0
+    }
+}
+
+/// The method whose `params.requestId` names a request to cancel.
+const CANCELLED: &str = "notifications/cancelled";
+
+/// Reads a body (see the module docs).
+pub(crate) fn read(input: &[u8]) -> Reading {
+    // Python's `json.loads` detects UTF-16 and UTF-32 by a byte order mark
+    // or by NUL bytes among the first two, as RFC 4627 did; UTF-8 JSON has
+    // neither.
+    let wide = input.starts_with(b"\xFE\xFF")
+        || input.starts_with(b"\xFF\xFE")
+        || (input.len() >= 2 && (input[0] == 0 || input[1] == 0));
+    if wide {
+        return Reading::Unreadable(Unreadable::NotUtf8);
+    }
+    // A second byte order mark (the caller dropped the first): no parser
+    // reads one, but a body that hides JSON behind marks is no accident.
+    if utf8_bom(input) > 0 {
+        return Reading::Unreadable(Unreadable::Malformed);
+    }
+    let first = input.iter().copied().find(|byte| !is_whitespace(*byte));
+    if !matches!(first, Some(b'{' | b'[')) {
+        return Reading::NotJsonRpc;
+    }
+    match read_messages(input) {
+        Ok(peeked) => Reading::Read(peeked),
+        Err(unreadable) => Reading::Unreadable(unreadable),
+    }
+}
+
+/// One member of a message: its key token and value range.
+#[derive(Debug, Clone)]
+struct Member {
+    key: Range<usize>,
+    escaped: bool,
+    value: Range<usize>,
+}
+
+/// The members of each message of a JSON text, in order; `None` entries are
+/// batch elements that are not objects.
+type Messages = Vec<Option<Vec<Member>>>;
+
+/// Whether a JSON text is a batch, and its [`Messages`].
+fn members(input: &[u8]) -> Result<(bool, Messages), Unreadable> {
+    let mut scanner = Scanner::default();
+    let mut events = Vec::new();
+    scanner
+        .feed(input, &mut events)
+        .and_then(|()| scanner.finish(&mut events))
+        .map_err(|_| Unreadable::Malformed)?;
+    let mut messages = Vec::new();
+    let mut current: Option<Vec<Member>> = None;
+    let mut key: Option<(Range<usize>, bool)> = None;
+    let mut value_start = 0;
+    for event in events {
+        match event {
+            Event::MessageStart(_) => current = Some(Vec::new()),
+            Event::Key { token, escaped, .. } => key = Some((token, escaped)),
+            Event::ValueStart(at) => value_start = at,
+            Event::ValueEnd(end) => {
+                if let (Some(members), Some((key, escaped))) = (current.as_mut(), key.take()) {
+                    members.push(Member {
+                        key,
+                        escaped,
+                        value: value_start..end,
+                    });
+                }
+            }
+            Event::MessageEnd(_) => messages.push(current.take()),
+            Event::OtherElement => messages.push(None),
+        }
+    }
+    Ok((scanner.is_batch(), messages))
+}
+
+/// A key's decoded text.
+fn key_text<'a>(input: &'a [u8], member: &Member) -> Result<Cow<'a, str>, Unreadable> {
+    let token = &input[member.key.clone()];
+    if member.escaped {
+        return serde_json::from_slice::<String>(token)
+            .map(Cow::Owned)
+            .map_err(|_| Unreadable::Malformed);
+    }
+    std::str::from_utf8(&token[1..token.len() - 1])
+        .map(Cow::Borrowed)
+        .map_err(|_| Unreadable::Malformed)
+}
+
+/// The message's members by decoded key, refusing a key seen twice. Returns
+/// the value ranges of the keys in `wanted`, in that order.
+fn envelope<const N: usize>(
+    input: &[u8],
+    members: &[Member],
+    wanted: [&str; N],
+) -> Result<[Option<Range<usize>>; N], Unreadable> {
+    let mut found: [Option<Range<usize>>; N] = std::array::from_fn(|_| None);
+    // Most messages have a handful of keys: compare them pairwise; many keys
+    // (which a client chooses) go through a set, so the cost stays linear.
+    let mut seen: Vec<Cow<'_, str>> = Vec::with_capacity(members.len().min(8));
+    let mut many: HashSet<Cow<'_, str>> = HashSet::new();
+    for member in members {
+        let key = key_text(input, member)?;
+        if let Some(slot) = wanted.iter().position(|name| *name == key) {
+            found[slot] = Some(member.value.clone());
+        }
+        let fresh = if members.len() <= 8 {
+            let fresh = !seen.contains(&key);
+            seen.push(key);
+            fresh
+        } else {
+            many.insert(key)
+        };
+        if !fresh {
+            return Err(Unreadable::DuplicateKey);
+        }
+    }
+    Ok(found)
+}
+
+/// A JSON string token's decoded text.
+fn string_text(token: &[u8]) -> Option<Cow<'_, str>> {
+    if token.first() != Some(&b'"') {
+        return None;
+    }
+    serde_json::from_slice::<Cow<'_, str>>(token).ok()
+}
+
+/// Whether the token is an id servers agree on.
+fn check_id(token: &[u8]) -> Result<(), Unreadable> {
+    std::str::from_utf8(token)
+        .ok()
+        .and_then(crate::id::key_of)
+        .map(|_| ())
+        .ok_or(Unreadable::Id)
+}
+
+fn read_messages(input: &[u8]) -> Result<Peeked, Unreadable> {
+    let (batch, messages) = members(input)?;
+    let mut read = Vec::with_capacity(messages.len());
+    for message in messages {
+        read.push(match message {
+            Some(members) => classify(input, &members)?,
+            None => Message {
+                kind: Kind::Other,
+                id: None,
+                cancels: None,
+            },
+        });
+    }
+    if batch {
+        return Ok(Peeked::Batch(read));
+    }
+    read.pop().map(Peeked::Single).ok_or(Unreadable::Malformed)
+}
+
+fn classify(input: &[u8], members: &[Member]) -> Result<Message, Unreadable> {
+    let [id, method, params, result, error] = envelope(
+        input,
+        members,
+        ["id", "method", "params", "result", "error"],
+    )?;
+    let id = id.filter(|range| &input[range.clone()] != b"null");
+    let method = match method {
+        Some(range) if input[range.start] == b'"' => {
+            Some(string_text(&input[range]).ok_or(Unreadable::Malformed)?)
+        }
+        _ => None,
+    };
+    let answers = |range: Option<Range<usize>>| range.is_some_and(|range| &input[range] != b"null");
+    let kind = match (&method, &id) {
+        (Some(_), Some(_)) => Kind::Request,
+        (Some(_), None) => Kind::Notification,
+        (None, _) if answers(result) || answers(error) => Kind::Response,
+        (None, _) => Kind::Other,
+    };
+    if kind == Kind::Request {
+        if let Some(id) = &id {
+            check_id(&input[id.clone()])?;
+        }
+    }
+    let cancels = match (kind, method.as_deref(), params) {
+        (Kind::Notification, Some(CANCELLED), Some(params)) if input[params.start] == b'{' => {
+            cancelled_request(input, params)?
+        }
+        _ => None,
+    };
+    Ok(Message { kind, id, cancels })
+}
+
+/// The `requestId` in a cancellation's `params` object (at `params` in
+/// `input`), in `input` coordinates.
+fn cancelled_request(
+    input: &[u8],
+    params: Range<usize>,
+) -> Result<Option<Range<usize>>, Unreadable> {
+    let inner = &input[params.clone()];
+    let (_, messages) = members(inner)?;
+    let Some(Some(members)) = messages.first() else {
+        return Ok(None);
+    };
+    let [request_id] = envelope(inner, members, ["requestId"])?;
+    let Some(request_id) = request_id.filter(|range| &inner[range.clone()] != b"null") else {
+        return Ok(None);
+    };
+    check_id(&inner[request_id.clone()])?;
+    Ok(Some(
+        params.start + request_id.start..params.start + request_id.end,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn single(input: &str) -> Message {
+        match read(input.as_bytes()) {
+            Reading::Read(Peeked::Single(message)) => message,
+            other => panic!("expected a single message, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn finds_request_id_offsets() {
+        let body = r#"{"jsonrpc":"2.0","id": "a\"b" ,"method":"x","params":{"id":9}}"#;
+        let message = single(body);
+        assert_eq!(message.kind, Kind::Request);
+        assert_eq!(&body[message.id.unwrap()], r#""a\"b""#);
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(single(r#"{"method":"n"}"#).kind, Kind::Notification);
+        assert_eq!(
+            single(r#"{"method":"n","id":null}"#).kind,
+            Kind::Notification
+        );
+        assert_eq!(single(r#"{"id":1,"result":{}}"#).kind, Kind::Response);
+        assert_eq!(
+            single(r#"{"id":1,"error":{"code":1}}"#).kind,
+            Kind::Response
+        );
+        assert_eq!(single(r#"{"id":1,"method":7}"#).kind, Kind::Other);
+        assert_eq!(single(r#"{"id":1}"#).kind, Kind::Other);
+    }
+
+    #[test]
+    fn rejects_non_json_and_duplicate_keys() {
+        assert_eq!(peek(b""), None);
+        assert_eq!(peek(b"{"), None);
+        assert_eq!(peek(b"12"), None);
+        assert_eq!(peek(br#"" {}""#), None);
+        assert_eq!(peek(br#"{"id":1,"id":2,"method":"x"}"#), None);
+    }
+
+    #[test]
+    fn batch_offsets_point_into_the_whole_body() {
+        let body = r#"[{"id":1,"method":"a"}, [2,"m"], {"method":"n"}, {"id":"z","result":1}]"#;
+        let Some(Peeked::Batch(messages)) = peek(body.as_bytes()) else {
+            panic!("batch expected")
+        };
+        assert_eq!(messages.len(), 4);
+        assert_eq!(&body[messages[0].id.clone().unwrap()], "1");
+        assert_eq!(messages[1].kind, Kind::Other);
+        assert_eq!(messages[2].kind, Kind::Notification);
+        assert_eq!(&body[messages[3].id.clone().unwrap()], r#""z""#);
+    }
+
+    #[test]
+    fn finds_the_cancelled_request_id() {
+        let body = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"x","requestId":"a"}}"#;
+        let message = single(body);
+        assert_eq!(message.kind, Kind::Notification);
+        assert_eq!(&body[message.cancels.unwrap()], r#""a""#);
+        assert_eq!(
+            single(r#"{"method":"notifications/cancelled","params":{}}"#).cancels,
+            None
+        );
+        assert_eq!(
+            single(r#"{"method":"other","params":{"requestId":1}}"#).cancels,
+            None
+        );
+        assert_eq!(
+            single(r#"{"method":"notifications/cancelled","params":{"requestId":null}}"#).cancels,
+            None
+        );
+    }
+
+    #[test]
+    fn reading_like_the_servers() {
+        let refused = |body: &[u8]| match read(body) {
+            Reading::Unreadable(why) => Some(why),
+            _ => None,
+        };
+        // A duplicate hidden after a large payload, and one spelled with an escape.
+        let mut hidden =
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":""#.to_vec();
+        hidden.extend(std::iter::repeat_n(b'a', 100_000));
+        hidden.extend_from_slice(br#""},"id":2}"#);
+        assert_eq!(refused(&hidden), Some(Unreadable::DuplicateKey));
+        assert_eq!(
+            refused(br#"{"id":1,"\u0069d":2,"method":"m"}"#),
+            Some(Unreadable::DuplicateKey)
+        );
+        assert_eq!(
+            refused(br#"{"id":1,"method":"m","params":{},"params":{}}"#),
+            Some(Unreadable::DuplicateKey)
+        );
+        assert_eq!(
+            refused(
+                br#"{"method":"notifications/cancelled","params":{"requestId":1,"requestId":2}}"#
+            ),
+            Some(Unreadable::DuplicateKey)
+        );
+        assert_eq!(
+            refused(br#"{"id":1e400,"method":"m"}"#),
+            Some(Unreadable::Id)
+        );
+        assert_eq!(
+            refused(br#"{"id":true,"method":"m"}"#),
+            Some(Unreadable::Id)
+        );
+        assert_eq!(
+            refused(br#"{"id":"\ud800","method":"m"}"#),
+            Some(Unreadable::Id)
+        );
+        assert_eq!(
+            refused(br#"{"id":1,"method":"m""#),
+            Some(Unreadable::Malformed)
+        );
+        assert_eq!(refused(b"\xFF\xFE{\x00}\x00"), Some(Unreadable::NotUtf8));
+        assert_eq!(refused(b"{\x00\x00\x00"), Some(Unreadable::NotUtf8));
+        assert_eq!(refused(b"\xEF\xBB\xBF{}"), Some(Unreadable::Malformed));
+        assert_eq!(read(b"method=tools/call"), Reading::NotJsonRpc);
+        assert_eq!(read(b""), Reading::NotJsonRpc);
+        // An escaped key and an escaped method are what the server reads.
+        let message = single(r#"{"\u0069d":1.0,"method":"tools\/call"}"#);
+        assert_eq!(message.kind, Kind::Request);
+        let cancel = single(r#"{"method":"notifications\/cancelled","params":{"requestId":"a"}}"#);
+        assert!(cancel.cancels.is_some());
+        // The payload is not validated.
+        assert_eq!(
+            single(r#"{"id":1,"method":"m","params":{"x":NaN}}"#).kind,
+            Kind::Request
+        );
+    }
+}

@@ -1,0 +1,501 @@
+//! The incremental structural scanner under the envelope reader: it follows
+//! one JSON text (a message, or a batch of them) byte by byte, in as many
+//! chunks as it arrives in, and reports where each message's top-level keys
+//! and values sit. It never parses a value: strings are skipped with memchr
+//! over quotes and backslashes, nested objects and arrays by counting their
+//! own brackets outside strings, scalars up to the next delimiter.
+//!
+//! Counting only `{}` inside an object (or only `[]` inside an array) finds
+//! the right end in every well-formed text. A malformed one is either caught
+//! at the top level (a byte where a key, colon or comma must be) or misread
+//! only inside a value that every JSON parser the guard fronts refuses
+//! anyway.
+
+use std::ops::Range;
+
+/// What the scanner reports, in input order, with offsets from the start of
+/// the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A message (the top-level object, or an object element of a top-level
+    /// array) opens at this offset.
+    MessageStart(usize),
+    /// A key of the current message: its string token, quotes included,
+    /// whether it holds a backslash escape, and which envelope key it is when
+    /// written plainly.
+    Key {
+        token: Range<usize>,
+        escaped: bool,
+        name: KeyName,
+    },
+    /// The value of the last key starts at this offset.
+    ValueStart(usize),
+    /// The value of the last key ends just before this offset.
+    ValueEnd(usize),
+    /// The current message closes; the offset is just after its `}`.
+    MessageEnd(usize),
+    /// An element of a top-level array that is not an object.
+    OtherElement,
+}
+
+/// The envelope keys the response path acts on, as a plainly written key
+/// spells them (the request path decodes every key itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyName {
+    Id,
+    Method,
+    Result,
+    Error,
+    Other,
+}
+
+/// Enough of a key to name it: the envelope keys are at most 6 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct KeyPrefix {
+    bytes: [u8; 8],
+    len: usize,
+}
+
+impl KeyPrefix {
+    fn push(&mut self, part: &[u8]) {
+        let room = self.bytes.len().saturating_sub(self.len);
+        let take = part.len().min(room);
+        self.bytes[self.len..self.len + take].copy_from_slice(&part[..take]);
+        // Past the buffer the key is too long to be an envelope key.
+        self.len += part.len();
+    }
+
+    fn name(&self, escaped: bool) -> KeyName {
+        if escaped || self.len > self.bytes.len() {
+            return KeyName::Other;
+        }
+        match &self.bytes[..self.len] {
+            b"id" => KeyName::Id,
+            b"method" => KeyName::Method,
+            b"result" => KeyName::Result,
+            b"error" => KeyName::Error,
+            _ => KeyName::Other,
+        }
+    }
+}
+
+/// The text is not JSON the scanner can follow (at this offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed(pub(crate) usize);
+
+/// Where the scanner is in the text's structure, between tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Before the top-level value.
+    Top,
+    /// Just after `[` at the top: an element or `]`.
+    BatchFirst,
+    /// After a top-level element: `,` or `]`.
+    BatchNext,
+    /// After a `,` at the top: an element.
+    BatchElement,
+    /// Just after a message's `{`: a key or `}`.
+    KeyFirst,
+    /// After a `,` in a message: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After a `:`: the value.
+    Value,
+    /// After a value: `,` or `}`.
+    AfterValue,
+    /// The top-level value is complete: only whitespace may follow.
+    Done,
+}
+
+/// What a token being read is to the structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A message's key.
+    Key,
+    /// A message's value.
+    Value,
+    /// A top-level array element that is not an object.
+    Element,
+    /// The whole text is a scalar or string: no JSON-RPC message.
+    Top,
+}
+
+/// A token being read, possibly across chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    None,
+    String {
+        role: Role,
+        start: usize,
+        /// The previous byte was a backslash.
+        escape: bool,
+        escaped: bool,
+    },
+    Scalar {
+        role: Role,
+    },
+    Nested {
+        role: Role,
+        open: u8,
+        close: u8,
+        depth: usize,
+        in_string: bool,
+        escape: bool,
+    },
+}
+
+/// Follows one JSON text; see the module docs.
+#[derive(Debug, Clone)]
+pub(crate) struct Scanner {
+    step: Step,
+    token: Token,
+    /// The top-level value is an array.
+    batch: bool,
+    /// Offset of the next byte to read.
+    offset: usize,
+    /// The key being read.
+    key: KeyPrefix,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self {
+            step: Step::Top,
+            token: Token::None,
+            batch: false,
+            offset: 0,
+            key: KeyPrefix::default(),
+        }
+    }
+}
+
+/// JSON whitespace (RFC 8259 §2): every parser the guard fronts agrees on it.
+pub(crate) fn is_whitespace(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+fn is_delimiter(byte: u8) -> bool {
+    is_whitespace(byte) || matches!(byte, b',' | b':' | b'{' | b'}' | b'[' | b']' | b'"')
+}
+
+impl Scanner {
+    /// Whether the top-level value is an array (known once its first byte
+    /// was read).
+    pub(crate) fn is_batch(&self) -> bool {
+        self.batch
+    }
+
+    /// Offset of the next byte to read: how much has been fed.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Reads the next chunk of the text, appending what it finds to `events`.
+    pub(crate) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) -> Result<(), Malformed> {
+        let base = self.offset;
+        let mut at = 0;
+        while at < chunk.len() {
+            at = match self.token {
+                Token::None => self.structure(chunk, at, base, events)?,
+                Token::String { .. } => self.string(chunk, at, base, events),
+                Token::Scalar { role } => {
+                    match chunk[at..].iter().position(|byte| is_delimiter(*byte)) {
+                        Some(found) => {
+                            self.end_token(role, base + at + found, events);
+                            at + found
+                        }
+                        None => chunk.len(),
+                    }
+                }
+                Token::Nested { .. } => self.nested(chunk, at, base, events),
+            };
+        }
+        self.offset = base + chunk.len();
+        Ok(())
+    }
+
+    /// Ends the text: a scalar still being read ends here. An error if the
+    /// top-level value is not complete.
+    pub(crate) fn finish(&mut self, events: &mut Vec<Event>) -> Result<(), Malformed> {
+        if let Token::Scalar { role } = self.token {
+            self.end_token(role, self.offset, events);
+        }
+        match (self.step, self.token) {
+            (Step::Done, Token::None) => Ok(()),
+            _ => Err(Malformed(self.offset)),
+        }
+    }
+
+    /// Reads structure (between tokens) at `chunk[at]`; returns where to go on.
+    fn structure(
+        &mut self,
+        chunk: &[u8],
+        at: usize,
+        base: usize,
+        events: &mut Vec<Event>,
+    ) -> Result<usize, Malformed> {
+        let byte = chunk[at];
+        if is_whitespace(byte) {
+            return Ok(at + 1);
+        }
+        let here = base + at;
+        let malformed = Err(Malformed(here));
+        match (self.step, byte) {
+            (Step::Top, b'{') => {
+                events.push(Event::MessageStart(here));
+                self.step = Step::KeyFirst;
+            }
+            (Step::Top, b'[') => {
+                self.batch = true;
+                self.step = Step::BatchFirst;
+            }
+            (Step::Top, _) => self.start_value(Role::Top, byte, here),
+            (Step::BatchFirst, b']') | (Step::BatchNext, b']') => self.step = Step::Done,
+            (Step::BatchFirst | Step::BatchElement, b'{') => {
+                events.push(Event::MessageStart(here));
+                self.step = Step::KeyFirst;
+            }
+            (Step::BatchFirst | Step::BatchElement, b']' | b',' | b':' | b'}') => return malformed,
+            (Step::BatchFirst | Step::BatchElement, _) => {
+                self.step = Step::BatchNext;
+                self.start_value(Role::Element, byte, here);
+            }
+            (Step::BatchNext, b',') => self.step = Step::BatchElement,
+            (Step::KeyFirst, b'}') | (Step::AfterValue, b'}') => {
+                events.push(Event::MessageEnd(here + 1));
+                self.step = if self.batch {
+                    Step::BatchNext
+                } else {
+                    Step::Done
+                };
+            }
+            (Step::KeyFirst | Step::Key, b'"') => {
+                self.step = Step::Colon;
+                self.key = KeyPrefix::default();
+                self.token = Token::String {
+                    role: Role::Key,
+                    start: here,
+                    escape: false,
+                    escaped: false,
+                };
+            }
+            (Step::Colon, b':') => self.step = Step::Value,
+            (Step::Value, b',' | b':' | b'}' | b']') => return malformed,
+            (Step::Value, _) => {
+                events.push(Event::ValueStart(here));
+                self.step = Step::AfterValue;
+                self.start_value(Role::Value, byte, here);
+            }
+            (Step::AfterValue, b',') => self.step = Step::Key,
+            _ => return malformed,
+        }
+        Ok(at + 1)
+    }
+
+    /// Starts reading a value whose first byte is `byte` (at `here`).
+    fn start_value(&mut self, role: Role, byte: u8, here: usize) {
+        if role == Role::Top {
+            self.step = Step::Done;
+        }
+        self.token = match byte {
+            b'"' => Token::String {
+                role,
+                start: here,
+                escape: false,
+                escaped: false,
+            },
+            b'{' | b'[' => Token::Nested {
+                role,
+                open: byte,
+                close: if byte == b'{' { b'}' } else { b']' },
+                depth: 1,
+                in_string: false,
+                escape: false,
+            },
+            _ => Token::Scalar { role },
+        };
+    }
+
+    /// Reads inside a string token; returns where to go on.
+    fn string(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+        let Token::String {
+            role,
+            start,
+            ref mut escape,
+            ref mut escaped,
+        } = self.token
+        else {
+            unreachable!("called only inside a string");
+        };
+        if *escape {
+            *escape = false;
+            return at + 1;
+        }
+        let found = memchr::memchr2(b'"', b'\\', &chunk[at..]);
+        if role == Role::Key {
+            let end = found.map_or(chunk.len(), |found| at + found);
+            self.key.push(&chunk[at..end]);
+        }
+        match found {
+            None => chunk.len(),
+            Some(found) if chunk[at + found] == b'\\' => {
+                *escape = true;
+                *escaped = true;
+                at + found + 1
+            }
+            Some(found) => {
+                let end = base + at + found + 1;
+                if role == Role::Key {
+                    events.push(Event::Key {
+                        token: start..end,
+                        escaped: *escaped,
+                        name: self.key.name(*escaped),
+                    });
+                    self.token = Token::None;
+                } else {
+                    self.end_token(role, end, events);
+                }
+                at + found + 1
+            }
+        }
+    }
+
+    /// Reads inside a nested object or array; returns where to go on.
+    fn nested(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+        let Token::Nested {
+            role,
+            open,
+            close,
+            ref mut depth,
+            ref mut in_string,
+            ref mut escape,
+        } = self.token
+        else {
+            unreachable!("called only inside a nested value");
+        };
+        if *in_string {
+            if *escape {
+                *escape = false;
+                return at + 1;
+            }
+            return match memchr::memchr2(b'"', b'\\', &chunk[at..]) {
+                None => chunk.len(),
+                Some(found) => {
+                    if chunk[at + found] == b'\\' {
+                        *escape = true;
+                    } else {
+                        *in_string = false;
+                    }
+                    at + found + 1
+                }
+            };
+        }
+        match memchr::memchr3(b'"', open, close, &chunk[at..]) {
+            None => chunk.len(),
+            Some(found) => {
+                let byte = chunk[at + found];
+                if byte == b'"' {
+                    *in_string = true;
+                } else if byte == open {
+                    *depth += 1;
+                } else {
+                    *depth -= 1;
+                    if *depth == 0 {
+                        self.end_token(role, base + at + found + 1, events);
+                    }
+                }
+                at + found + 1
+            }
+        }
+    }
+
+    /// A value (or element) token ended just before `end`.
+    fn end_token(&mut self, role: Role, end: usize, events: &mut Vec<Event>) {
+        self.token = Token::None;
+        match role {
+            Role::Value => events.push(Event::ValueEnd(end)),
+            Role::Element => events.push(Event::OtherElement),
+            Role::Key | Role::Top => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_in(text: &[u8], cut: usize) -> Result<Vec<Event>, Malformed> {
+        let mut scanner = Scanner::default();
+        let mut events = Vec::new();
+        for piece in text.chunks(cut.max(1)) {
+            scanner.feed(piece, &mut events)?;
+        }
+        scanner.finish(&mut events)?;
+        Ok(events)
+    }
+
+    #[test]
+    fn reports_keys_and_values_whatever_the_chunking() {
+        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3 } "#;
+        let whole = scan_in(text, text.len()).unwrap();
+        for cut in 1..text.len() {
+            assert_eq!(scan_in(text, cut).unwrap(), whole, "cut {cut}");
+        }
+        let keys: Vec<&[u8]> = whole
+            .iter()
+            .filter_map(|event| match event {
+                Event::Key { token, name, .. } => {
+                    assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
+                    Some(&text[token.clone()])
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys, [&b"\"id\""[..], b"\"params\"", b"\"n\""]);
+        let values: Vec<&[u8]> = whole
+            .windows(2)
+            .filter_map(|pair| match pair {
+                [Event::ValueStart(start), Event::ValueEnd(end)] => Some(&text[*start..*end]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            values,
+            [&br#""a\"}b""#[..], br#"{"x":[1,{"y":"}"}]}"#, b"-1.5e3"]
+        );
+    }
+
+    #[test]
+    fn batches_report_each_message() {
+        let text = br#"[{"id":1},7,"x",{"id":2},[]]"#;
+        let events = scan_in(text, 3).unwrap();
+        let starts = events
+            .iter()
+            .filter(|event| matches!(event, Event::MessageStart(_)))
+            .count();
+        let others = events
+            .iter()
+            .filter(|event| matches!(event, Event::OtherElement))
+            .count();
+        assert_eq!((starts, others), (2, 3));
+    }
+
+    #[test]
+    fn refuses_what_no_parser_reads() {
+        for text in [
+            &b"{\"id\" 1}"[..],
+            b"{\"id\":1,}",
+            b"{\"id\":1",
+            b"{\"id\":1} x",
+            b"[1,,2]",
+            b"{1:2}",
+            b"{\"a\":}",
+        ] {
+            assert!(scan_in(text, text.len()).is_err(), "{:?}", text);
+        }
+        assert!(scan_in(b"[]", 2).is_ok());
+        assert!(scan_in(b"{}", 2).is_ok());
+        assert!(scan_in(b"\"text\"", 2).is_ok());
+    }
+}

@@ -1,0 +1,308 @@
+//! The request-side decision: once a tracked POST's body is read, peek at
+//! its envelope, ask the session table, and build either the request to
+//! forward (server-side ids spliced in) or the guard's own answer.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{
+    HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING,
+};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::body::RequestBody;
+use crate::config::Config;
+use crate::edit::{splice, Edit};
+use crate::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
+use crate::protocol::MCP_SESSION_ID;
+use crate::reply;
+use crate::table::{Admission, Registration, Route, Table, Waiter};
+
+/// What to do with a tracked POST once its body is read. Returned by value and
+/// consumed at once, so the variants' size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Prepared<B> {
+    /// Call the inner service with `request`; `restore` says whether the
+    /// response carries server-side ids to restore.
+    Forward {
+        request: Request<RequestBody<B>>,
+        registration: Option<Registration>,
+        restore: bool,
+    },
+    /// Wait for the ticket (policy `Queue`), then forward.
+    Queue {
+        pending: PendingForward,
+        registration: Registration,
+        ticket: Arc<Waiter>,
+    },
+    /// Answer with this response; the inner service is not called.
+    Answer(Response<Full<Bytes>>),
+}
+
+/// A read POST and the byte edits to make before it goes to the inner service.
+pub(crate) struct PendingForward {
+    parts: http::request::Parts,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+    edits: Vec<Edit>,
+    /// The body is shorter than the client sent (a byte order mark dropped).
+    resized: bool,
+    /// A queued request's id: where it is and its text.
+    queued_id: Option<(Range<usize>, Box<str>)>,
+}
+
+impl PendingForward {
+    /// The response will carry server-side ids to restore: ask for it
+    /// uncompressed, so it can be.
+    fn restores_response(&mut self) {
+        self.parts.headers.remove(ACCEPT_ENCODING);
+    }
+
+    /// The queued request's id JSON text, for the guard's own answers.
+    pub(crate) fn queued_id(&self) -> &str {
+        self.queued_id.as_ref().map_or("null", |(_, text)| text)
+    }
+
+    /// Builds the request for the inner service. `server_id` replaces the
+    /// queued request's id when its turn came with one (`rewrite_all_ids`).
+    pub(crate) fn into_request<B>(mut self, server_id: Option<&[u8]>) -> Request<RequestBody<B>> {
+        if let (Some(server_id), Some((range, _))) = (server_id, self.queued_id.take()) {
+            self.edits.push((range, server_id.to_vec()));
+            self.restores_response();
+        }
+        if self.edits.is_empty() && !self.resized {
+            return Request::from_parts(
+                self.parts,
+                RequestBody::buffered(self.body, self.trailers),
+            );
+        }
+        self.edits.sort_by_key(|(range, _)| range.start);
+        let rewritten = if self.edits.is_empty() {
+            self.body
+        } else {
+            Bytes::from(splice(&self.body, &self.edits))
+        };
+        self.parts.headers.remove(TRANSFER_ENCODING);
+        self.parts
+            .headers
+            .insert(CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+        Request::from_parts(self.parts, RequestBody::buffered(rewritten, self.trailers))
+    }
+}
+
+/// Peeks at a tracked POST's body, asks the session table, and builds the
+/// request to forward (with remapped ids spliced in) or the guard's answer.
+pub(crate) fn prepare<B>(
+    parts: http::request::Parts,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+    config: &Config,
+    table: &Arc<Table>,
+) -> Prepared<B> {
+    let mut pending = PendingForward {
+        parts,
+        body,
+        trailers,
+        edits: Vec::new(),
+        resized: false,
+        queued_id: None,
+    };
+    let mut sessions = pending.parts.headers.get_all(&MCP_SESSION_ID).iter();
+    let Some(session) = sessions.next().cloned() else {
+        return untracked(pending);
+    };
+    // Servers disagree on which of several headers counts (the first, the
+    // last, or all joined): no reading is safe.
+    if sessions.next().is_some() {
+        return Prepared::Answer(reply::several_sessions());
+    }
+    // A server that inflates request bodies reads a request the guard
+    // cannot see in the compressed bytes.
+    let encoded = pending
+        .parts
+        .headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        });
+    if encoded {
+        return Prepared::Answer(reply::unreadable(Unreadable::Compressed));
+    }
+    // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
+    // it, so every server reads the bytes the guard read.
+    let bom = utf8_bom(&pending.body);
+    if bom > 0 {
+        pending.body = pending.body.slice(bom..);
+        pending.resized = true;
+    }
+    let peeked = match read(&pending.body) {
+        Reading::Read(peeked) => peeked,
+        // No server reads it as JSON-RPC; the server gives its own error.
+        Reading::NotJsonRpc => return untracked(pending),
+        Reading::Unreadable(why) => return Prepared::Answer(reply::unreadable(why)),
+    };
+    let session = session.as_bytes();
+    let body = pending.body.clone();
+    let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked.request_ids(&body).unzip();
+    let cancellations: Vec<(Range<usize>, &str)> = peeked.cancelled_ids(&body).collect();
+    let is_batch = matches!(peeked, Peeked::Batch(_));
+
+    // Requests are admitted before the body's cancellations take effect, so a
+    // body the guard refuses cancels nothing.
+    let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, is_batch, config));
+    let (registration, restore, queued) = match admission {
+        None => (None, false, None),
+        Some(Admission::OverCapacity) => {
+            tracing::warn!(
+                session = %table.session_tag(session),
+                limit = config.max_in_flight_per_session,
+                "session at its in-flight limit; request refused"
+            );
+            let status = StatusCode::TOO_MANY_REQUESTS;
+            let code = reply::SERVER_ERROR;
+            let message = reply::OVER_CAPACITY_MESSAGE;
+            return Prepared::Answer(if is_batch {
+                reply::batch(status, code, ids.iter().map(|id| (*id, message)))
+            } else {
+                reply::single(status, ids[0], code, message)
+            });
+        }
+        Some(Admission::Duplicate { colliding }) => {
+            for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
+                log_duplicate(config, table, session, id, "rejected");
+            }
+            let status = config.reject_status;
+            let code = reply::INVALID_REQUEST;
+            return Prepared::Answer(if is_batch {
+                let messages = colliding.iter().map(|hit| {
+                    if *hit {
+                        reply::DUPLICATE_MESSAGE
+                    } else {
+                        reply::BATCH_SIBLING_MESSAGE
+                    }
+                });
+                reply::batch(status, code, ids.iter().copied().zip(messages))
+            } else {
+                reply::single(status, ids[0], code, reply::DUPLICATE_MESSAGE)
+            });
+        }
+        Some(Admission::Queued {
+            registration,
+            ticket,
+        }) => {
+            log_duplicate(config, table, session, ids[0], "queued");
+            (Some(registration), false, Some(ticket))
+        }
+        Some(Admission::Admitted {
+            registration,
+            routes,
+        }) => {
+            let mut remapped = false;
+            for ((id, range), route) in ids.iter().zip(&id_ranges).zip(routes) {
+                if let Route::Remapped {
+                    server_id,
+                    duplicate,
+                } = route
+                {
+                    if duplicate {
+                        log_duplicate(config, table, session, id, "remapped");
+                    }
+                    tracing::debug!(
+                        id = %loggable(id),
+                        server_id = %String::from_utf8_lossy(&server_id),
+                        "forwarding with a server-side id"
+                    );
+                    pending.edits.push((range.clone(), server_id.to_vec()));
+                    remapped = true;
+                }
+            }
+            if remapped {
+                pending.restores_response();
+            }
+            (Some(registration), remapped, None)
+        }
+    };
+
+    for (range, request_id) in cancellations {
+        let Some(target) = table.cancel(session, request_id) else {
+            continue;
+        };
+        tracing::debug!(
+            request_id = %loggable(request_id),
+            session = %table.session_tag(session),
+            "cancellation frees an in-flight id"
+        );
+        // Name the request as the server knows it: its server-side id, or
+        // the client's own id text when the cancellation spelled an
+        // equivalent id differently (`"1"` for `1`: typed servers compare
+        // exactly).
+        if *target != *request_id.as_bytes() {
+            pending.edits.push((range, target.to_vec()));
+        }
+    }
+
+    match (registration, queued) {
+        (Some(registration), Some(ticket)) => {
+            pending.queued_id = Some((id_ranges[0].clone(), ids[0].into()));
+            Prepared::Queue {
+                pending,
+                registration,
+                ticket,
+            }
+        }
+        (registration, _) => Prepared::Forward {
+            request: pending.into_request(None),
+            registration,
+            restore,
+        },
+    }
+}
+
+fn untracked<B>(pending: PendingForward) -> Prepared<B> {
+    Prepared::Forward {
+        request: pending.into_request(None),
+        registration: None,
+        restore: false,
+    }
+}
+
+fn log_duplicate(config: &Config, table: &Table, session: &[u8], id: &str, outcome: &str) {
+    tracing::warn!(
+        policy = ?config.on_duplicate,
+        id = %loggable(id),
+        session = %table.session_tag(session),
+        outcome,
+        "request id already in flight in this session"
+    );
+}
+
+/// An id's JSON text for a log line, cut short: ids may be megabytes.
+fn loggable(id: &str) -> &str {
+    const MAX: usize = 64;
+    if id.len() <= MAX {
+        return id;
+    }
+    let mut end = MAX;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loggable_cuts_at_char_boundaries() {
+        let long = "ü".repeat(100);
+        assert!(loggable(&long).len() <= 64);
+        assert_eq!(loggable("1"), "1");
+    }
+}

@@ -1,0 +1,512 @@
+//! Restoring client ids in JSON-RPC responses, as a stream: the one
+//! restorer behind both `application/json` bodies and the data of SSE events
+//! ([`crate::sse`]).
+//!
+//! Bytes go on as they arrive. The only ones held back are a message's
+//! top-level `id` token and what follows it until the message shows whether
+//! it is a response (a `result` or `error` key) or not (a `method` key, or
+//! its end): at most the id plus a bounded window, whatever the size of the
+//! message or where its `id` sits (first in rmcp's and Python's responses,
+//! last in the TypeScript SDK's). A single message stops being read once its
+//! id is settled; a batch is read to its end.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::envelope::scan::{Event, KeyName, Scanner};
+use crate::id::{id_key, restore, IdKey};
+
+/// How much the restorer holds after an id while it waits to learn whether
+/// the message is a response (the keys and scalars between the id and the
+/// next envelope key). Past it, the message goes on as the server wrote it.
+const WINDOW: usize = 64 * 1024;
+
+/// A piece of a chunk, as the caller frames it; positions are absolute
+/// offsets in the stream of raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// These raw bytes are JSON text of the current message.
+    Json(std::ops::Range<usize>),
+    /// A line break between two lines of the JSON text (SSE `data:` lines are
+    /// joined with `\n`), at the end of the first line's text.
+    Break(usize),
+    /// The JSON text ends here (an SSE event's end, a body's end).
+    End(usize),
+}
+
+/// The message being read.
+#[derive(Debug, Default)]
+struct Current {
+    /// The last key read, whose value comes next.
+    key: Option<KeyName>,
+    /// A non-null `result` or `error` was read.
+    answers: bool,
+    /// A `method` was read: not a response.
+    method: bool,
+    /// An `id` key was read.
+    id_seen: bool,
+    /// The id's fate is settled (restored, passed on, or not to be held).
+    settled: bool,
+}
+
+/// An id held back, with what follows it so far.
+#[derive(Debug)]
+struct Held {
+    /// Absolute offset of the id's first byte.
+    start: usize,
+    /// The id token's length, once it ended.
+    id_len: Option<usize>,
+    bytes: BytesMut,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Restorer {
+    scanner: Scanner,
+    events: Vec<Event>,
+    current: Current,
+    held: Option<Held>,
+    /// The current text needs no more reading (a single message whose id is
+    /// settled), or cannot be followed: its bytes pass until its end.
+    passing: bool,
+    /// Longest id token held back; a longer one goes on as written.
+    max_id: usize,
+    /// Learn the ids of every response, restored or not.
+    watch: bool,
+    restored: usize,
+    /// Responses of the current text, counted as answered once it ends (the
+    /// client has the whole response then).
+    answering: Vec<IdKey>,
+    answered: Vec<IdKey>,
+    /// Absolute offset of the first byte not yet emitted or held.
+    emitted: usize,
+}
+
+impl Restorer {
+    /// A restorer that holds ids up to `max_id` bytes long (the longest a
+    /// client could have sent); `watch`: also learn the ids of responses that
+    /// need no restoring ([`take_answered`](Self::take_answered)).
+    pub(crate) fn new(max_id: usize, watch: bool) -> Self {
+        Self {
+            scanner: Scanner::default(),
+            events: Vec::new(),
+            current: Current::default(),
+            held: None,
+            passing: false,
+            max_id,
+            watch,
+            restored: 0,
+            answering: Vec::new(),
+            answered: Vec::new(),
+            emitted: 0,
+        }
+    }
+
+    /// How many ids were restored since the last call.
+    pub(crate) fn take_restored(&mut self) -> usize {
+        std::mem::take(&mut self.restored)
+    }
+
+    /// The collision keys of the client ids of the responses that passed
+    /// since the last call (only when watching).
+    pub(crate) fn take_answered(&mut self) -> Vec<IdKey> {
+        std::mem::take(&mut self.answered)
+    }
+
+    /// Takes the next raw chunk, which starts at absolute offset `base`, and
+    /// the parts the caller found in it; appends what can go on to `out`.
+    pub(crate) fn push(
+        &mut self,
+        chunk: &Bytes,
+        base: usize,
+        parts: &[Part],
+        out: &mut VecDeque<Bytes>,
+    ) {
+        debug_assert_eq!(self.emitted, base, "chunks arrive in order");
+        let at = Cursor { chunk, base };
+        for part in parts {
+            match part {
+                Part::Json(range) => {
+                    if !self.passing {
+                        let text = &chunk[range.start - base..range.end - base];
+                        self.read(text, range.start, &at, out);
+                    }
+                }
+                Part::Break(position) => {
+                    if !self.passing {
+                        self.read(b"\n", *position, &at, out);
+                    }
+                }
+                Part::End(position) => self.end(*position, &at, out),
+            }
+        }
+        let end = base + chunk.len();
+        if self.held.is_some() {
+            self.absorb(end, &at);
+            // Past these bounds `restore` would refuse anyway: let the bytes go.
+            let over = self.held.as_ref().is_some_and(|held| {
+                let id_len = held.id_len.unwrap_or(held.bytes.len());
+                id_len > self.max_id || held.bytes.len() - id_len > WINDOW
+            });
+            if over {
+                self.release(None, end, &at, out);
+            }
+        } else {
+            self.emit(end, &at, out);
+        }
+    }
+
+    /// The stream ended: whatever is held goes on as it is.
+    pub(crate) fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        if let Some(held) = self.held.take() {
+            if !held.bytes.is_empty() {
+                out.push_back(held.bytes.freeze());
+            }
+        }
+    }
+
+    /// Reads `text` (JSON text whose first byte sits at absolute `position`,
+    /// or a virtual line break that maps there).
+    fn read(&mut self, text: &[u8], position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        let payload_base = self.scanner.offset();
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        let fed = self.scanner.feed(text, &mut events);
+        for event in &events {
+            let map =
+                |offset: usize| position + offset.saturating_sub(payload_base).min(text.len());
+            self.on_event(event, &map, text, payload_base, at, out);
+            if self.passing {
+                break;
+            }
+        }
+        self.events = events;
+        if fed.is_err() {
+            // Not JSON the scanner can follow: nothing more is restored in it.
+            self.passing = true;
+            if self.held.is_some() {
+                self.release(None, position, at, out);
+            }
+        }
+    }
+
+    fn on_event(
+        &mut self,
+        event: &Event,
+        map: &dyn Fn(usize) -> usize,
+        text: &[u8],
+        payload_base: usize,
+        at: &Cursor<'_>,
+        out: &mut VecDeque<Bytes>,
+    ) {
+        match event {
+            Event::MessageStart(_) => self.current = Current::default(),
+            Event::Key { token, name, .. } => {
+                self.current.key = Some(*name);
+                // A second `id` makes the message ambiguous (parsers keep the
+                // first, the last, or refuse it): nothing in it is restored.
+                let twice =
+                    *name == KeyName::Id && std::mem::replace(&mut self.current.id_seen, true);
+                if *name == KeyName::Method || twice {
+                    self.current.method |= *name == KeyName::Method;
+                    if self.held.is_some() {
+                        self.release(None, map(token.start), at, out);
+                    }
+                    self.settle();
+                }
+            }
+            Event::ValueStart(offset) => {
+                let first = text.get(offset - payload_base).copied();
+                match self.current.key {
+                    Some(KeyName::Id) if !self.current.method && !self.current.settled => {
+                        // Only a string can be a server-side id; any id is
+                        // held when responses are watched for.
+                        if self.watch || first == Some(b'"') {
+                            let start = map(*offset);
+                            self.emit(start, at, out);
+                            self.held = Some(Held {
+                                start,
+                                id_len: None,
+                                bytes: BytesMut::new(),
+                            });
+                        } else {
+                            self.settle();
+                        }
+                    }
+                    Some(KeyName::Result | KeyName::Error) if first != Some(b'n') => {
+                        // A null `result` or `error` answers nothing.
+                        self.current.answers = true;
+                        let id_ended = self.held.as_ref().is_some_and(|held| held.id_len.is_some());
+                        if id_ended {
+                            self.restore(map(*offset), at, out);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Event::ValueEnd(offset) => {
+                if self.current.key == Some(KeyName::Id) {
+                    let end = map(*offset);
+                    if let Some(held) = &mut self.held {
+                        if held.id_len.is_none() {
+                            held.id_len = Some(end - held.start);
+                            if self.current.answers {
+                                self.restore(end, at, out);
+                            }
+                        }
+                    }
+                }
+                self.current.key = None;
+            }
+            Event::MessageEnd(offset) => {
+                if self.held.is_some() {
+                    self.release(None, map(*offset), at, out);
+                }
+                self.settle();
+            }
+            Event::OtherElement => {}
+        }
+    }
+
+    /// The current message's id needs nothing more; a single message then
+    /// needs no more reading at all.
+    fn settle(&mut self) {
+        self.current.settled = true;
+        if !self.scanner.is_batch() {
+            self.passing = true;
+        }
+    }
+
+    /// The message is a response: its held id goes on restored (if it is a
+    /// server-side id), with what followed it up to `position`.
+    fn restore(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        self.absorb(position, at);
+        // Decided by positions, not by what happens to be held: how the
+        // stream is chunked never changes what is restored.
+        let id = self.held.as_ref().and_then(|held| {
+            let id_len = held.id_len?;
+            let gap = position - (held.start + id_len);
+            if id_len > self.max_id || gap > WINDOW {
+                return None;
+            }
+            std::str::from_utf8(&held.bytes[..id_len]).ok()
+        });
+        let original = id.and_then(restore);
+        if self.watch {
+            if let Some(id) = id {
+                self.answering
+                    .push(id_key(original.as_deref().unwrap_or(id)));
+            }
+        }
+        if original.is_some() {
+            self.restored += 1;
+        }
+        self.release(original, position, at, out);
+        self.settle();
+    }
+
+    /// Lets the held bytes go, up to `position`, with the id replaced by
+    /// `original` if given.
+    fn release(
+        &mut self,
+        original: Option<String>,
+        position: usize,
+        at: &Cursor<'_>,
+        out: &mut VecDeque<Bytes>,
+    ) {
+        self.absorb(position, at);
+        let Some(mut held) = self.held.take() else {
+            return;
+        };
+        match (original, held.id_len) {
+            (Some(original), Some(id_len)) => {
+                out.push_back(Bytes::from(original));
+                let rest = held.bytes.split_off(id_len);
+                if !rest.is_empty() {
+                    out.push_back(rest.freeze());
+                }
+            }
+            _ => {
+                if !held.bytes.is_empty() {
+                    out.push_back(held.bytes.freeze());
+                }
+            }
+        }
+        self.current.settled = true;
+    }
+
+    /// The current text ends at `position`: a scalar being read ends, a
+    /// message left open goes on as it is, and the next text starts afresh.
+    fn end(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        if !self.passing {
+            let payload_base = self.scanner.offset();
+            let mut events = std::mem::take(&mut self.events);
+            events.clear();
+            // An incomplete text only means nothing more to restore in it.
+            let _ = self.scanner.finish(&mut events);
+            for event in &events {
+                self.on_event(event, &|_| position, b"", payload_base, at, out);
+            }
+            self.events = events;
+        }
+        if self.held.is_some() {
+            self.release(None, position, at, out);
+        }
+        self.answered.append(&mut self.answering);
+        self.scanner = Scanner::default();
+        self.current = Current::default();
+        self.passing = false;
+    }
+
+    /// Moves the chunk's bytes before `position` into the held bytes.
+    fn absorb(&mut self, position: usize, at: &Cursor<'_>) {
+        let Some(held) = &mut self.held else {
+            return;
+        };
+        if position <= self.emitted {
+            return;
+        }
+        held.bytes
+            .extend_from_slice(&at.chunk[self.emitted - at.base..position - at.base]);
+        self.emitted = position;
+    }
+
+    /// Emits the chunk's bytes before `position`, without copying.
+    fn emit(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        if position <= self.emitted {
+            return;
+        }
+        out.push_back(at.chunk.slice(self.emitted - at.base..position - at.base));
+        self.emitted = position;
+    }
+}
+
+/// The chunk being pushed and where it starts in the stream.
+struct Cursor<'a> {
+    chunk: &'a Bytes,
+    base: usize,
+}
+
+/// Restores the client ids in one whole JSON body (single or batch):
+/// `None` when there is nothing to restore. For the crate's benchmarks,
+/// fuzz checks and tests.
+pub(crate) fn restore_whole(body: &[u8]) -> Option<Vec<u8>> {
+    let chunk = Bytes::copy_from_slice(body);
+    let mut restorer = Restorer::new(usize::MAX, false);
+    let mut out = VecDeque::new();
+    let parts = [Part::Json(0..body.len()), Part::End(body.len())];
+    restorer.push(&chunk, 0, &parts, &mut out);
+    restorer.finish(&mut out);
+    if restorer.take_restored() == 0 {
+        return None;
+    }
+    Some(out.iter().flat_map(|piece| piece.iter().copied()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::IdMinter;
+
+    /// Restores `body` fed in pieces of `cut` bytes.
+    fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<IdKey>) {
+        let mut restorer = Restorer::new(1 << 20, watch);
+        let mut out = VecDeque::new();
+        let mut base = 0;
+        let pieces: Vec<&[u8]> = body.chunks(cut.max(1)).collect();
+        for (index, piece) in pieces.iter().enumerate() {
+            let chunk = Bytes::copy_from_slice(piece);
+            let mut parts = vec![Part::Json(base..base + piece.len())];
+            if index + 1 == pieces.len() {
+                parts.push(Part::End(base + piece.len()));
+            }
+            restorer.push(&chunk, base, &parts, &mut out);
+            base += piece.len();
+        }
+        restorer.finish(&mut out);
+        let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
+        (bytes, restorer.take_answered())
+    }
+
+    #[test]
+    fn restores_only_top_level_response_ids_in_any_chunking() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint(r#""x""#)).unwrap();
+        for (response, expected) in [
+            (
+                format!(r#"{{"jsonrpc":"2.0","id":{server_id},"result":{{"id":{server_id}}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":"x","result":{{"id":{server_id}}}}}"#),
+            ),
+            // The TypeScript SDK writes the id last.
+            (
+                format!(r#"{{"jsonrpc":"2.0","result":{{"id":{server_id}}},"id":{server_id}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","result":{{"id":{server_id}}},"id":"x"}}"#),
+            ),
+            (
+                format!(r#"{{"id":{server_id},"jsonrpc":"2.0","error":{{"code":1}}}}"#),
+                r#"{"id":"x","jsonrpc":"2.0","error":{"code":1}}"#.to_owned(),
+            ),
+            // A server request and a null result are no responses.
+            (
+                format!(r#"{{"id":{server_id},"method":"sampling/createMessage"}}"#),
+                format!(r#"{{"id":{server_id},"method":"sampling/createMessage"}}"#),
+            ),
+            (
+                format!(r#"{{"id":{server_id},"result":null}}"#),
+                format!(r#"{{"id":{server_id},"result":null}}"#),
+            ),
+        ] {
+            for cut in 1..=response.len() {
+                let (out, _) = restored_in(response.as_bytes(), cut, false);
+                assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn restores_each_response_of_a_batch() {
+        let minter = IdMinter::new();
+        let a = String::from_utf8(minter.mint("1")).unwrap();
+        let b = String::from_utf8(minter.mint("2")).unwrap();
+        let batch =
+            format!(r#"[{{"id":{a},"result":1}},{{"id":7,"result":2}},{{"id":{b},"error":{{}}}}]"#);
+        for cut in [1, 3, 7, batch.len()] {
+            let (out, answered) = restored_in(batch.as_bytes(), cut, true);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                r#"[{"id":1,"result":1},{"id":7,"result":2},{"id":2,"error":{}}]"#
+            );
+            assert_eq!(answered, [id_key("1"), id_key("7"), id_key("2")]);
+        }
+    }
+
+    #[test]
+    fn holds_at_most_the_id_and_a_window() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("1")).unwrap();
+        // Something the server put between the id and the result, larger
+        // than the window: the message goes on as it is.
+        let filler = "a".repeat(WINDOW + 10);
+        let body = format!(r#"{{"id":{server_id},"x":"{filler}","result":{{}}}}"#);
+        let (out, _) = restored_in(body.as_bytes(), 4096, false);
+        assert_eq!(out, body.as_bytes());
+        let mut restorer = Restorer::new(1 << 20, false);
+        let mut out = VecDeque::new();
+        let chunk = Bytes::from(body.clone());
+        restorer.push(&chunk, 0, &[Part::Json(0..body.len())], &mut out);
+        assert!(restorer.held.is_none(), "released once over the window");
+    }
+
+    #[test]
+    fn whole_bodies() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("[1]")).unwrap();
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{server_id},"result":{{}}}}"#);
+        assert_eq!(
+            restore_whole(body.as_bytes()).unwrap(),
+            br#"{"jsonrpc":"2.0","id":[1],"result":{}}"#
+        );
+        assert_eq!(restore_whole(br#"{"id":1,"result":{}}"#), None);
+    }
+}

@@ -1,0 +1,221 @@
+//! One session's state: its requests by client id, and the predicates that
+//! decide when a new request collides with them.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+
+use super::inline::{InlineVec, SessionId, StoredKey};
+use super::queue::Waiter;
+use super::SessionRef;
+
+/// One session's requests.
+#[derive(Debug)]
+pub(super) struct Session {
+    pub(super) hash: u64,
+    pub(super) serial: u64,
+    pub(super) id: SessionId,
+    /// Entries and waiters by the collision key of the client's id.
+    pub(super) keys: HashTable<KeyState>,
+    /// Requests of the session whose exchange has not ended, queued and
+    /// cancelled ones included: what the per-session cap counts.
+    pub(super) in_flight: usize,
+}
+
+impl Session {
+    /// The hash is compared first: a mismatch then costs no byte compare.
+    pub(super) fn is(&self, hash: u64, id: &[u8]) -> bool {
+        self.hash == hash && self.id.as_bytes() == id
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.in_flight == 0 && self.keys.is_empty()
+    }
+
+    pub(super) fn find(sessions: &mut HashTable<Session>, at: SessionRef) -> Option<&mut Session> {
+        sessions.find_mut(at.hash, |session| session.serial == at.serial)
+    }
+}
+
+/// The requests of one session that share a client id.
+#[derive(Debug)]
+pub(super) struct KeyState {
+    pub(super) hash: u64,
+    pub(super) key: StoredKey,
+    /// Forwarded requests, oldest first.
+    pub(super) entries: InlineVec<Entry>,
+    /// Requests waiting for the id under [`OnDuplicate::Queue`], first come
+    /// first served.
+    pub(super) waiters: VecDeque<Arc<Waiter>>,
+}
+
+/// One forwarded request.
+#[derive(Debug)]
+pub(super) struct Entry {
+    /// Unique within the shard: a guard finds its entries by it.
+    pub(super) serial: u64,
+    /// The id the inner server knows the request by.
+    pub(super) server_id: ServerId,
+    /// A `notifications/cancelled` named it.
+    pub(super) cancelled: bool,
+    /// Its exchange ended before the response did; kept only while the
+    /// server may still answer it.
+    pub(super) ended: bool,
+    /// The request has been handed to the inner service. A queued request
+    /// holds its entry from the moment its turn comes until its future
+    /// forwards it; a cancellation must not name it before the server has it.
+    pub(super) at_server: bool,
+}
+
+impl Entry {
+    /// The server id was minted by a guard (else it is the client's own id).
+    pub(super) fn remapped(&self) -> bool {
+        matches!(self.server_id, ServerId::Minted(_))
+    }
+
+    /// The client still waits for it.
+    pub(super) fn is_live(&self) -> bool {
+        !self.cancelled && !self.ended
+    }
+
+    /// The server may still answer it under the client's own id, though the
+    /// client no longer waits for that answer.
+    pub(super) fn is_abandoned(&self) -> bool {
+        !self.remapped() && !self.is_live()
+    }
+}
+
+/// The JSON text of the id the inner server knows a request by.
+///
+/// Only a cancellation needs the text of a client's own id, and that text is
+/// nearly always the collision key itself (a number) or the key in quotes (a
+/// string without escapes): it is rebuilt from the key then rather than
+/// copied for every request.
+#[derive(Debug)]
+pub(super) enum ServerId {
+    /// The client's id, written exactly as its key.
+    Bare,
+    /// The client's id, written as its key in double quotes.
+    Quoted,
+    /// The client's id, written some other way (escapes, `-0`, ...).
+    Verbatim(Arc<[u8]>),
+    /// A server-side id minted by a guard.
+    Minted(Arc<[u8]>),
+}
+
+impl ServerId {
+    /// The client's own id `raw`, whose collision key is `key`.
+    pub(super) fn own(raw: &str, key: &[u8]) -> Self {
+        let raw = raw.as_bytes();
+        if raw == key {
+            Self::Bare
+        } else if raw.len() == key.len() + 2
+            && raw.first() == Some(&b'"')
+            && raw.last() == Some(&b'"')
+            && &raw[1..raw.len() - 1] == key
+        {
+            // Escapes would make the text differ from the decoded key.
+            Self::Quoted
+        } else {
+            Self::Verbatim(Arc::from(raw))
+        }
+    }
+
+    /// The JSON text, given the collision key of the entry.
+    pub(super) fn text(&self, key: &[u8]) -> Arc<[u8]> {
+        match self {
+            Self::Bare => Arc::from(key),
+            Self::Quoted => {
+                let mut text = Vec::with_capacity(key.len() + 2);
+                text.push(b'"');
+                text.extend_from_slice(key);
+                text.push(b'"');
+                Arc::from(text)
+            }
+            Self::Verbatim(text) | Self::Minted(text) => Arc::clone(text),
+        }
+    }
+}
+
+impl KeyState {
+    pub(super) fn new(probe: &Probe<'_>) -> Self {
+        Self {
+            hash: probe.hash,
+            key: StoredKey::new(probe.key.as_bytes()),
+            entries: InlineVec::default(),
+            waiters: VecDeque::new(),
+        }
+    }
+
+    /// The hash is compared first: it is in the slot.
+    pub(super) fn is(&self, probe: &Probe<'_>) -> bool {
+        self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
+    }
+
+    /// Whether it holds the entry `serial` (serials are unique in a shard:
+    /// this tells keys apart whose hashes are equal).
+    pub(super) fn holds(&self, hash: u64, serial: u64) -> bool {
+        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
+    }
+
+    /// Whether a new request with this id is a duplicate for the policy, or
+    /// others already wait for it.
+    ///
+    /// Under `Remap` only a live request the server knows by the client's own
+    /// id counts: the newcomer is remapped, later ones too, and the first to
+    /// arrive after that request ended goes as-is again. Under `Reject` and
+    /// `Queue`, and whenever every id is rewritten, any live request of the
+    /// client with this id counts, remapped or not (a request remapped past a
+    /// abandoned id is still in flight under the client's id).
+    pub(super) fn is_taken(&self, any_live: bool) -> bool {
+        !self.waiters.is_empty() || self.blocks(any_live)
+    }
+
+    pub(super) fn blocks(&self, any_live: bool) -> bool {
+        self.entries
+            .iter()
+            .any(|entry| entry.is_live() && (any_live || !entry.remapped()))
+    }
+
+    /// Whether a new request with this id must go with a server-side id.
+    pub(super) fn has_abandoned(&self) -> bool {
+        self.entries.iter().any(Entry::is_abandoned)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.waiters.is_empty()
+    }
+
+    /// The key's state in `keys`, created empty if need be.
+    pub(super) fn get_or_insert<'k>(
+        keys: &'k mut HashTable<KeyState>,
+        probe: &Probe<'_>,
+    ) -> &'k mut Self {
+        keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
+            .or_insert_with(|| KeyState::new(probe))
+            .into_mut()
+    }
+}
+
+/// One request id of a POST, hashed once before the lock is taken.
+#[derive(Debug)]
+pub(super) struct Probe<'a> {
+    /// The id's JSON text.
+    pub(super) raw: &'a str,
+    /// Its collision key.
+    pub(super) key: Cow<'a, str>,
+    /// The hash of the key.
+    pub(super) hash: u64,
+    /// It collides with a request in flight, or an earlier one of its batch.
+    pub(super) colliding: bool,
+    /// Its id is abandoned by an earlier request (see [`Entry::is_abandoned`]).
+    pub(super) abandoned: bool,
+}
+
+impl Probe<'_> {
+    pub(super) fn same_key(&self, other: &Probe<'_>) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}

@@ -1,0 +1,15 @@
+//! The guard in process: as a plain `tower::Service`, on an `axum::Router`
+//! and in `ServiceBuilder` stacks, against bad and hostile input, the release
+//! property, and the fuzz targets' invariants. One test binary, so rmcp, axum
+//! and reqwest are linked once for all of them.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod axum_composition;
+mod bad_input;
+#[cfg(feature = "internals")]
+mod fuzz_regressions;
+mod hostile_input;
+mod release_property;
+mod tower_service;

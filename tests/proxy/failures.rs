@@ -1,0 +1,331 @@
+//! Failures around the proxy: an upstream that is down, slow to accept, hangs
+//! up before answering or in the middle of a stream, and a client that goes
+//! away mid-stream. Never a hang; every in-flight id is released.
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+use mcp_id_guard::proxy::Proxy;
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tower_layer::Layer;
+
+use crate::support::server::{dead_port, serve_proxy, serve_service, Served};
+use crate::support::sse::first_event;
+use crate::support::wait::drained;
+use crate::support::OK_TIMEOUT;
+
+/// How long a 502 may take when the upstream is down (the connect timeout
+/// of [`serve_proxy`] is 2 s; a refused connection is immediate).
+const FAIL_FAST: Duration = Duration::from_secs(5);
+
+async fn post(url: &str, session: Option<&str>, body: String) -> anyhow::Result<reqwest::Response> {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("accept", crate::support::ACCEPT)
+        .header("content-type", "application/json");
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    Ok(tokio::time::timeout(FAIL_FAST, request.body(body).send()).await??)
+}
+
+async fn json_body(response: reqwest::Response) -> anyhow::Result<Value> {
+    assert_eq!(response.headers()["content-type"], "application/json");
+    Ok(serde_json::from_str(
+        &tokio::time::timeout(OK_TIMEOUT, response.text()).await??,
+    )?)
+}
+
+fn assert_bad_gateway(error: &Value, id: Value) {
+    assert_eq!(error["jsonrpc"], "2.0");
+    assert_eq!(error["id"], id, "{error}");
+    assert_eq!(error["error"]["code"], -32603, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.starts_with("Bad Gateway")),
+        "{error}"
+    );
+}
+
+/// Upstream down (a port nothing listens on): 502 at once, with a JSON-RPC
+/// -32603 error carrying the request's id where there is one: tracked
+/// POSTs, a remapped one (its id restored by the guard), a batch (one error
+/// per request), an untracked POST of known length; `null` for GET.
+#[tokio::test]
+async fn upstream_down_answers_502_with_the_request_id() -> anyhow::Result<()> {
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://127.0.0.1:{}/mcp", dead_port()), &guard).await?;
+    let url = format!("http://{}/mcp", proxy.addr);
+
+    let started = Instant::now();
+    let response = post(
+        &url,
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call"}).to_string(),
+    )
+    .await?;
+    println!("502 for a refused connection after {:?}", started.elapsed());
+    assert_eq!(response.status(), 502);
+    assert_bad_gateway(&json_body(response).await?, json!(7));
+
+    let reserved = "mcp-id-guard:looks-remapped";
+    let response = post(
+        &url,
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": reserved, "method": "tools/call"}).to_string(),
+    )
+    .await?;
+    assert_eq!(response.status(), 502);
+    assert_bad_gateway(&json_body(response).await?, json!(reserved));
+
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "a"},
+        {"jsonrpc": "2.0", "method": "notifications/x"},
+        {"jsonrpc": "2.0", "id": "b", "method": "b"},
+    ]);
+    let response = post(&url, Some("s"), batch.to_string()).await?;
+    assert_eq!(response.status(), 502);
+    let errors = json_body(response).await?;
+    assert_eq!(errors.as_array().map(Vec::len), Some(2), "{errors}");
+    assert_bad_gateway(&errors[0], json!(1));
+    assert_bad_gateway(&errors[1], json!("b"));
+
+    let response = post(
+        &url,
+        None,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize"}).to_string(),
+    )
+    .await?;
+    assert_eq!(response.status(), 502);
+    assert_bad_gateway(&json_body(response).await?, json!(0));
+
+    let response = tokio::time::timeout(
+        FAIL_FAST,
+        reqwest::Client::new()
+            .get(&url)
+            .header("accept", "text/event-stream")
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 502);
+    assert_bad_gateway(&json_body(response).await?, Value::Null);
+
+    let stats = drained(&guard).await?;
+    assert_eq!((stats.passed_total, stats.remapped_total), (3, 1));
+    Ok(())
+}
+
+/// An upstream that does not accept the connection (its accept queue is
+/// full) gets a 502 once the connect timeout passes, not a hang.
+#[tokio::test]
+async fn connect_timeout_answers_502() -> anyhow::Result<()> {
+    // Backlog 0: one connection fills the accept queue; later SYNs are
+    // dropped, so connecting hangs until the connector's timeout.
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.1:0".parse()?)?;
+    let listener = socket.listen(0)?;
+    let addr = listener.local_addr()?;
+    let _queued = std::net::TcpStream::connect(addr)?;
+
+    let timeout = Duration::from_millis(300);
+    let proxy = Proxy::builder()
+        .connect_timeout(timeout)
+        .build(&format!("http://{addr}"))?;
+    let guard = IdGuardLayer::new();
+    let served = serve_service(guard.layer(proxy)).await?;
+
+    let started = Instant::now();
+    let response = post(
+        &format!("http://{}/mcp", served.addr),
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/list"}).to_string(),
+    )
+    .await?;
+    let elapsed = started.elapsed();
+    println!("502 for a connect timeout of {timeout:?} after {elapsed:?}");
+    assert_eq!(response.status(), 502);
+    assert!(elapsed >= timeout, "{elapsed:?}");
+    let error = json_body(response).await?;
+    assert_bad_gateway(&error, json!("slow"));
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("in time")),
+        "{error}"
+    );
+    drained(&guard).await?;
+    drop(listener);
+    Ok(())
+}
+
+/// An upstream that accepts the connection and closes it without answering:
+/// 502 with the request's id.
+#[tokio::test]
+async fn upstream_hanging_up_before_answering_is_502() -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{addr}"), &guard).await?;
+    let response = post(
+        &format!("http://{}/mcp", proxy.addr),
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).to_string(),
+    )
+    .await?;
+    assert_eq!(response.status(), 502);
+    assert_bad_gateway(&json_body(response).await?, json!(3));
+    drained(&guard).await?;
+    Ok(())
+}
+
+/// One request at a scripted SSE upstream: the test writes the stream.
+struct Call {
+    id: Value,
+    events: mpsc::Sender<Result<Bytes, std::io::Error>>,
+}
+
+type ScriptedBody =
+    StreamBody<futures::stream::BoxStream<'static, Result<Frame<Bytes>, std::io::Error>>>;
+
+/// An upstream whose SSE responses the test scripts through [`Call`]s.
+async fn scripted_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver<Call>)> {
+    let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+    let service = tower::service_fn(move |request: Request<Incoming>| {
+        let calls = calls_tx.clone();
+        async move {
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|body| body.to_bytes());
+            let id = body
+                .ok()
+                .and_then(|body| serde_json::from_slice::<Value>(&body).ok())
+                .map(|message| message["id"].clone())
+                .unwrap_or(Value::Null);
+            let (events, mut rx) = mpsc::channel(1);
+            let _ = calls.send(Call { id, events });
+            let stream = futures::stream::poll_fn(move |cx| {
+                rx.poll_recv(cx)
+                    .map(|item| item.map(|item| item.map(Frame::data)))
+            });
+            let body: ScriptedBody = StreamBody::new(Box::pin(stream));
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(body)
+                    .unwrap(),
+            )
+        }
+    });
+    Ok((serve_service(service).await?, calls_rx))
+}
+
+async fn next_call(calls: &mut mpsc::UnboundedReceiver<Call>) -> anyhow::Result<Call> {
+    tokio::time::timeout(OK_TIMEOUT, calls.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("upstream gone"))
+}
+
+fn event(data: Value) -> Result<Bytes, std::io::Error> {
+    Ok(Bytes::from(format!("data: {data}\n\n")))
+}
+
+/// The upstream breaks off in the middle of an SSE stream: the client's
+/// stream ends (with an error: it was cut, not completed) instead of hanging,
+/// and the request's id is released.
+#[tokio::test]
+async fn upstream_closing_mid_stream_ends_the_clients_stream() -> anyhow::Result<()> {
+    let (upstream, mut calls) = scripted_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+
+    let mut response = post(
+        &format!("http://{}/mcp", proxy.addr),
+        Some("s"),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).to_string(),
+    )
+    .await?;
+    let call = next_call(&mut calls).await?;
+    call.events
+        .send(event(
+            json!({"jsonrpc": "2.0", "method": "notifications/progress"}),
+        ))
+        .await?;
+    tokio::time::timeout(OK_TIMEOUT, first_event(&mut response)).await??;
+    assert_eq!(guard.stats().in_flight_requests, 1);
+
+    call.events
+        .send(Err(std::io::Error::other("upstream crashed")))
+        .await?;
+    let end = tokio::time::timeout(OK_TIMEOUT, async {
+        loop {
+            match response.chunk().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break "ended",
+                Err(_) => break "cut",
+            }
+        }
+    })
+    .await?;
+    println!("client stream after the upstream broke off: {end}");
+    assert_eq!(end, "cut");
+    drained(&guard).await?;
+    Ok(())
+}
+
+/// Clients that disconnect mid-stream (one passed, one remapped, both
+/// `id: 1`) release their ids, and the proxy closes their upstream requests.
+#[tokio::test]
+async fn client_disconnecting_mid_stream_releases_its_id() -> anyhow::Result<()> {
+    let (upstream, mut calls) = scripted_upstream().await?;
+    let guard = IdGuardLayer::new().on_duplicate(OnDuplicate::Remap);
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+    let url = format!("http://{}/mcp", proxy.addr);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).to_string();
+
+    let mut first = post(&url, Some("s"), body.clone()).await?;
+    let first_call = next_call(&mut calls).await?;
+    let mut second = post(&url, Some("s"), body).await?;
+    let second_call = next_call(&mut calls).await?;
+    assert_eq!(first_call.id, 1);
+    assert!(
+        second_call
+            .id
+            .as_str()
+            .is_some_and(|id| id.starts_with("mcp-id-guard:")),
+        "{:?}",
+        second_call.id
+    );
+    for (call, response) in [(&first_call, &mut first), (&second_call, &mut second)] {
+        call.events
+            .send(event(
+                json!({"jsonrpc": "2.0", "method": "notifications/progress"}),
+            ))
+            .await?;
+        tokio::time::timeout(OK_TIMEOUT, first_event(response)).await??;
+    }
+    assert_eq!(guard.stats().in_flight_requests, 2);
+
+    drop(first);
+    drop(second);
+    // The proxy drops the upstream responses, closing their streams.
+    for call in [&first_call, &second_call] {
+        tokio::time::timeout(OK_TIMEOUT, call.events.closed()).await?;
+    }
+    let stats = drained(&guard).await?;
+    assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
+    Ok(())
+}

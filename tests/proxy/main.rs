@@ -1,0 +1,15 @@
+//! The `proxy` feature: the guarded reverse proxy in front of a real rmcp
+//! 3.11 server and small hand-made upstreams, over loopback (HTTP/1.1 and
+//! h2c), and the `mcp-id-guard` binary. Built only with the `proxy` feature
+//! (`[[test]] required-features`). New proxy test files go here as modules.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+// The binary is only built with the `cli` feature.
+#[cfg(feature = "cli")]
+mod binary;
+mod failures;
+mod headers;
+mod rmcp;
+mod streaming;

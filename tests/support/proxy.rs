@@ -1,0 +1,86 @@
+//! What the proxy tests ask of a call: one `echo` through the proxy, judged
+//! on the JSON-RPC answer alone (status, id and result).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::client::{Column, Counted, Session};
+use super::ids::find_response;
+
+/// What one `tools/call` got back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Its own result with its own id.
+    Own,
+    /// A result, but not its own (another call's, or its id was wrong).
+    Wrong(String),
+    /// A JSON-RPC error.
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The error's `id`.
+        id: Value,
+        /// The error's `code`.
+        code: i64,
+    },
+    /// No answer within the bound.
+    Hung,
+    /// Anything else.
+    Other(String),
+}
+
+impl Counted for Outcome {
+    fn column(&self) -> Column {
+        match self {
+            Outcome::Own => Column::Own,
+            Outcome::Wrong(_) => Column::Wrong,
+            Outcome::Rejected { .. } => Column::Rejected,
+            Outcome::Hung => Column::Hung,
+            Outcome::Other(_) => Column::Other,
+        }
+    }
+}
+
+impl Session {
+    /// `tools/call echo` with JSON-RPC id `id`; bounded by `within`.
+    pub async fn echo(
+        &self,
+        id: Value,
+        sentinel: &str,
+        delay_ms: u64,
+        within: Duration,
+    ) -> Outcome {
+        let message = serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": "echo", "arguments": { "sentinel": sentinel, "delay_ms": delay_ms } }
+        });
+        let exchange = async {
+            let response = self.post_json(message).send().await?;
+            let status = response.status().as_u16();
+            let text = response.text().await?;
+            anyhow::Ok((status, text))
+        };
+        let (status, text) = match tokio::time::timeout(within, exchange).await {
+            Err(_) => return Outcome::Hung,
+            Ok(Err(error)) => return Outcome::Other(format!("transport error: {error:#}")),
+            Ok(Ok(answer)) => answer,
+        };
+        let Some(reply) = find_response(&text) else {
+            return Outcome::Other(format!("{status}: no JSON-RPC response in {text:?}"));
+        };
+        if let Some(error) = reply.get("error") {
+            return Outcome::Rejected {
+                status,
+                id: reply["id"].clone(),
+                code: error["code"].as_i64().unwrap_or_default(),
+            };
+        }
+        let result = reply["result"].to_string();
+        if status == 200 && reply["id"] == id && result.contains(&format!("\"ECHO:{sentinel}\"")) {
+            Outcome::Own
+        } else {
+            Outcome::Wrong(format!("id {} result {result}", reply["id"]))
+        }
+    }
+}
