@@ -67,6 +67,13 @@ step "build the wheel (release build of the binary, features from pyproject.toml
 bounded 1500 "$work/build-venv/bin/maturin" build --release --out "$work/dist"
 wheel="$(ls "$work"/dist/mcp_id_guard-"$version"-*.whl)"
 echo "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+python3 - "$wheel" <<'PYTHON'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+for wanted in (".data/scripts/mcp-id-guard", "/LICENSE-MIT", "/LICENSE-APACHE"):
+    if not any(name.endswith(wanted) for name in names):
+        sys.exit(f"packaging: the wheel has no {wanted.lstrip('/')}: {names}")
+PYTHON
 
 step "install the wheel into a fresh virtualenv, with the FastMCP server (mcp 1.27.0)"
 python3 -m venv "$work/venv"
@@ -103,6 +110,12 @@ PYTHON
 node "$repo/packaging/npm/stage.mjs" --version "$version" --binary "$npm_work/mcp-id-guard" --out "$npm_work/stage" >/dev/null
 for package in "$npm_work"/stage/*/; do
     bounded 120 npm pack --silent --pack-destination "$npm_work/tarballs" "$package" >/dev/null
+done
+for tarball in "$npm_work"/tarballs/*.tgz; do
+    listing="$(tar -tzf "$tarball")"
+    for license in LICENSE-MIT LICENSE-APACHE; do
+        grep -qx "package/$license" <<<"$listing" || { echo "packaging: $tarball has no $license" >&2; exit 1; }
+    done
 done
 ls "$npm_work/tarballs"
 

@@ -37,9 +37,15 @@ launcher.version = version;
 launcher.optionalDependencies = Object.fromEntries(
   Object.keys(platforms).map((platformName) => [packageName(platformName), version]),
 );
+const licenses = ["LICENSE-MIT", "LICENSE-APACHE"];
+const copyLicenses = (dir) => {
+  for (const name of licenses) copyFileSync(join(here, "..", "..", name), join(dir, name));
+};
+
 const launcherOut = join(out, "mcp-id-guard");
 cpSync(launcherDir, launcherOut, { recursive: true });
 writeFileSync(join(launcherOut, "package.json"), `${JSON.stringify(launcher, null, 2)}\n`);
+copyLicenses(launcherOut);
 
 const { os, cpu, libc, rustTarget } = platforms[key];
 const platformPackage = {
@@ -51,7 +57,7 @@ const platformPackage = {
   os: [os],
   cpu: [cpu],
   ...(libc ? { libc: [libc] } : {}),
-  files: [binaryFile(key)],
+  files: [binaryFile(key), ...licenses],
   preferUnplugged: true,
 };
 const platformOut = join(out, key);
@@ -61,6 +67,7 @@ writeFileSync(
   join(platformOut, "README.md"),
   `# ${packageName(key)}\n\nThe \`mcp-id-guard\` binary for ${rustTarget}. Install \`mcp-id-guard\` instead.\n`,
 );
+copyLicenses(platformOut);
 copyFileSync(binary, join(platformOut, binaryFile(key)));
 chmodSync(join(platformOut, binaryFile(key)), 0o755);
 console.log(`${launcherOut}\n${platformOut}`);
