@@ -78,12 +78,13 @@
 //! - **`Host`** is set to the upstream's authority (`127.0.0.1:8000`), so
 //!   servers that validate it against loopback names (rmcp's default
 //!   `allowed_hosts`, DNS-rebinding protection in other SDKs) accept proxied
-//!   requests. The client's `Host` (or HTTP/2 `:authority`) is kept in
+//!   requests, unless [`ProxyBuilder::preserve_host`] keeps the client's.
+//!   The client's `Host` (or HTTP/2 `:authority`) is kept in
 //!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
-//!   This also means the upstream's own `Host` check no longer sees what the
-//!   browser sent: keep the proxy on loopback (or behind something that
-//!   checks `Host`) if that check is your DNS-rebinding protection. `Origin`
-//!   is forwarded, so Origin allow-lists keep working.
+//!   Since the upstream's own `Host` check no longer sees what the browser
+//!   sent, check it in front of the proxy with [`HostPolicy`] (the
+//!   `mcp-id-guard` binary does, before the guard). `Origin` is forwarded,
+//!   so Origin allow-lists keep working.
 //! - **`X-Forwarded-For`** gets the client's IP appended (after any values
 //!   earlier proxies put there) when the request carries a [`ClientAddr`]
 //!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
@@ -112,6 +113,12 @@
 //! other case (`GET`, `DELETE`, notifications, bodies of unknown length, which
 //! stream through unread) the `id` is `null`.
 //!
+//! When every upstream connection stays busy (see
+//! [`ProxyBuilder::max_connections`]) the answer is `503 Service Unavailable`
+//! with code `-32000`, and when the upstream sends no response headers in
+//! time, `504 Gateway Timeout` with code `-32603`; both carry the ids as
+//! above.
+//!
 //! Statuses the upstream answers itself (404 for an unknown session, 500, ...)
 //! pass through unchanged. When the upstream connection breaks after the
 //! response started, the client's response is cut (not ended cleanly) so the
@@ -119,9 +126,14 @@
 //!
 //! # Timeouts
 //! Connecting to the upstream times out after
-//! [`connect_timeout`](ProxyBuilder::connect_timeout) (5 s by default). There
-//! is no overall request timeout: SSE streams and slow tool calls last as long
-//! as the upstream keeps them open. A client that disconnects drops the
+//! [`connect_timeout`](ProxyBuilder::connect_timeout) (5 s by default, then
+//! `502`). The response headers must arrive within
+//! [`response_timeout`](ProxyBuilder::response_timeout) (300 s by default,
+//! then `504 Gateway Timeout` with the same JSON-RPC error carrying the
+//! request's id), and a response body that sends nothing for
+//! [`idle_timeout`](ProxyBuilder::idle_timeout) (300 s) is cut. There is no
+//! overall request timeout: SSE streams and slow tool calls last as long as
+//! the upstream keeps them alive. A client that disconnects drops the
 //! upstream request, which closes that upstream connection; under the guard,
 //! the request's id is released at the same moment.
 use std::convert::Infallible;
@@ -134,7 +146,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, HOST};
+use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -144,17 +156,22 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
-use crate::envelope::{peek, Kind, Peeked};
-use crate::protocol::media_type;
+use crate::envelope::{peek, Peeked};
+use crate::protocol::has_media_type;
 use crate::reply;
 
 mod body;
+mod capped;
 mod headers;
+mod rebinding;
 mod upstream;
+mod warnings;
 
 pub use body::ProxyBody;
+pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
+use capped::{CappedConnector, UpstreamBusy};
 use upstream::Upstream;
 
 /// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
@@ -171,8 +188,28 @@ const PEEK_LIMIT: u64 = 4 * 1024 * 1024;
 /// The default upstream connect timeout.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long an idle upstream connection stays in the pool by default.
-const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an idle upstream connection stays in the pool by default: below
+/// the 5 s keep-alive of uvicorn and Node's HTTP server, so the proxy closes
+/// an idle connection before the upstream does (a request sent on a
+/// connection the upstream is closing at that moment would fail).
+const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Upstream connections open at once by default (envoy's default circuit
+/// breaker allows as many).
+const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// How long a request waits for a free upstream connection by default.
+const DEFAULT_CONNECTION_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the upstream may take to send its response headers by default:
+/// long enough for slow tool calls answered as plain JSON, which servers
+/// send only once the tool has finished.
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long an upstream response body may go without sending anything by
+/// default. rmcp and python-sdk send an SSE keep-alive comment every 15 s,
+/// so a healthy stream never comes near it.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The body type the upstream client sends.
 type OutBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -195,15 +232,71 @@ type OutBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub SocketAddr);
 
+/// Why the proxy answered a request itself instead of the upstream: a
+/// response extension on the proxy's own `502`, `503` and `504` answers (it
+/// survives the guard), for metrics. Statuses the upstream sends itself carry
+/// none.
+///
+/// ```
+/// # use mcp_id_guard::proxy::UpstreamFailure;
+/// # let response = http::Response::new(());
+/// let kind = response.extensions().get::<UpstreamFailure>().map(|kind| kind.as_str());
+/// # assert_eq!(kind, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UpstreamFailure {
+    /// The connection was refused or failed (`502`).
+    Unreachable,
+    /// The upstream did not accept the connection within the connect
+    /// timeout (`502`).
+    ConnectTimeout,
+    /// The connection closed, or carried something that is not HTTP, before
+    /// the response headers (`502`).
+    FailedBeforeAnswer,
+    /// No response headers within
+    /// [`response_timeout`](ProxyBuilder::response_timeout) (`504`).
+    ResponseTimeout,
+    /// Every upstream connection stayed busy for
+    /// [`connection_wait`](ProxyBuilder::connection_wait) (`503`).
+    Busy,
+}
+
+impl UpstreamFailure {
+    /// Every kind, in declaration order.
+    pub const ALL: [Self; 5] = [
+        Self::Unreachable,
+        Self::ConnectTimeout,
+        Self::FailedBeforeAnswer,
+        Self::ResponseTimeout,
+        Self::Busy,
+    ];
+
+    /// A short name, such as `unreachable` or `response_timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::FailedBeforeAnswer => "failed_before_answer",
+            Self::ResponseTimeout => "response_timeout",
+            Self::Busy => "busy",
+        }
+    }
+}
+
 /// A [`tower_service::Service`] that forwards requests to an upstream HTTP
 /// server. See the [module docs](self) for what it forwards and how.
 ///
 /// Cloning is cheap; clones share one connection pool.
 #[derive(Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, OutBody>,
+    client: Client<CappedConnector, OutBody>,
     upstream: Arc<Upstream>,
     connect_timeout: Duration,
+    preserve_host: bool,
+    response_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    warnings: Arc<warnings::Warnings>,
 }
 
 impl fmt::Debug for Proxy {
@@ -260,6 +353,11 @@ impl Proxy {
 pub struct ProxyBuilder {
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
+    preserve_host: bool,
+    response_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    max_connections: Option<usize>,
+    connection_wait: Duration,
 }
 
 impl Default for ProxyBuilder {
@@ -267,6 +365,11 @@ impl Default for ProxyBuilder {
         Self {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            preserve_host: false,
+            response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections: Some(DEFAULT_MAX_CONNECTIONS),
+            connection_wait: DEFAULT_CONNECTION_WAIT,
         }
     }
 }
@@ -279,9 +382,64 @@ impl ProxyBuilder {
         self
     }
 
-    /// How long an idle upstream connection stays in the pool (default 90 s).
+    /// How long an idle upstream connection stays in the pool (default 4 s:
+    /// below the 5 s keep-alive of uvicorn and Node's HTTP server, so the
+    /// proxy, not the upstream, closes idle connections, and a request is
+    /// never sent on a connection the upstream is closing).
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// The most upstream connections open at once, idle pooled ones included
+    /// (default 1024; `None` for no cap). A request that finds them all busy
+    /// waits up to [`connection_wait`](Self::connection_wait) for one, then
+    /// gets `503 Service Unavailable` with a JSON-RPC `-32000` error carrying
+    /// its id. Each open SSE stream holds a connection.
+    pub fn max_connections(mut self, max: Option<usize>) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// How long a request waits for a free upstream connection under
+    /// [`max_connections`](Self::max_connections) (default 5 s).
+    pub fn connection_wait(mut self, wait: Duration) -> Self {
+        self.connection_wait = wait;
+        self
+    }
+
+    /// How long the upstream may take to answer a request with its response
+    /// headers (default 300 s; `None` waits for ever). Past it, the client
+    /// gets `504 Gateway Timeout` with a JSON-RPC `-32603` error carrying its
+    /// request id (as for `502`, see the [module docs](self)).
+    ///
+    /// Servers that stream (SSE) send their headers at once, so this bounds
+    /// only servers that answer a tool call with plain JSON: they send the
+    /// headers when the tool has finished. Set it above your longest tool
+    /// call.
+    pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long an upstream response body may send nothing (default 300 s;
+    /// `None` waits for ever). Past it, the client's response is cut, as
+    /// when the upstream connection breaks, and the upstream request is
+    /// dropped. Every frame counts as activity, SSE keep-alive comments
+    /// included, so a healthy stream from a server that sends them (rmcp,
+    /// python-sdk: every 15 s) is never cut. A server that sends none cuts
+    /// quiet streams after this long; MCP clients reconnect GET streams.
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Forwards the client's `Host` (or HTTP/2 `:authority`) to the upstream
+    /// unchanged instead of the upstream's own authority (default `false`), so
+    /// the upstream's own `Host` check keeps working as a second layer behind
+    /// [`HostPolicy`]. The upstream must then accept the names clients use.
+    pub fn preserve_host(mut self, enabled: bool) -> Self {
+        self.preserve_host = enabled;
         self
     }
 
@@ -298,14 +456,23 @@ impl ProxyBuilder {
         // Small SSE events and JSON bodies must not wait for Nagle.
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
+        let connector = CappedConnector::new(connector, self.max_connections, self.connection_wait);
+        let mut client = Client::builder(TokioExecutor::new());
+        client
             .pool_idle_timeout(self.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+            .pool_timer(TokioTimer::new());
+        if let Some(max) = self.max_connections {
+            client.pool_max_idle_per_host(max);
+        }
+        let client = client.build(connector);
         Ok(Proxy {
             client,
             upstream: Arc::new(upstream),
             connect_timeout: self.connect_timeout,
+            preserve_host: self.preserve_host,
+            response_timeout: self.response_timeout,
+            idle_timeout: self.idle_timeout,
+            warnings: Arc::default(),
         })
     }
 }
@@ -367,7 +534,7 @@ impl Proxy {
                         StatusCode::BAD_REQUEST,
                         &ErrorIds::Null,
                         reply::INVALID_REQUEST,
-                        "Invalid Request: the request body could not be read",
+                        reply::UNREADABLE_MESSAGE,
                     );
                 }
             }
@@ -390,35 +557,98 @@ impl Proxy {
             self.upstream.host(),
             client_host,
             client_ip,
+            self.preserve_host,
         );
         parts.uri = self.upstream.join(parts.uri.path_and_query());
         parts.version = Version::HTTP_11;
         let method = parts.method.clone();
         let uri = parts.uri.clone();
 
-        match self.client.request(Request::from_parts(parts, body)).await {
+        let sent = self.client.request(Request::from_parts(parts, body));
+        let answered = match self.response_timeout {
+            Some(limit) => match tokio::time::timeout(limit, sent).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::ResponseTimeout)
+                    {
+                        tracing::warn!(
+                            %method,
+                            %uri,
+                            timeout = ?limit,
+                            "upstream sent no response headers in time; answered 504 \
+                             ({suppressed} more since the last such line)"
+                        );
+                    }
+                    return failed(
+                        UpstreamFailure::ResponseTimeout,
+                        StatusCode::GATEWAY_TIMEOUT,
+                        &ids,
+                        INTERNAL_ERROR,
+                        "Gateway Timeout: the upstream MCP server did not answer in time",
+                    );
+                }
+            },
+            None => sent.await,
+        };
+        match answered {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
-                Response::from_parts(parts, ProxyBody::upstream(body))
+                Response::from_parts(parts, ProxyBody::upstream(body, self.idle_timeout))
             }
             Err(error) => {
-                let message = if !error.is_connect() {
-                    "Bad Gateway: the upstream MCP server failed before answering"
+                if let Some(busy) = find::<UpstreamBusy>(&error) {
+                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::Busy) {
+                        tracing::warn!(
+                            %method,
+                            %uri,
+                            "{busy}; answered 503 ({suppressed} more since the last such line)"
+                        );
+                    }
+                    return failed(
+                        UpstreamFailure::Busy,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &ids,
+                        reply::SERVER_ERROR,
+                        "Service Unavailable: every upstream connection is busy; retry later",
+                    );
+                }
+                let (failure, message) = if !error.is_connect() {
+                    (
+                        UpstreamFailure::FailedBeforeAnswer,
+                        "Bad Gateway: the upstream MCP server failed before answering",
+                    )
                 } else if is_timeout(&error) {
-                    "Bad Gateway: the upstream MCP server did not accept the connection in time"
+                    (
+                        UpstreamFailure::ConnectTimeout,
+                        "Bad Gateway: the upstream MCP server did not accept the connection in time",
+                    )
                 } else {
-                    "Bad Gateway: the upstream MCP server could not be reached"
+                    (
+                        UpstreamFailure::Unreachable,
+                        "Bad Gateway: the upstream MCP server could not be reached",
+                    )
                 };
-                tracing::warn!(
-                    %method,
-                    %uri,
-                    error = %error_chain(&error),
-                    connect_timeout = ?self.connect_timeout,
-                    "upstream request failed; answered 502"
-                );
-                local(StatusCode::BAD_GATEWAY, &ids, INTERNAL_ERROR, message)
+                // An upstream that is down fails every request: one line per
+                // interval and kind, with the count, not one per request.
+                if let Some(suppressed) = self.warnings.ready(failure) {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        error = %error_chain(&error),
+                        connect_timeout = ?self.connect_timeout,
+                        "upstream request failed; answered 502 ({suppressed} more {} since the last such line)",
+                        failure.as_str(),
+                    );
+                }
+                failed(
+                    failure,
+                    StatusCode::BAD_GATEWAY,
+                    &ids,
+                    INTERNAL_ERROR,
+                    message,
+                )
             }
         }
     }
@@ -429,11 +659,7 @@ impl Proxy {
 /// [`PEEK_LIMIT`].
 fn is_peekable<B: Body>(parts: &http::request::Parts, body: &B) -> bool {
     parts.method == Method::POST
-        && parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| media_type(value).eq_ignore_ascii_case("application/json"))
+        && has_media_type(&parts.headers, "application/json")
         && body
             .size_hint()
             .upper()
@@ -471,26 +697,32 @@ enum ErrorIds {
 
 impl ErrorIds {
     fn of(body: &[u8]) -> Self {
-        let id_text = |message: &crate::envelope::Message| {
-            (message.kind == Kind::Request)
-                .then(|| message.id.clone())
-                .flatten()
-                .and_then(|range| std::str::from_utf8(&body[range]).ok())
-                .map(str::to_owned)
+        let Some(peeked) = peek(body) else {
+            return Self::Null;
         };
-        match peek(body) {
-            Some(Peeked::Single(message)) => id_text(&message).map_or(Self::Null, Self::Single),
-            Some(Peeked::Batch(messages)) => {
-                let ids: Vec<String> = messages.iter().filter_map(id_text).collect();
-                if ids.is_empty() {
-                    Self::Null
-                } else {
-                    Self::Batch(ids)
-                }
-            }
-            None => Self::Null,
+        let mut ids: Vec<String> = peeked
+            .request_ids(body)
+            .map(|(_, text)| text.to_owned())
+            .collect();
+        match peeked {
+            Peeked::Single(_) => ids.pop().map_or(Self::Null, Self::Single),
+            Peeked::Batch(_) if ids.is_empty() => Self::Null,
+            Peeked::Batch(_) => Self::Batch(ids),
         }
     }
+}
+
+/// An answer to a request the upstream could not answer, marked with why.
+fn failed(
+    failure: UpstreamFailure,
+    status: StatusCode,
+    ids: &ErrorIds,
+    code: i32,
+    message: &str,
+) -> Response<ProxyBody> {
+    let mut response = local(status, ids, code, message);
+    response.extensions_mut().insert(failure);
+    response
 }
 
 /// An answer the proxy gives itself: a JSON-RPC error per id.
@@ -503,6 +735,20 @@ fn local(status: StatusCode, ids: &ErrorIds, code: i32, message: &str) -> Respon
         }
     };
     response.map(ProxyBody::local)
+}
+
+/// The first error of type `E` in an error's chain.
+fn find<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// Whether an upstream error was a connect timeout.

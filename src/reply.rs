@@ -21,6 +21,8 @@ pub(crate) const BATCH_SIBLING_MESSAGE: &str =
 pub(crate) const QUEUE_TIMEOUT_MESSAGE: &str =
     "Timed out waiting for an earlier request with this id in this session to finish";
 pub(crate) const OVER_CAPACITY_MESSAGE: &str = "Too many requests in flight in this session";
+/// A request body failed while the guard (or the proxy) read it.
+pub(crate) const UNREADABLE_MESSAGE: &str = "Invalid Request: the request body could not be read";
 
 /// One JSON-RPC error object; `id` is the request's id JSON text, written as
 /// the client sent it (or `null`).
@@ -105,7 +107,7 @@ pub(crate) fn body_unreadable() -> Response<Full<Bytes>> {
         StatusCode::BAD_REQUEST,
         "null",
         INVALID_REQUEST,
-        "Invalid Request: the request body could not be read",
+        UNREADABLE_MESSAGE,
     )
 }
 

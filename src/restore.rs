@@ -169,26 +169,34 @@ impl Restorer {
     /// Reads `text` (JSON text whose first byte sits at absolute `position`,
     /// or a virtual line break that maps there).
     fn read(&mut self, text: &[u8], position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
-        let payload_base = self.scanner.offset();
+        let text_base = self.scanner.offset();
+        let map = |offset: usize| position + offset.saturating_sub(text_base).min(text.len());
         let mut events = std::mem::take(&mut self.events);
-        events.clear();
-        let fed = self.scanner.feed(text, &mut events);
-        for event in &events {
-            let map =
-                |offset: usize| position + offset.saturating_sub(payload_base).min(text.len());
-            self.on_event(event, &map, text, payload_base, at, out);
-            if self.passing {
-                break;
+        let mut read = 0;
+        // Event by event, so that reading stops as soon as the text needs
+        // no more (a single message whose id is settled).
+        while read < text.len() && !self.passing {
+            events.clear();
+            match self.scanner.feed_some(&text[read..], &mut events) {
+                Ok(count) => read += count,
+                Err(_) => {
+                    // Not JSON the scanner can follow: nothing more is
+                    // restored in it.
+                    self.passing = true;
+                    if self.held.is_some() {
+                        self.release(None, position, at, out);
+                    }
+                    break;
+                }
+            }
+            for event in &events {
+                self.on_event(event, &map, text, text_base, at, out);
+                if self.passing {
+                    break;
+                }
             }
         }
         self.events = events;
-        if fed.is_err() {
-            // Not JSON the scanner can follow: nothing more is restored in it.
-            self.passing = true;
-            if self.held.is_some() {
-                self.release(None, position, at, out);
-            }
-        }
     }
 
     fn on_event(

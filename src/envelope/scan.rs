@@ -193,11 +193,38 @@ impl Scanner {
 
     /// Reads the next chunk of the text, appending what it finds to `events`.
     pub(crate) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) -> Result<(), Malformed> {
+        self.feed_until(chunk, events, false).map(|_| ())
+    }
+
+    /// Reads `chunk` until it has found at least one event; returns how many
+    /// bytes it read. A reader that may stop early (the response path, once
+    /// an id is settled) then never reads the rest.
+    pub(crate) fn feed_some(
+        &mut self,
+        chunk: &[u8],
+        events: &mut Vec<Event>,
+    ) -> Result<usize, Malformed> {
+        self.feed_until(chunk, events, true)
+    }
+
+    fn feed_until(
+        &mut self,
+        chunk: &[u8],
+        events: &mut Vec<Event>,
+        stop_at_event: bool,
+    ) -> Result<usize, Malformed> {
         let base = self.offset;
+        let found = events.len();
         let mut at = 0;
         while at < chunk.len() {
+            if stop_at_event && events.len() > found {
+                self.offset = base + at;
+                return Ok(at);
+            }
             at = match self.token {
-                Token::None => self.structure(chunk, at, base, events)?,
+                Token::None => self.structure(chunk, at, base, events).inspect_err(|_| {
+                    self.offset = base + at;
+                })?,
                 Token::String { .. } => self.string(chunk, at, base, events),
                 Token::Scalar { role } => {
                     match chunk[at..].iter().position(|byte| is_delimiter(*byte)) {
@@ -212,7 +239,7 @@ impl Scanner {
             };
         }
         self.offset = base + chunk.len();
-        Ok(())
+        Ok(chunk.len())
     }
 
     /// Ends the text: a scalar still being read ends here. An error if the

@@ -45,18 +45,25 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// and `Expect` (this hop already answered it), sets `Host` to the upstream's
 /// authority and adds the `X-Forwarded-*` headers.
 ///
-/// `client_host` is the `Host` (or HTTP/2 `:authority`) the client sent.
+/// `client_host` is the `Host` (or HTTP/2 `:authority`) the client sent;
+/// with `preserve_host` it stays the `Host` (the upstream's authority is the
+/// fallback when the client sent none).
 pub(crate) fn prepare_request(
     headers: &mut HeaderMap,
     upstream_host: &HeaderValue,
     client_host: Option<HeaderValue>,
     client_ip: Option<IpAddr>,
+    preserve_host: bool,
 ) {
     remove_hop_by_hop(headers);
     // The proxy's server already sent `100 Continue` (or not) when the body
     // was read; the upstream connection does not wait for one.
     headers.remove(EXPECT);
-    headers.insert(HOST, upstream_host.clone());
+    let host = match (&client_host, preserve_host) {
+        (Some(client_host), true) => client_host.clone(),
+        _ => upstream_host.clone(),
+    };
+    headers.insert(HOST, host);
     if let Some(ip) = client_ip {
         append_forwarded_for(headers, ip);
     }
@@ -144,6 +151,7 @@ mod tests {
             &upstream_host,
             Some(HeaderValue::from_static("guard.example:8080")),
             Some("127.0.0.1".parse().unwrap()),
+            false,
         );
         assert_eq!(headers[HOST], "127.0.0.1:8000");
         assert_eq!(
@@ -164,9 +172,20 @@ mod tests {
             &upstream_host,
             Some(HeaderValue::from_static("10.0.0.5:8080")),
             None,
+            false,
         );
         assert_eq!(headers[&X_FORWARDED_PROTO], "https");
         assert_eq!(headers[&X_FORWARDED_HOST], "mcp.example.com");
         assert!(!headers.contains_key(&X_FORWARDED_FOR));
+
+        // Preserved: the upstream sees the client's Host (HTTP/2 clients'
+        // `:authority` included); without one, its own authority.
+        let mut headers = map(&[("host", "localhost:8080")]);
+        let client_host = Some(HeaderValue::from_static("localhost:8080"));
+        prepare_request(&mut headers, &upstream_host, client_host, None, true);
+        assert_eq!(headers[HOST], "localhost:8080");
+        let mut headers = HeaderMap::new();
+        prepare_request(&mut headers, &upstream_host, None, None, true);
+        assert_eq!(headers[HOST], "127.0.0.1:8000");
     }
 }

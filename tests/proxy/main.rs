@@ -10,6 +10,9 @@ mod support;
 #[cfg(feature = "cli")]
 mod binary;
 mod failures;
+// Tests of the binary itself.
+#[cfg(feature = "cli")]
+mod hardening;
 mod headers;
 mod rmcp;
 mod streaming;

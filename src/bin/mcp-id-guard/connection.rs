@@ -1,0 +1,472 @@
+//! One client connection's timers: how long it may take to send a request
+//! head (protocol detection and the HTTP/2 preface included), how long it may
+//! stay idle between requests, and how long a request body may pause.
+//!
+//! hyper's own header timer covers neither hyper-util's protocol detection
+//! (which reads the first bytes with no timer at all) nor HTTP/2, so a
+//! connection that sends nothing, part of the HTTP/2 preface, or the preface
+//! and then silence would stay open for ever. Here one watchdog per connection
+//! knows whether a request is in progress (from the service and the response
+//! body) and whether bytes have arrived since the connection went idle (from
+//! the socket), and closes the connection when its deadline passes.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
+
+/// "No time recorded".
+const NONE: u64 = u64::MAX;
+
+/// How long a connection that was told to close may take to do so before it
+/// is dropped (when no request is in progress on it).
+const CLOSE_BOUND: Duration = Duration::from_millis(100);
+
+/// The client-side time limits; `None` turns one off.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// From the connection's start (or, on HTTP/1.1, the first byte of a
+    /// later request) to a whole request head.
+    pub(crate) header_read: Option<Duration>,
+    /// Between requests on a kept-alive connection.
+    pub(crate) keep_alive: Option<Duration>,
+    /// A request body's longest pause.
+    pub(crate) body_idle: Option<Duration>,
+    /// The longest a write to the client may stay blocked (the client does
+    /// not read what it asked for).
+    pub(crate) send: Option<Duration>,
+}
+
+/// What the watchdog knows about one connection, shared with its socket, its
+/// requests and their bodies.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    start: Instant,
+    /// Requests whose response has not been sent whole yet.
+    active: AtomicUsize,
+    /// Since when no request has been active (ms since `start`).
+    idle_since: AtomicU64,
+    /// When the first byte arrived while idle (ms since `start`), or `NONE`.
+    head_started: AtomicU64,
+    /// Whether a request has arrived (protocol detection is over).
+    served: AtomicBool,
+    /// Whether the connection speaks HTTP/2, where bytes arrive while idle
+    /// (pings, settings) and do not start a request head.
+    http2: AtomicBool,
+    /// Since when a write to the client has been blocked (ms since
+    /// `start`), or `NONE`.
+    write_blocked: AtomicU64,
+    /// A request body timed out: close the connection.
+    close: AtomicBool,
+    /// Wakes the watchdog when the state above changes.
+    changed: Notify,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            start: Instant::now(),
+            active: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_started: AtomicU64::new(NONE),
+            write_blocked: AtomicU64::new(NONE),
+            served: AtomicBool::new(false),
+            http2: AtomicBool::new(false),
+            close: AtomicBool::new(false),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(NONE - 1)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+
+    /// A request has arrived; it is active until the returned token (moved
+    /// into its response body) is dropped.
+    pub(crate) fn request_started(self: &Arc<Self>, http2: bool) -> ActiveRequest {
+        self.served.store(true, Ordering::Relaxed);
+        if http2 {
+            self.http2.store(true, Ordering::Relaxed);
+        }
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.head_started.store(NONE, Ordering::Relaxed);
+        ActiveRequest(Arc::clone(self))
+    }
+
+    /// Bytes arrived from the client.
+    fn bytes_read(&self) {
+        if self.active.load(Ordering::Acquire) == 0
+            && self.head_started.load(Ordering::Relaxed) == NONE
+            && !self.http2.load(Ordering::Relaxed)
+        {
+            self.head_started.store(self.now_ms(), Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write to the client could not proceed (its receive window and our
+    /// send buffer are full).
+    fn write_blocked(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) == NONE {
+            self.write_blocked.store(self.now_ms(), Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    fn write_progressed(&self) {
+        if self.write_blocked.load(Ordering::Relaxed) != NONE {
+            self.write_blocked.store(NONE, Ordering::Relaxed);
+        }
+    }
+
+    /// When a blocked write to the client must have progressed.
+    fn send_deadline(&self, limits: &Limits) -> Option<Instant> {
+        let blocked = self.write_blocked.load(Ordering::Relaxed);
+        let limit = limits.send?;
+        (blocked != NONE).then(|| self.at(blocked) + limit)
+    }
+
+    fn request_close(&self) {
+        self.close.store(true, Ordering::Relaxed);
+        self.changed.notify_one();
+    }
+
+    /// When the connection must close if nothing changes, and why; `None`
+    /// while a request is in progress (its own timers apply).
+    fn deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        if !self.served.load(Ordering::Relaxed) {
+            let limit = limits.header_read?;
+            return Some((self.start + limit, "no request head in time"));
+        }
+        let head_started = self.head_started.load(Ordering::Relaxed);
+        if head_started != NONE {
+            if let Some(limit) = limits.header_read {
+                return Some((
+                    self.at(head_started) + limit,
+                    "request head not finished in time",
+                ));
+            }
+        }
+        let limit = limits.keep_alive?;
+        let idle_since = self.idle_since.load(Ordering::Relaxed);
+        Some((self.at(idle_since) + limit, "idle keep-alive connection"))
+    }
+}
+
+/// One request in progress on a connection (see [`Activity::request_started`]).
+pub(crate) struct ActiveRequest(Arc<Activity>);
+
+impl fmt::Debug for ActiveRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ActiveRequest")
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        activity
+            .idle_since
+            .store(activity.now_ms(), Ordering::Relaxed);
+        if activity.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            activity.changed.notify_one();
+        }
+    }
+}
+
+/// A response body that keeps its request active until it is dropped
+/// (sent whole, or abandoned with the connection).
+pub(crate) struct Tracked<B> {
+    body: B,
+    _active: ActiveRequest,
+}
+
+impl<B> Tracked<B> {
+    pub(crate) fn new(body: B, active: ActiveRequest) -> Self {
+        Self {
+            body,
+            _active: active,
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that fails when the client pauses longer than the limit
+/// while the proxy waits for it, and then has the connection closed.
+pub(crate) struct TimedBody {
+    body: hyper::body::Incoming,
+    limit: Option<Duration>,
+    /// Armed while the reader waits for the client; allocated on first use.
+    timer: Option<Pin<Box<Sleep>>>,
+    waiting: bool,
+    timed_out: bool,
+    activity: Arc<Activity>,
+}
+
+impl TimedBody {
+    pub(crate) fn new(
+        body: hyper::body::Incoming,
+        limit: Option<Duration>,
+        activity: Arc<Activity>,
+    ) -> Self {
+        Self {
+            body,
+            limit,
+            timer: None,
+            waiting: false,
+            timed_out: false,
+            activity,
+        }
+    }
+}
+
+/// Why a request body failed: the client paused too long.
+#[derive(Debug)]
+struct BodyTimeout(Duration);
+
+impl fmt::Display for BodyTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the client sent no request body data for {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BodyTimeout {}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = mcp_id_guard::proxy::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.timed_out {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.waiting = false;
+                Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let Some(limit) = this.limit else {
+                    return Poll::Pending;
+                };
+                // The pause counts from when the reader started waiting, not
+                // from the last frame: a reader slowed by the upstream is
+                // not the client's fault.
+                let deadline = Instant::now() + limit;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if !this.waiting {
+                    this.waiting = true;
+                    timer.as_mut().reset(deadline);
+                }
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.timed_out = true;
+                this.activity.request_close();
+                tracing::debug!(timeout = ?limit, "request body paused too long; closing the connection");
+                Poll::Ready(Some(Err(Box::new(BodyTimeout(limit)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.timed_out || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The client socket, telling the watchdog when bytes arrive.
+pub(crate) struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl Watched {
+    pub(crate) fn new(stream: TcpStream, activity: Arc<Activity>) -> Self {
+        Self { stream, activity }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.bytes_read();
+        }
+        result
+    }
+}
+
+impl Watched {
+    fn wrote(&self, blocked: bool) {
+        if blocked {
+            self.activity.write_blocked();
+        } else {
+            self.activity.write_progressed();
+        }
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(result.is_pending());
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(result.is_pending());
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Drives `connection` until it ends, closing it when its deadline passes
+/// (see [`Limits`]), when a request body timed out, or gracefully when the
+/// process shuts down (`shutdown` turns `true`). `graceful` asks the
+/// connection to finish its requests in progress and close.
+pub(crate) async fn drive<C, E>(
+    connection: C,
+    graceful: impl Fn(Pin<&mut C>),
+    activity: Arc<Activity>,
+    limits: Limits,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) where
+    C: Future<Output = Result<(), E>>,
+    E: fmt::Display,
+{
+    let mut connection = std::pin::pin!(connection);
+    let mut closing = false;
+    let mut hard_deadline: Option<Instant> = None;
+    loop {
+        let mut deadline = if closing {
+            hard_deadline.map(|at| (at, "did not close in time"))
+        } else {
+            activity.deadline(&limits)
+        };
+        let send_deadline = activity.send_deadline(&limits);
+        if let Some(send_at) = send_deadline {
+            if deadline.is_none_or(|(at, _)| send_at < at) {
+                deadline = Some((send_at, "the client did not read its response in time"));
+            }
+        }
+        let changed = activity.changed.notified();
+        tokio::select! {
+            biased;
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.wait_for(|stop| *stop), if !closing => {
+                closing = true;
+                graceful(connection.as_mut());
+            }
+            () = changed => {
+                if !closing && activity.close.load(Ordering::Relaxed) {
+                    closing = true;
+                    graceful(connection.as_mut());
+                    hard_deadline = Some(Instant::now() + CLOSE_BOUND);
+                }
+            }
+            () = tokio::time::sleep_until(deadline.map_or_else(Instant::now, |(at, _)| at)), if deadline.is_some() => {
+                let why = deadline.map_or("", |(_, why)| why);
+                if activity
+                    .send_deadline(&limits)
+                    .is_some_and(|at| at <= Instant::now())
+                {
+                    // Nothing more can be written to this client: drop the
+                    // connection (and with it the upstream request).
+                    tracing::debug!(%peer, "dropping connection: {why}");
+                    return;
+                }
+                if closing {
+                    if activity.active.load(Ordering::Acquire) == 0 {
+                        tracing::debug!(%peer, "closing connection: {why}");
+                        return;
+                    }
+                    // A request arrived meanwhile; let it finish.
+                    hard_deadline = None;
+                } else if activity.deadline(&limits).is_some_and(|(at, _)| at <= Instant::now()) {
+                    tracing::debug!(%peer, "closing connection: {why}");
+                    closing = true;
+                    graceful(connection.as_mut());
+                    hard_deadline = Some(Instant::now() + CLOSE_BOUND);
+                }
+            }
+        }
+    }
+}

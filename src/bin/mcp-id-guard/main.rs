@@ -1,0 +1,878 @@
+//! `mcp-id-guard`: a reverse proxy that puts the id guard in front of an MCP
+//! server written in any language.
+//!
+//! ```text
+//! mcp-id-guard --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000
+//! ```
+
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy, UpstreamFailure};
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing_subscriber::EnvFilter;
+
+mod admin;
+mod connection;
+mod limits;
+
+use connection::TimedBody;
+
+/// Read buffer room beyond --max-header-bytes, so a head a little over the
+/// limit still gets the JSON-RPC answer.
+const HEAD_BUFFER_SLACK: usize = 8 * 1024;
+/// hyper's smallest HTTP/1 read buffer.
+const MIN_READ_BUFFER: usize = 8 * 1024;
+
+/// The first pause after a failed `accept`.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// The longest pause after failed `accept`s in a row.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Guards an MCP streamable-HTTP server against concurrent requests that
+/// reuse a JSON-RPC id in one session: a reverse proxy that gives every
+/// duplicate a unique id (or rejects it) and streams everything else through.
+///
+/// Point MCP clients at http://<listen>/<the server's path>. Logs go to
+/// stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change how much is logged.
+#[derive(Debug, Parser)]
+#[command(name = "mcp-id-guard", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "MCP_ID_GUARD_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+
+    /// Base URL of the MCP server to protect, such as http://127.0.0.1:8000.
+    /// A request for /mcp?x=1 goes to <upstream>/mcp?x=1.
+    #[arg(long, env = "MCP_ID_GUARD_UPSTREAM")]
+    upstream: String,
+
+    /// What to do with a request whose id is already in flight in its
+    /// session: give it a unique id and restore the client's in the response
+    /// (remap), answer it with an error (reject), or hold it until the earlier
+    /// request with that id has ended (queue).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ON_DUPLICATE",
+        value_enum,
+        default_value_t = Policy::Remap
+    )]
+    on_duplicate: Policy,
+
+    /// HTTP status of rejections under --on-duplicate reject: any 4xx code,
+    /// such as 400 (as the Go SDK answers) or 409.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_REJECT_STATUS",
+        default_value = "400",
+        value_parser = parse_reject_status
+    )]
+    reject_status: http::StatusCode,
+
+    /// Under --on-duplicate queue, how long a request may wait before it
+    /// gets 503 (e.g. 30s).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_QUEUE_WAIT",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    max_queue_wait: Duration,
+
+    /// Give every tracked request a unique server-side id, not only
+    /// duplicates: the server never sees an id twice in a session, even after
+    /// a client went away while its request was still running there.
+    #[arg(long, env = "MCP_ID_GUARD_REWRITE_ALL_IDS")]
+    rewrite_all_ids: bool,
+
+    /// How long the id of a request its client gave up on (disconnected,
+    /// cancelled) stays shadowed, so the server's late answer cannot reach a
+    /// new request with that id (e.g. 5m; 0 turns shadowing off). Pick a
+    /// value above your longest tool call.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ABANDONED_ID_TTL",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    abandoned_id_ttl: Duration,
+
+    /// Largest JSON POST body the guard reads; larger ones get 413.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+
+    /// Requests one session may have in flight; more get 429.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_IN_FLIGHT_PER_SESSION",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_in_flight_per_session: u32,
+
+    /// How long to wait for the upstream to accept a connection before
+    /// answering 502 (e.g. 5s, 500ms).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_CONNECT_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    connect_timeout: Duration,
+
+    /// Host names clients may use to reach the proxy (comma-separated):
+    /// `name` or `name:*` for any port, `name:port`, IPv6 in brackets. A
+    /// request naming another host (in `Host` or HTTP/2 `:authority`) gets
+    /// 421: this is DNS-rebinding protection. Replaces the default, which on
+    /// a loopback --listen address is localhost, 127.0.0.1 and [::1] on any
+    /// port; on any other address, name the hosts or pass --allow-any-host.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        conflicts_with = "allow_any_host"
+    )]
+    allowed_hosts: Vec<String>,
+
+    /// Serve requests whatever host they name (no Host check), e.g. behind a
+    /// load balancer that checks it.
+    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_HOST")]
+    allow_any_host: bool,
+
+    /// Browser origins allowed to call the proxy (comma-separated):
+    /// `scheme://host`, `scheme://host:port`, `scheme://host:*`, or `null`.
+    /// Requests without Origin (from programs, not browsers) always pass; an
+    /// origin not listed gets 403. Default: http/https origins on localhost,
+    /// 127.0.0.1 and [::1] (any port).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        conflicts_with = "allow_any_origin"
+    )]
+    allowed_origins: Vec<String>,
+
+    /// Serve requests whatever their Origin (no Origin check).
+    #[arg(long, env = "MCP_ID_GUARD_ALLOW_ANY_ORIGIN")]
+    allow_any_origin: bool,
+
+    /// Forward the client's Host to the upstream unchanged (instead of the
+    /// upstream's own address), so the upstream's own Host check still sees
+    /// it. The upstream must then accept the names clients use.
+    #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
+    preserve_host: bool,
+
+    /// How long a client may take to send a whole request head, from when
+    /// it connects (protocol detection and the HTTP/2 preface included) or
+    /// sends the first byte of a later request. Slow-header clients hold a
+    /// connection each; legitimate ones send a head in milliseconds. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_HEADER_READ_TIMEOUT",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
+    header_read_timeout: Duration,
+
+    /// Longest pause in a request body while the proxy waits for it; then
+    /// the request fails and the connection closes. MCP POST bodies are
+    /// small and sent at once. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_REQUEST_BODY_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    request_body_timeout: Duration,
+
+    /// How long a write to a client may stay blocked because the client does
+    /// not read (nginx's send_timeout); then the connection is dropped,
+    /// with the upstream request it holds. A slow-reading client would
+    /// otherwise keep an upstream connection busy for ever. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_SEND_TIMEOUT",
+        default_value = "60s",
+        value_parser = parse_duration
+    )]
+    send_timeout: Duration,
+
+    /// How long a connection may stay open with no request in progress. As
+    /// nginx's default, and above the idle timeouts of common load balancers
+    /// in front (60s), so they close first. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_KEEP_ALIVE_TIMEOUT",
+        default_value = "75s",
+        value_parser = parse_duration
+    )]
+    keep_alive_timeout: Duration,
+
+    /// How long the upstream may take to send response headers; then the
+    /// client gets 504 with a JSON-RPC error carrying its id. Streaming
+    /// (SSE) servers send headers at once; servers answering with plain JSON
+    /// send them when the tool finishes: set it above your longest tool
+    /// call. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_RESPONSE_TIMEOUT",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    upstream_response_timeout: Duration,
+
+    /// Longest pause in an upstream response body (SSE stream) before the
+    /// client's response is cut. SSE keep-alive comments count as activity
+    /// (rmcp and python-sdk send one every 15s), so healthy streams stay
+    /// open; clients reconnect cut GET streams. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_IDLE_TIMEOUT",
+        default_value = "5m",
+        value_parser = parse_duration
+    )]
+    upstream_idle_timeout: Duration,
+
+    /// Most client connections open at once; past it the proxy stops
+    /// accepting until one closes. Default: half the descriptor limit
+    /// (ulimit -n) after a reserve, so client and upstream connections fit.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_connections: Option<u32>,
+
+    /// Most upstream connections open at once, idle pooled ones included
+    /// (each open SSE stream holds one); requests that find none free wait
+    /// up to --upstream-queue-timeout, then get 503. Default: 1024 (envoy's
+    /// default), or less when the descriptor limit leaves less room.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_UPSTREAM_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_upstream_connections: Option<u32>,
+
+    /// How long a request waits for a free upstream connection before it
+    /// gets 503 with a JSON-RPC error carrying its id.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_QUEUE_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    upstream_queue_timeout: Duration,
+
+    /// How long an idle upstream connection stays pooled: below the 5s
+    /// keep-alive of uvicorn and Node's HTTP server, so the proxy closes idle
+    /// connections before the upstream does.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_POOL_IDLE_TIMEOUT",
+        default_value = "4s",
+        value_parser = parse_duration
+    )]
+    pool_idle_timeout: Duration,
+
+    /// Largest request head (request line and headers) in bytes; larger
+    /// ones get 431. Bounds each connection's read buffer too (nginx allows
+    /// about 32 KiB). 0: hyper's defaults (about 400 KiB).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_HEADER_BYTES",
+        default_value_t = 32 * 1024
+    )]
+    max_header_bytes: usize,
+
+    /// Serve /healthz, /readyz (the upstream accepts connections, else 503)
+    /// and /metrics (Prometheus text format) on this address, e.g.
+    /// 127.0.0.1:9090. Off by default. Keep it off the public network.
+    #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+
+    /// Log format on stderr: text, or json (one object per line, for log
+    /// pipelines).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+
+    /// On SIGINT/SIGTERM, how long open requests and streams may go on
+    /// before they are cut (e.g. 10s).
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_GRACE_PERIOD",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    grace_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Policy {
+    Remap,
+    Reject,
+    Queue,
+}
+
+/// A client-error status (400-499) for rejections.
+fn parse_reject_status(text: &str) -> Result<http::StatusCode, String> {
+    text.trim()
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| http::StatusCode::from_u16(code).ok())
+        .filter(http::StatusCode::is_client_error)
+        .ok_or_else(|| format!("{text:?} is not a 4xx status code such as 400 or 409"))
+}
+
+/// `5`, `5s`, `500ms`, `2m`: a whole number with an optional unit (seconds
+/// when none is given).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 5s or 500ms"))?;
+    match unit.trim() {
+        "" | "s" => Ok(Duration::from_secs(number)),
+        "ms" => Ok(Duration::from_millis(number)),
+        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
+        _ => Err(format!(
+            "{text:?}: unknown unit (use ms, s or m, e.g. 5s or 500ms)"
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "could not start the Tokio runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // Connections still open after the grace period are cut here.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The Host/Origin checks the flags ask for; an error when the flags leave
+/// the host names of a non-loopback listener unsaid.
+fn host_policy(args: &Args) -> Result<HostPolicy, String> {
+    let mut policy = HostPolicy::loopback();
+    if args.allow_any_host {
+        policy = policy.any_host();
+    } else if !args.allowed_hosts.is_empty() {
+        policy = policy
+            .allowed_hosts(&args.allowed_hosts)
+            .map_err(|error| format!("--allowed-hosts: {error}"))?;
+    } else if !args.listen.ip().is_loopback() {
+        return Err(format!(
+            "listening on {}, which is not a loopback address: name the host names clients use \
+             with --allowed-hosts (DNS-rebinding protection), or pass --allow-any-host if \
+             something in front of the proxy checks them",
+            args.listen
+        ));
+    }
+    if args.allow_any_origin {
+        policy = policy.any_origin();
+    } else if !args.allowed_origins.is_empty() {
+        policy = policy
+            .allowed_origins(&args.allowed_origins)
+            .map_err(|error| format!("--allowed-origins: {error}"))?;
+    }
+    Ok(policy)
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let hosts = Arc::new(host_policy(&args)?);
+    let descriptors = limits::descriptor_limit();
+    let max_upstream = args.max_upstream_connections.map_or_else(
+        || limits::connections_for(descriptors).min(1024),
+        |max| usize::try_from(max).unwrap_or(usize::MAX),
+    );
+    let proxy = Proxy::builder()
+        .max_connections(Some(max_upstream))
+        .connection_wait(args.upstream_queue_timeout)
+        .pool_idle_timeout(args.pool_idle_timeout)
+        .connect_timeout(args.connect_timeout)
+        .response_timeout(enabled(args.upstream_response_timeout))
+        .idle_timeout(enabled(args.upstream_idle_timeout))
+        .preserve_host(args.preserve_host)
+        .build(&args.upstream)
+        .map_err(|error| error.to_string())?;
+    let policy = match args.on_duplicate {
+        Policy::Remap => OnDuplicate::Remap,
+        Policy::Reject => OnDuplicate::Reject,
+        Policy::Queue => OnDuplicate::Queue,
+    };
+    let reject_status = args.reject_status;
+    let guard = IdGuardLayer::new()
+        .on_duplicate(policy)
+        .reject_status(reject_status)
+        .max_body_bytes(args.max_body_bytes)
+        .max_in_flight_per_session(args.max_in_flight_per_session as usize)
+        .max_queue_wait(args.max_queue_wait)
+        .rewrite_all_ids(args.rewrite_all_ids)
+        .abandoned_id_ttl(args.abandoned_id_ttl);
+    let upstream = proxy.upstream().to_owned();
+    let service = guard.clone().layer(proxy);
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
+    let local = listener
+        .local_addr()
+        .map_err(|error| format!("cannot read the listening address: {error}"))?;
+    let mut policy_name = match policy {
+        OnDuplicate::Reject => format!("reject with {reject_status}"),
+        OnDuplicate::Queue => format!("queue for up to {:?}", args.max_queue_wait),
+        _ => "remap".to_owned(),
+    };
+    if args.rewrite_all_ids {
+        policy_name.push_str("; every id rewritten");
+    }
+    tracing::info!(
+        "mcp-id-guard {} listening on http://{local}, forwarding to {upstream} (duplicate ids: {policy_name})",
+        env!("CARGO_PKG_VERSION"),
+    );
+
+    let max_connections = args.max_connections.map_or_else(
+        || limits::connections_for(descriptors),
+        |max| usize::try_from(max).unwrap_or(usize::MAX),
+    );
+    tracing::info!(
+        "client connections: at most {max_connections} open (descriptor limit {descriptors}); \
+         upstream connections: at most {max_upstream}; request heads: at most {} bytes; \
+         timeouts: request head {}, request body pause {}, blocked send {}, keep-alive {}, \
+         upstream response {}, upstream pause {}",
+        if args.max_header_bytes == 0 {
+            "hyper's default".to_owned()
+        } else {
+            args.max_header_bytes.to_string()
+        },
+        shown(args.header_read_timeout),
+        shown(args.request_body_timeout),
+        shown(args.send_timeout),
+        shown(args.keep_alive_timeout),
+        shown(args.upstream_response_timeout),
+        shown(args.upstream_idle_timeout),
+    );
+
+    let mut server = auto::Builder::new(TokioExecutor::new());
+    // The connection watchdog times request heads (hyper's own timer would
+    // also cut idle keep-alive connections, and never sees protocol
+    // detection or HTTP/2).
+    server
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None);
+    server.http2().timer(TokioTimer::new());
+    let max_header_bytes = (args.max_header_bytes > 0).then_some(args.max_header_bytes);
+    if let Some(max) = max_header_bytes {
+        // A head that outgrows the read buffer gets hyper's own bare 431;
+        // one that fits but is over the limit gets the JSON-RPC 431 below.
+        server
+            .http1()
+            .max_buf_size(max.saturating_add(HEAD_BUFFER_SLACK).max(MIN_READ_BUFFER));
+        server
+            .http2()
+            .max_header_list_size(u32::try_from(max).unwrap_or(u32::MAX));
+    }
+    let limits = connection::Limits {
+        header_read: enabled(args.header_read_timeout),
+        keep_alive: enabled(args.keep_alive_timeout),
+        body_idle: enabled(args.request_body_timeout),
+        send: enabled(args.send_timeout),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // One permit per open client connection: when none is left, the proxy
+    // stops accepting (the kernel's backlog holds new connections) instead
+    // of running out of descriptors.
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let metrics = match args.admin_listen {
+        Some(address) => {
+            let metrics = Arc::new(admin::Metrics::new());
+            let admin = admin::Admin::new(
+                &metrics,
+                guard.clone(),
+                Arc::clone(&permits),
+                max_connections,
+                upstream_authority(&upstream),
+                args.connect_timeout,
+            );
+            let listener = TcpListener::bind(address)
+                .await
+                .map_err(|error| format!("cannot listen on {address} (--admin-listen): {error}"))?;
+            let local = listener
+                .local_addr()
+                .map_err(|error| format!("cannot read the admin address: {error}"))?;
+            tracing::info!("admin endpoints on http://{local} (/healthz, /readyz, /metrics)");
+            tokio::spawn(admin::serve(
+                listener,
+                Arc::new(admin),
+                args.header_read_timeout.max(Duration::from_secs(1)),
+            ));
+            Some(metrics)
+        }
+        None => None,
+    };
+    let mut full_warning = limits::Every::new(Duration::from_secs(10));
+    let mut accept_warning = limits::Every::new(Duration::from_secs(10));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+
+    let signal = loop {
+        if permits.available_permits() == 0 {
+            if let Some(suppressed) = full_warning.ready() {
+                tracing::warn!(
+                    "{max_connections} client connections open (--max-connections); new ones wait \
+                     until one closes ({suppressed} more times since the last such line)"
+                );
+            }
+        }
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break "the connection table closed",
+            },
+            signal = &mut shutdown => break signal,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => {
+                    backoff = ACCEPT_BACKOFF_MIN;
+                    accepted
+                }
+                Err(error) => {
+                    // Out of descriptors and the like: each retry would fail
+                    // the same way at once. Back off (up to a second) and log
+                    // a line per interval, not per attempt.
+                    if let Some(suppressed) = accept_warning.ready() {
+                        tracing::warn!(
+                            %error,
+                            "accept failed; retrying in {backoff:?} ({suppressed} more failures since the last such line)"
+                        );
+                    }
+                    drop(permit);
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        signal = &mut shutdown => break signal,
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
+                }
+            },
+            signal = &mut shutdown => break signal,
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+        let activity = connection::Activity::new();
+        let service = service.clone();
+        let hosts = hosts.clone();
+        let watched = Arc::clone(&activity);
+        let body_idle = limits.body_idle;
+        let metrics = metrics.clone();
+        let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let active = watched.request_started(request.version() == http::Version::HTTP_2);
+            let (mut parts, body) = request.into_parts();
+            parts.extensions.insert(ClientAddr(peer));
+            let request = Request::from_parts(
+                parts,
+                connection::TimedBody::new(body, body_idle, Arc::clone(&watched)),
+            );
+            let mut service = service.clone();
+            let metrics = metrics.clone();
+            let started = std::time::Instant::now();
+            let too_large = max_header_bytes
+                .filter(|max| head_size(&request) > *max)
+                .map(|max| header_too_large(max).map(Either::Right));
+            // Checked before the guard reads anything: a rebound page's
+            // request never reaches the upstream.
+            let refused = match too_large {
+                Some(_) => None,
+                None => hosts.check(&request).err(),
+            };
+            async move {
+                let (response, failure) = if let Some(response) = too_large {
+                    if let Some(metrics) = &metrics {
+                        metrics.refused("header_size");
+                    }
+                    (response, None)
+                } else if let Some(refusal) = refused {
+                    if let Some(metrics) = &metrics {
+                        let kind = if refusal.status() == http::StatusCode::FORBIDDEN {
+                            "origin"
+                        } else {
+                            "host"
+                        };
+                        metrics.refused(kind);
+                    }
+                    let response = refusal
+                        .into_response()
+                        .map(|body| Either::Left(Either::Right(body)));
+                    (response, None)
+                } else {
+                    poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx))
+                        .await?;
+                    let response = service.call(request).await?;
+                    let failure = response.extensions().get::<UpstreamFailure>().copied();
+                    (
+                        response.map(|body| Either::Left(Either::Left(body))),
+                        failure,
+                    )
+                };
+                if let Some(metrics) = &metrics {
+                    metrics.answered(response.status(), failure, started.elapsed());
+                }
+                Ok::<_, Infallible>(response.map(|body| connection::Tracked::new(body, active)))
+            }
+        });
+        let served = server
+            .serve_connection(
+                TokioIo::new(connection::Watched::new(stream, Arc::clone(&activity))),
+                per_connection,
+            )
+            .into_owned();
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            connection::drive(
+                served,
+                |served| served.graceful_shutdown(),
+                activity,
+                limits,
+                stopped,
+                peer,
+            )
+            .await;
+            drop(permit);
+        });
+    };
+    tracing::info!("{signal} received; no longer accepting connections");
+    drop(listener);
+
+    let _ = stop.send(true);
+    let open = max_connections - permits.available_permits();
+    if open > 0 {
+        tracing::info!(
+            "waiting up to {:?} for {open} open connection(s) to finish",
+            args.grace_period
+        );
+    }
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    match tokio::time::timeout(args.grace_period, permits.acquire_many(all)).await {
+        Ok(_) => tracing::info!("shut down"),
+        Err(_) => tracing::warn!(
+            "grace period of {:?} over; cutting the connections still open",
+            args.grace_period
+        ),
+    }
+    Ok(())
+}
+
+/// The size of a request head as HTTP/1.1 sends it: request line, and each
+/// header as `name: value` and a line break.
+fn head_size<B>(request: &Request<B>) -> usize {
+    let uri = request.uri();
+    let target = uri
+        .path_and_query()
+        .map_or(1, |target| target.as_str().len())
+        + uri
+            .authority()
+            .map_or(0, |authority| authority.as_str().len());
+    let line = request.method().as_str().len() + target + 12;
+    request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + line
+}
+
+/// `431` with a JSON-RPC error (the body has not been read: `id` null).
+fn header_too_large(max: usize) -> http::Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32600,
+            "message": format!("Invalid Request: request headers exceed the limit of {max} bytes"),
+        },
+    });
+    let mut response = http::Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `host:port` of an upstream base URL such as `http://127.0.0.1:8000/mcp`
+/// (port 80 when it names none), for the readiness probe.
+fn upstream_authority(upstream: &str) -> String {
+    let authority = upstream
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.authority().cloned());
+    match authority {
+        Some(authority) if authority.port().is_some() => authority.as_str().to_owned(),
+        Some(authority) => format!("{}:80", authority.host()),
+        None => upstream.to_owned(),
+    }
+}
+
+/// A duration flag where `0` turns the limit off.
+fn enabled(limit: Duration) -> Option<Duration> {
+    (!limit.is_zero()).then_some(limit)
+}
+
+/// A duration flag for the startup line.
+fn shown(limit: Duration) -> String {
+    if limit.is_zero() {
+        "off".to_owned()
+    } else {
+        format!("{limit:?}")
+    }
+}
+
+/// Resolves with the signal's name on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            },
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the proxy");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn arguments() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://127.0.0.1:8000/mcp",
+            "--on-duplicate",
+            "reject",
+            "--reject-status",
+            "409",
+        ])
+        .unwrap();
+        assert_eq!(args.on_duplicate, Policy::Reject);
+        assert_eq!(args.reject_status, http::StatusCode::CONFLICT);
+        assert_eq!(args.abandoned_id_ttl, Duration::from_secs(300));
+        assert!(!args.rewrite_all_ids);
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--on-duplicate",
+            "queue",
+            "--max-queue-wait",
+            "2s",
+            "--rewrite-all-ids",
+            "--reject-status",
+            "422",
+            "--abandoned-id-ttl",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(args.reject_status.as_u16(), 422);
+        assert_eq!(args.abandoned_id_ttl, Duration::ZERO);
+        assert_eq!(args.on_duplicate, Policy::Queue);
+        assert_eq!(args.max_queue_wait, Duration::from_secs(2));
+        assert!(args.rewrite_all_ids);
+        assert!(Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--reject-status",
+            "500"
+        ])
+        .is_err());
+        for bad in ["200", "99", "600", "4xx", ""] {
+            assert!(parse_reject_status(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
