@@ -37,6 +37,18 @@ pub(crate) struct Config {
     pub(crate) max_queue_wait: Duration,
     pub(crate) rewrite_all_ids: bool,
     pub(crate) abandoned_id_ttl: Duration,
+    pub(crate) max_session_id_bytes: usize,
+    pub(crate) max_table_bytes: usize,
+    /// `None`: as long as `abandoned_id_ttl`.
+    pub(crate) restart_window: Option<Duration>,
+}
+
+impl Config {
+    /// How long after the table was created sessions the guard did not see
+    /// start have all their requests remapped.
+    pub(crate) fn restart_window(&self) -> Duration {
+        self.restart_window.unwrap_or(self.abandoned_id_ttl)
+    }
 }
 
 impl Default for Config {
@@ -49,6 +61,10 @@ impl Default for Config {
             max_queue_wait: Duration::from_secs(30),
             rewrite_all_ids: false,
             abandoned_id_ttl: Duration::from_secs(300),
+            max_session_id_bytes: 8 * 1024,
+            max_table_bytes: 64 * 1024 * 1024,
+            // Off by default for now: see `IdGuardLayer::restart_window`.
+            restart_window: Some(Duration::ZERO),
         }
     }
 }

@@ -14,6 +14,7 @@ use tower_service::Service;
 use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::prepare::{prepare, PendingForward, Prepared};
+use crate::protocol::MCP_SESSION_ID;
 use crate::reply::{body_too_large, body_unreadable, queue_timeout};
 use crate::table::{Registration, Table, Waiter};
 
@@ -65,6 +66,9 @@ where
         registration: Option<Registration>,
         /// Restore client ids in the response.
         restore: Option<Restoring>,
+        /// The request is an `initialize`: record the session its answer
+        /// starts in this table.
+        starts: Option<(Arc<Table>, Config)>,
     },
     /// A response the guard gives itself.
     Answered {
@@ -80,6 +84,9 @@ struct ReadBody<S> {
     trailers: Option<HeaderMap>,
     config: Config,
     table: Arc<Table>,
+    /// A POST without a session read only to see whether it is an
+    /// `initialize` (during the restart window).
+    watch_start: bool,
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -92,6 +99,7 @@ where
                 future,
                 registration: None,
                 restore,
+                starts: None,
             },
         }
     }
@@ -110,6 +118,27 @@ where
         config: Config,
         table: Arc<Table>,
     ) -> Self {
+        Self::read_first(service, request, config, table, false)
+    }
+
+    /// Reads a POST without a session that may be an `initialize`, then
+    /// forwards it untouched, recording the session its answer starts.
+    pub(crate) fn reading_initialize(
+        service: S,
+        request: Request<B>,
+        config: Config,
+        table: Arc<Table>,
+    ) -> Self {
+        Self::read_first(service, request, config, table, true)
+    }
+
+    fn read_first(
+        service: S,
+        request: Request<B>,
+        config: Config,
+        table: Arc<Table>,
+        watch_start: bool,
+    ) -> Self {
         let (parts, body) = request.into_parts();
         Self {
             state: State::Reading {
@@ -121,6 +150,7 @@ where
                     trailers: None,
                     config,
                     table,
+                    watch_start,
                 },
             },
         }
@@ -158,6 +188,8 @@ where
                     match (finished, read.parts.take(), read.service.take()) {
                         (Ok(()), Some(parts), Some(mut service)) => {
                             let bytes = std::mem::take(&mut read.buffer).into_bytes();
+                            let starts = (read.watch_start && is_initialize(&bytes))
+                                .then(|| (Arc::clone(&read.table), read.config));
                             match prepare(
                                 parts,
                                 bytes,
@@ -176,6 +208,7 @@ where
                                         table: Arc::clone(&read.table),
                                         max_id: read.config.max_body_bytes,
                                     }),
+                                    starts,
                                 },
                                 Prepared::Queue {
                                     pending,
@@ -226,6 +259,7 @@ where
                                     future,
                                     registration: Some(registration),
                                     restore,
+                                    starts: None,
                                 }
                             }
                             _ => unreachable!("ResponseFuture polled after completion"),
@@ -248,6 +282,7 @@ where
                     future,
                     registration,
                     restore,
+                    starts,
                 } => {
                     let response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
@@ -256,6 +291,12 @@ where
                             return Poll::Ready(Err(error));
                         }
                     };
+                    if let Some((table, config)) = starts.take() {
+                        let session = response.headers().get(&MCP_SESSION_ID);
+                        if let Some(session) = session.filter(|_| response.status().is_success()) {
+                            table.note_started(session.as_bytes(), &config);
+                        }
+                    }
                     return Poll::Ready(Ok(ResponseBody::wrap(
                         response,
                         registration.take(),
@@ -271,5 +312,38 @@ where
             };
             self.as_mut().project().state.set(next);
         }
+    }
+}
+
+/// Whether a body is an `initialize` request: an object whose `method` is
+/// `"initialize"`. Bodies serde cannot read that way (a batch, duplicate
+/// keys) do not count: their session is then treated as unseen, the safe
+/// side.
+fn is_initialize(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow, default)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Method<'_>>(body)
+        .is_ok_and(|message| message.method.as_deref() == Some("initialize"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_initialize;
+
+    #[test]
+    fn only_an_initialize_object_counts() {
+        assert!(is_initialize(
+            br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"x":[1,{"method":"y"}]}}"#
+        ));
+        assert!(is_initialize(br#"{"method":"initiali\u007ae","id":0}"#));
+        assert!(!is_initialize(br#"{"method":"tools/list","id":0}"#));
+        assert!(!is_initialize(br#"[{"method":"initialize","id":0}]"#));
+        assert!(!is_initialize(
+            br#"{"method":"initialize","method":"initialize","id":0}"#
+        ));
+        assert!(!is_initialize(b"not json"));
     }
 }

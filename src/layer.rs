@@ -21,7 +21,9 @@ use crate::table::Table;
 ///     .on_duplicate(OnDuplicate::Reject)
 ///     .reject_status(http::StatusCode::CONFLICT)
 ///     .max_body_bytes(4 * 1024 * 1024)
-///     .max_in_flight_per_session(1024);
+///     .max_in_flight_per_session(1024)
+///     .max_session_id_bytes(8 * 1024)
+///     .max_table_bytes(64 * 1024 * 1024);
 /// assert_eq!(layer.stats().in_flight_requests, 0);
 /// ```
 #[derive(Debug, Clone)]
@@ -39,7 +41,8 @@ impl Default for IdGuardLayer {
 impl IdGuardLayer {
     /// A layer with the defaults: [`OnDuplicate::Remap`], reject status 400,
     /// 4 MiB body limit, 1024 requests in flight per session, 30 s queue
-    /// wait, only duplicates rewritten.
+    /// wait, only duplicates rewritten, abandoned ids kept 5 minutes, session
+    /// ids up to 8 KiB, a 64 MiB table, no restart window.
     pub fn new() -> Self {
         Self {
             config: Config::default(),
@@ -105,10 +108,90 @@ impl IdGuardLayer {
     /// long, a new request with that id in the session is therefore given a
     /// server-side id, whatever the policy — never rejected or queued, since the
     /// client did nothing wrong — so the late answer cannot reach it. Pick a
-    /// value above your longest tool call. At most 65 536 abandoned ids are
-    /// kept per layer; past that, they are released at once (and logged).
+    /// value above your longest tool call. Abandoned ids count against
+    /// [`max_table_bytes`](Self::max_table_bytes), and at most 65 536 are kept
+    /// per layer: past either bound the oldest are forgotten first (logged at
+    /// most once a second, counted in
+    /// [`Stats::abandoned_evicted_total`]).
     pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
         self.config.abandoned_id_ttl = ttl;
+        self
+    }
+
+    /// Sets the longest `Mcp-Session-Id` the guard accepts, in bytes (default
+    /// 8 KiB: UUIDs, hex tokens and encrypted gateway session ids of a few
+    /// hundred bytes fit many times over; it is also the longest header line
+    /// common reverse proxies accept by default). Lower it to what your
+    /// server issues: each tracked session, and each request an attacker
+    /// abandons in a session of its own, holds up to this much.
+    ///
+    /// The guard keeps a tracked request's session id while the request is in
+    /// flight and while its id is abandoned, so a client must not choose how
+    /// large that copy is. A request in a session with a longer id never
+    /// reaches the inner service: it gets `400 Bad Request` and a JSON-RPC
+    /// `-32600` error carrying its id (an array for a batch; `null` when the
+    /// guard does not read the body: `GET`, `DELETE`, other content types).
+    pub fn max_session_id_bytes(mut self, limit: usize) -> Self {
+        self.config.max_session_id_bytes = limit;
+        self
+    }
+
+    /// Sets how many bytes the whole session table may hold (default 64 MiB),
+    /// shared by every service built from this layer.
+    ///
+    /// It counts in-flight requests, queued requests, abandoned ids and the
+    /// sessions seen starting during the [restart
+    /// window](Self::restart_window), each with its collision key, session id
+    /// and server-side id, as an estimate of their heap and inline size
+    /// (within a small factor of what the allocator hands out; read it in
+    /// [`Stats::table_bytes`]). The default holds about 250 000 requests in
+    /// flight with UUID session ids.
+    ///
+    /// When a tracked request does not fit, the oldest abandoned ids are
+    /// forgotten first (logged at most once a second; a late answer to one of
+    /// them could then reach a new request with its id, so size the budget for
+    /// your traffic). If it still does not fit, it never reaches the inner
+    /// service: it gets `503 Service Unavailable` and a JSON-RPC `-32000` error
+    /// carrying its id (an array for a batch).
+    pub fn max_table_bytes(mut self, limit: usize) -> Self {
+        self.config.max_table_bytes = limit;
+        self
+    }
+
+    /// Sets how long after the layer is created the guard distrusts sessions
+    /// it did not see start (default: zero, off). Turn it on, for as long as
+    /// [`abandoned_id_ttl`](Self::abandoned_id_ttl), wherever the guard can
+    /// restart while the server keeps running: the reverse proxy, or a layer
+    /// rebuilt in front of a long-lived service. (A guard in the server's own
+    /// process restarts with it; the server's requests end too.)
+    ///
+    /// A guard (or proxy) that restarts has lost its table, while the server
+    /// may still be running requests whose clients were cut off by the
+    /// restart, under the clients' own ids: a new request reusing such an id
+    /// could receive the old one's late answer. So for this long, every
+    /// request of a session whose `initialize` answer this layer did not see
+    /// goes with a server-side id, as if its id were abandoned (never refused
+    /// or queued for it), counted in [`Stats::restart_remapped_total`]. The
+    /// guard learns which sessions started from the `Mcp-Session-Id` of the
+    /// successful answers to `initialize`: during the window it reads the
+    /// body of each JSON `POST` without a session header (413 over
+    /// [`max_body_bytes`](Self::max_body_bytes)) to tell whether it is one.
+    /// It keeps only a hash of each session id, within
+    /// [`max_table_bytes`](Self::max_table_bytes), and frees them when the
+    /// window ends. Sessions started through another replica count as unseen.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mcp_id_guard::IdGuardLayer;
+    ///
+    /// let ttl = Duration::from_secs(300);
+    /// let layer = IdGuardLayer::new()
+    ///     .abandoned_id_ttl(ttl)
+    ///     .restart_window(ttl);
+    /// assert_eq!(layer.stats().restart_remapped_total, 0);
+    /// ```
+    pub fn restart_window(mut self, window: Duration) -> Self {
+        self.config.restart_window = Some(window);
         self
     }
 

@@ -141,6 +141,40 @@
 //! but a new request with it goes to the server with a server-side id, under
 //! every policy (never refused or queued: the client did nothing wrong).
 //!
+//! # Memory
+//! A client decides how long its session id and request ids are and how
+//! many requests it abandons, so the guard bounds what it keeps for them:
+//! - a session id longer than [`IdGuardLayer::max_session_id_bytes`] (8 KiB:
+//!   UUIDs, hex tokens and encrypted gateway ids fit) is refused,
+//!   whatever the request;
+//! - everything the session table holds (in-flight and queued requests,
+//!   abandoned ids, sessions seen starting, each with its collision key,
+//!   session id and server-side id) is charged against one byte budget,
+//!   [`IdGuardLayer::max_table_bytes`] (64 MiB), as an estimate within a
+//!   small factor of the allocator's count ([`Stats::table_bytes`]). A
+//!   request that does not fit first makes the table forget its oldest
+//!   abandoned ids (a late answer to one of those could then reach a reuse of
+//!   its id: size the budget for your traffic); if it still does not fit, the
+//!   guard answers it with `503`. Besides the budget, at most 65 536
+//!   abandoned ids are kept, also oldest first.
+//!
+//! # After a restart
+//! A guard that restarts (a new layer, a new proxy process) has lost the
+//! table, while the server may still be running requests whose exchanges
+//! the restart cut, under their clients' ids. For
+//! [`IdGuardLayer::restart_window`] after the layer is created (off by
+//! default; set it to the abandoned-id TTL wherever the guard can restart
+//! while the server keeps running, as the reverse proxy can), every request of a
+//! session whose start the guard did not see goes with a server-side id, as
+//! if all its ids were abandoned (never refused or queued for it; counted in
+//! [`Stats::restart_remapped_total`]). The guard sees a session start in the
+//! `Mcp-Session-Id` of a successful answer to `initialize`: during the
+//! window it reads the body of each JSON `POST` without an `Mcp-Session-Id`
+//! (what a client sends before it is initialized) to tell whether it is one.
+//! It keeps only a hash
+//! of each such session id, within the byte budget, and frees them when the
+//! window ends. Sessions started through another replica count as unseen.
+//!
 //! # Cancellation
 //! A `notifications/cancelled` whose `params.requestId` names a request in
 //! flight in the session goes to the request the server knows by the client's
@@ -167,6 +201,8 @@
 //! | batch with a duplicate under `Reject` or `Queue` | `reject_status` | an array: one error per request of the batch, each with its `id` |
 //! | body over `max_body_bytes` | 413 | `-32600`, `id: null` |
 //! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
+//! | tracked request that does not fit in `max_table_bytes` | 503 | `-32000`, the request's `id` (an array for a batch) |
+//! | `Mcp-Session-Id` longer than `max_session_id_bytes` (any method, in a session of a revision before 2026-07-28) | 400 | `-32600`, the request's `id` (an array for a batch); `null` when the guard does not read the body or it holds no request |
 //! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
 //! | body starts with `{` or `[` but is not JSON the guard can follow | 400 | `-32700`, `id: null` |

@@ -134,6 +134,7 @@ pub(crate) fn prepare<B>(
     if encoded {
         return Prepared::Answer(reply::unreadable(Unreadable::Compressed));
     }
+    let session_id_too_long = session.len() > config.max_session_id_bytes;
     // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
     // it, so every server reads the bytes the guard read.
     let bom = utf8_bom(&pending.body);
@@ -143,6 +144,9 @@ pub(crate) fn prepare<B>(
     }
     let peeked = match read(&pending.body) {
         Reading::Read(peeked) => peeked,
+        Reading::NotJsonRpc if session_id_too_long => {
+            return session_refused(table, session.as_bytes(), &[], false, config);
+        }
         // No server reads it as JSON-RPC; the server gives its own error.
         Reading::NotJsonRpc => return untracked(pending),
         Reading::Unreadable(why) => return Prepared::Answer(reply::unreadable(why)),
@@ -152,6 +156,11 @@ pub(crate) fn prepare<B>(
     let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked.request_ids(&body).unzip();
     let cancellations: Vec<(Range<usize>, &str)> = peeked.cancelled_ids(&body).collect();
     let is_batch = matches!(peeked, Peeked::Batch(_));
+    if session_id_too_long && ids.is_empty() {
+        // Requests are refused below, by the table; a body without any is
+        // refused here, so nothing in such a session reaches the server.
+        return session_refused(table, session, &ids, is_batch, config);
+    }
 
     // Requests are admitted before the body's cancellations take effect, so a
     // body the guard refuses cancels nothing.
@@ -172,6 +181,17 @@ pub(crate) fn prepare<B>(
             } else {
                 reply::single(status, ids[0], code, message)
             });
+        }
+        Some(Admission::OverBudget) => {
+            tracing::warn!(
+                session = %table.session_tag(session),
+                limit = config.max_table_bytes,
+                "table at its byte budget; request refused"
+            );
+            return Prepared::Answer(reply::over_budget(&ids, is_batch));
+        }
+        Some(Admission::SessionIdTooLong) => {
+            return session_refused(table, session, &ids, is_batch, config);
         }
         Some(Admission::Duplicate { colliding }) => {
             for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
@@ -262,6 +282,28 @@ pub(crate) fn prepare<B>(
             restore,
         },
     }
+}
+
+/// The guard's answer to a POST in a session whose id is over
+/// `max_session_id_bytes` (the table counted the requests it refused itself).
+fn session_refused<B>(
+    table: &Table,
+    session: &[u8],
+    ids: &[&str],
+    is_batch: bool,
+    config: &Config,
+) -> Prepared<B> {
+    tracing::warn!(
+        session = %table.session_tag(session),
+        length = session.len(),
+        limit = config.max_session_id_bytes,
+        "session id too long; request refused"
+    );
+    Prepared::Answer(reply::session_id_too_long(
+        ids,
+        is_batch,
+        config.max_session_id_bytes,
+    ))
 }
 
 fn untracked<B>(pending: PendingForward) -> Prepared<B> {

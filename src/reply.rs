@@ -154,6 +154,56 @@ pub(crate) fn several_sessions() -> Response<Full<Bytes>> {
     )
 }
 
+pub(crate) const OVER_BUDGET_MESSAGE: &str =
+    "The guard's table is full: too many requests in flight or recently abandoned; try again later";
+
+/// `503` for requests that do not fit in the table's byte budget: one error
+/// per request, each with its id (an array for a batch).
+pub(crate) fn over_budget(ids: &[&str], is_batch: bool) -> Response<Full<Bytes>> {
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    if is_batch {
+        batch(
+            status,
+            SERVER_ERROR,
+            ids.iter().map(|id| (*id, OVER_BUDGET_MESSAGE)),
+        )
+    } else {
+        single(
+            status,
+            ids.first().copied().unwrap_or("null"),
+            SERVER_ERROR,
+            OVER_BUDGET_MESSAGE,
+        )
+    }
+}
+
+/// `400` for a request in a session whose id is longer than the guard
+/// accepts: one error per request, each with its id (an array for a batch),
+/// or one with `id: null` when the guard knows no id.
+pub(crate) fn session_id_too_long(
+    ids: &[&str],
+    is_batch: bool,
+    limit: usize,
+) -> Response<Full<Bytes>> {
+    let status = StatusCode::BAD_REQUEST;
+    let message =
+        format!("Invalid Request: the Mcp-Session-Id header is longer than {limit} bytes");
+    if is_batch && !ids.is_empty() {
+        batch(
+            status,
+            INVALID_REQUEST,
+            ids.iter().map(|id| (*id, message.as_str())),
+        )
+    } else {
+        single(
+            status,
+            ids.first().copied().unwrap_or("null"),
+            INVALID_REQUEST,
+            &message,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

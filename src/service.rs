@@ -10,7 +10,9 @@ use crate::body::{RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::IdGuardLayer;
-use crate::protocol::{is_sessionless_revision, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::protocol::{
+    has_media_type, is_sessionless_revision, MCP_PROTOCOL_VERSION, MCP_SESSION_ID,
+};
 use crate::reply;
 use crate::stats::Stats;
 use crate::table::Table;
@@ -125,7 +127,34 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        match handling(&request) {
+        let handling = handling(&request);
+        // A tracked POST is refused once its body is read, with its ids.
+        if handling != Handling::Read
+            && session_id_too_long(request.headers(), self.config.max_session_id_bytes)
+        {
+            return ResponseFuture::answered(reply::session_id_too_long(
+                &[],
+                false,
+                self.config.max_session_id_bytes,
+            ));
+        }
+        match handling {
+            // During the restart window the guard reads `initialize`
+            // requests, to learn from their answers which sessions start.
+            Handling::Untouched
+                if may_start_session(&request)
+                    && self.table.watches_starts(&self.config)
+                    && !declared_length_over(request.headers(), self.config.max_body_bytes) =>
+            {
+                let clone = self.inner.clone();
+                let readied = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::reading_initialize(
+                    readied,
+                    request,
+                    self.config,
+                    Arc::clone(&self.table),
+                )
+            }
             Handling::Untouched => {
                 ResponseFuture::called(self.inner.call(request.map(RequestBody::new)), None)
             }
@@ -145,12 +174,7 @@ where
             }
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
-                let declared_length = request
-                    .headers()
-                    .get(CONTENT_LENGTH)
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(|value| value.parse::<u64>().ok());
-                if declared_length.is_some_and(|length| length > limit as u64) {
+                if declared_length_over(request.headers(), limit) {
                     return ResponseFuture::answered(reply::body_too_large(limit));
                 }
                 // The body must be read before the inner service is called, so
@@ -175,6 +199,37 @@ enum Handling {
     /// A POST in a legacy session: read the body, it may carry ids that the
     /// session's other requests could collide with.
     Read,
+}
+
+fn declared_length_over(headers: &http::HeaderMap, limit: usize) -> bool {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok())
+        .is_some_and(|length| length > limit as u64)
+}
+
+/// A request in a legacy session whose id is longer than the guard accepts.
+fn session_id_too_long(headers: &http::HeaderMap, limit: usize) -> bool {
+    headers
+        .get(&MCP_SESSION_ID)
+        .is_some_and(|session| session.len() > limit)
+        && !headers
+            .get(&MCP_PROTOCOL_VERSION)
+            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
+}
+
+/// A POST that may be an `initialize` request: JSON, without a session
+/// header, in a revision that has sessions. (Some clients send
+/// `MCP-Protocol-Version` on `initialize` too, so its presence says nothing.)
+fn may_start_session<B>(request: &Request<B>) -> bool {
+    let headers = request.headers();
+    request.method() == Method::POST
+        && !headers.contains_key(&MCP_SESSION_ID)
+        && !headers
+            .get(&MCP_PROTOCOL_VERSION)
+            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
+        && has_media_type(headers, "application/json")
 }
 
 fn handling<B>(request: &Request<B>) -> Handling {

@@ -29,8 +29,12 @@ pub struct Stats {
     /// [`rewrite_all_ids`](crate::IdGuardLayer::rewrite_all_ids).
     pub remapped_total: u64,
     /// Requests answered by the guard itself without reaching the inner service:
-    /// duplicates under [`OnDuplicate::Reject`](crate::OnDuplicate::Reject) and
-    /// requests over the per-session in-flight cap, and batches refused under
+    /// duplicates under [`OnDuplicate::Reject`](crate::OnDuplicate::Reject),
+    /// requests over the per-session in-flight cap, requests that do not fit
+    /// in [`max_table_bytes`](crate::IdGuardLayer::max_table_bytes), requests
+    /// in a session whose id is over
+    /// [`max_session_id_bytes`](crate::IdGuardLayer::max_session_id_bytes),
+    /// and batches refused under
     /// [`OnDuplicate::Queue`](crate::OnDuplicate::Queue).
     pub rejected_total: u64,
     /// Requests that had to wait for their id under
@@ -42,4 +46,18 @@ pub struct Stats {
     pub cancelled_total: u64,
     /// Client ids put back into responses (JSON or SSE, POST or GET streams).
     pub restored_total: u64,
+    /// Bytes the session table holds now (an estimate of heap and inline
+    /// size): in-flight and queued requests, abandoned ids, and sessions seen
+    /// starting during the restart window, with their keys and session ids.
+    /// Bounded by [`IdGuardLayer::max_table_bytes`](crate::IdGuardLayer::max_table_bytes).
+    pub table_bytes: usize,
+    /// Abandoned ids forgotten before their time to keep the table within
+    /// [`IdGuardLayer::max_table_bytes`](crate::IdGuardLayer::max_table_bytes)
+    /// or the cap of 65 536 abandoned ids, oldest first.
+    pub abandoned_evicted_total: u64,
+    /// Requests given a server-side id only because their session started
+    /// before this layer existed (or without it seeing the start) and the
+    /// [restart window](crate::IdGuardLayer::restart_window) is open. Also
+    /// counted in `remapped_total`.
+    pub restart_remapped_total: u64,
 }

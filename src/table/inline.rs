@@ -4,11 +4,11 @@
 use std::ops::Index;
 
 /// Collision keys up to this many bytes are stored inline in their slot.
-const INLINE_KEY: usize = 22;
+pub(super) const INLINE_KEY: usize = 22;
 
 /// Session ids up to this many bytes (a UUID is 36) are stored inline in
 /// their slot.
-const INLINE_SESSION_ID: usize = 48;
+pub(super) const INLINE_SESSION_ID: usize = 48;
 
 // `InlineBytes` records the length in a byte.
 const _: () = assert!(INLINE_KEY <= 255 && INLINE_SESSION_ID <= 255);

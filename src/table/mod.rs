@@ -23,7 +23,23 @@
 //! session already has requests in flight and its id is short; and a session
 //! is one table slot holding its hash, so a lookup among thousands of
 //! sessions compares hashes before it reads any id.
+//!
+//! # Memory
+//! Everything the table holds is charged against one byte budget
+//! (`max_table_bytes`, see [`budget`]): a request reserves an upper bound of
+//! its cost before the lock is taken, so the table never holds more than the
+//! budget plus what racing admissions settle above their bound (a few
+//! bytes). When a request does not fit, the oldest abandoned ids of the whole
+//! table are forgotten first (the table keeps their order across shards);
+//! only when none is left is the request refused.
+//!
+//! # After a restart
+//! A new table knows nothing of the requests the server may still be
+//! running. For the restart window, it remembers the sessions whose start it
+//! saw (hashes only) and sends every request of any other session with a
+//! server-side id.
 
+mod budget;
 mod inline;
 mod queue;
 mod registration;
@@ -33,7 +49,7 @@ use std::cell::OnceCell;
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -48,6 +64,7 @@ pub(crate) use inline::InlineVec;
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
 
+use budget::Eviction;
 use inline::SessionId;
 use queue::{remove_waiter, WaitState};
 use registration::Member;
@@ -57,10 +74,14 @@ use session::{Entry, KeyState, Probe, ServerId, Session};
 /// each other. A power of two keeps the shard pick a mask.
 const SHARDS: usize = 64;
 
-/// At most this many abandoned ids are kept (per layer), so a client that
-/// disconnects in a loop cannot grow memory without bound; past it, an
-/// abandoned id is released at once (and logged).
+/// At most this many abandoned ids are kept (per layer), a second bound
+/// besides the byte budget (it keeps the count, and so the work of expiring
+/// them, independent of the budget); past it, the oldest are forgotten first
+/// (and logged).
 const MAX_ABANDONED: usize = 65_536;
+
+/// Forgetting abandoned ids early is logged at most this often.
+const EVICTION_LOG_INTERVAL_MS: u64 = 1_000;
 
 /// A session left empty is kept for reuse by the shard's next new session if
 /// its key table holds at most this many keys (a bound on what a shard keeps).
@@ -95,6 +116,10 @@ struct ShardState {
     tracked_sessions: usize,
     passed_total: u64,
     remapped_total: u64,
+    restart_remapped_total: u64,
+    /// During the restart window: the hashes of the sessions of this shard
+    /// whose start the guard saw.
+    started: HashTable<u64>,
 }
 
 impl ShardState {
@@ -131,11 +156,16 @@ impl ShardState {
         }
     }
 
-    /// Keeps a session that was just removed, empty, as the spare.
-    fn keep_spare(spare: &mut Option<Session>, session: Session) {
+    /// Keeps a session that was just removed, empty, as the spare (without
+    /// its id: a long one would be memory outside the budget), and returns
+    /// the bytes its removal frees.
+    fn keep_spare(spare: &mut Option<Session>, mut session: Session) -> isize {
+        let freed = budget::session(session.id.as_bytes().len()) as isize;
         if session.keys.capacity() <= SPARE_KEYS {
+            session.id = SessionId::new(b"");
             *spare = Some(session);
         }
+        -freed
     }
 }
 
@@ -148,7 +178,7 @@ struct SessionRef {
 
 /// Where an abandoned id sits, to drop it when it expires.
 #[derive(Debug)]
-struct Abandoned {
+pub(super) struct Abandoned {
     expires: Instant,
     session: SessionRef,
     key_hash: u64,
@@ -164,6 +194,17 @@ pub(crate) struct Table {
     hasher: RandomState,
     minter: IdMinter,
     abandoned: AtomicUsize,
+    /// Bytes charged for what the table holds (see [`budget`]).
+    used: AtomicUsize,
+    /// Every shard's abandoned ids, oldest first, to forget them in that
+    /// order under pressure. Taken only after a shard's lock, or alone.
+    evictions: Mutex<VecDeque<Eviction>>,
+    evicted_total: AtomicU64,
+    /// When forgetting ids was last logged, in milliseconds since `created`.
+    eviction_logged_at: AtomicU64,
+    created: Instant,
+    /// The restart window has not been seen to end yet.
+    restarting: AtomicBool,
     rejected_total: AtomicU64,
     queued_total: AtomicU64,
     cancelled_total: AtomicU64,
@@ -203,6 +244,12 @@ pub(crate) enum Admission {
     Duplicate { colliding: Vec<bool> },
     /// The session is at its in-flight cap. Nothing was registered.
     OverCapacity,
+    /// The table's byte budget has no room for the requests, even after
+    /// forgetting every abandoned id. Nothing was registered.
+    OverBudget,
+    /// The session id is longer than `max_session_id_bytes`. Nothing was
+    /// registered.
+    SessionIdTooLong,
 }
 
 /// A short, non-reversible tag of a session id's hash for logs.
@@ -224,6 +271,12 @@ impl Table {
             hasher: RandomState::new(),
             minter: IdMinter::new(),
             abandoned: AtomicUsize::new(0),
+            used: AtomicUsize::new(0),
+            evictions: Mutex::new(VecDeque::new()),
+            evicted_total: AtomicU64::new(0),
+            eviction_logged_at: AtomicU64::new(0),
+            created: Instant::now(),
+            restarting: AtomicBool::new(true),
             rejected_total: AtomicU64::new(0),
             queued_total: AtomicU64::new(0),
             cancelled_total: AtomicU64::new(0),
@@ -277,6 +330,11 @@ impl Table {
         is_batch: bool,
         config: &Config,
     ) -> Admission {
+        if session.len() > config.max_session_id_bytes {
+            self.rejected_total
+                .fetch_add(ids.len() as u64, Ordering::Relaxed);
+            return Admission::SessionIdTooLong;
+        }
         let session_hash = self.hasher.hash_one(session);
         // A lone request, the usual case, needs no vector.
         let mut single: [Probe<'_>; 1];
@@ -288,6 +346,25 @@ impl Table {
             many = ids.iter().map(|raw| self.probe(raw)).collect();
             &mut many
         };
+
+        // Room for the most the requests can cost, reserved before the lock
+        // is taken (making room may take other shards' locks); what they
+        // really cost is settled once they are in.
+        let bound = budget::session(session.len())
+            + probes
+                .iter()
+                .map(|probe| {
+                    budget::key(probe.key.len())
+                        + budget::entry_bound(probe.raw.len()).max(budget::waiter(probe.raw.len()))
+                })
+                .sum::<usize>();
+        if !self.make_room(bound, config.max_table_bytes) {
+            self.rejected_total
+                .fetch_add(ids.len() as u64, Ordering::Relaxed);
+            return Admission::OverBudget;
+        }
+        let mut charged = 0;
+        let restarting = self.restart_window_open(config);
 
         let mut locked = self.shard(session_hash);
         let shard = &mut *locked;
@@ -303,6 +380,7 @@ impl Table {
         let current = existing.map_or(0, |entry| entry.in_flight);
         if current + ids.len() > config.max_in_flight_per_session {
             drop(locked);
+            self.settle(bound, 0);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
             return Admission::OverCapacity;
@@ -335,15 +413,26 @@ impl Table {
         };
         if any_collision && refuse {
             drop(locked);
+            self.settle(bound, 0);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
             let colliding = probes.iter().map(|probe| probe.colliding).collect();
             return Admission::Duplicate { colliding };
         }
 
+        // A session that started before this table existed (or without it
+        // seeing the start) may have requests at the server that the table
+        // knows nothing of: during the restart window, every id of such a
+        // session counts as abandoned.
+        let unseen = restarting
+            && shard
+                .started
+                .find(session_hash, |started| *started == session_hash)
+                .is_none();
         let entry = match slot {
             Slot::Occupied(occupied) => occupied.into_mut(),
             Slot::Vacant(vacant) => {
+                charged += budget::session(session.len());
                 let entry = ShardState::new_session(
                     &mut shard.spare,
                     &mut shard.next_serial,
@@ -367,13 +456,15 @@ impl Table {
             let probe = &probes[0];
             let ticket = Arc::new(Waiter {
                 raw_id: probe.raw.into(),
-                always_remap: config.rewrite_all_ids || is_reserved(&probe.key),
+                always_remap: config.rewrite_all_ids || is_reserved(&probe.key) || unseen,
                 state: Mutex::new(WaitState::Waiting(None)),
             });
-            KeyState::get_or_insert(&mut entry.keys, probe)
+            charged += budget::waiter(probe.raw.len());
+            KeyState::get_or_insert(&mut entry.keys, probe, &mut charged)
                 .waiters
                 .push_back(Arc::clone(&ticket));
             drop(locked);
+            self.settle(bound, charged);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
             let queued = Some((probe.hash, Arc::clone(&ticket)));
             return Admission::Queued {
@@ -387,11 +478,15 @@ impl Table {
         for probe in probes.iter() {
             let serial = ShardState::serial(&mut shard.next_serial);
             let duplicate = probe.colliding;
-            let remap =
+            let remap_anyway =
                 duplicate || probe.abandoned || is_reserved(&probe.key) || config.rewrite_all_ids;
-            let state = KeyState::get_or_insert(&mut entry.keys, probe);
+            let remap = remap_anyway || unseen;
+            let state = KeyState::get_or_insert(&mut entry.keys, probe, &mut charged);
             let server_id = if remap {
                 shard.remapped_total += 1;
+                if !remap_anyway {
+                    shard.restart_remapped_total += 1;
+                }
                 let server_id = self.mint(probe.raw);
                 routes.push(Route::Remapped {
                     server_id: Arc::clone(&server_id),
@@ -403,6 +498,7 @@ impl Table {
                 routes.push(Route::AsIs);
                 ServerId::own(probe.raw, state.key.as_bytes())
             };
+            charged += budget::entry(&server_id);
             state.entries.push(Entry {
                 serial,
                 server_id,
@@ -416,6 +512,7 @@ impl Table {
             });
         }
         drop(locked);
+        self.settle(bound, charged);
 
         Admission::Admitted {
             registration: self.register(at, members, None, probes, config),
@@ -493,15 +590,18 @@ impl Table {
         let target = state.entries.get_mut(position)?;
         target.cancelled = true;
         let server_id = target.server_id.text(state.key.as_bytes());
-        self.grant_waiters(&mut shard.next_serial, state);
+        let mut delta = 0;
+        self.grant_waiters(&mut shard.next_serial, state, &mut delta);
         drop(locked);
+        self.apply(delta);
         self.cancelled_total.fetch_add(1, Ordering::Relaxed);
         Some(server_id)
     }
 
     /// Hands the id to waiting requests, first come first served, while the
-    /// client has no live request with it.
-    fn grant_waiters(&self, serials: &mut u64, state: &mut KeyState) {
+    /// client has no live request with it. Adds the change in bytes to
+    /// `delta`.
+    fn grant_waiters(&self, serials: &mut u64, state: &mut KeyState, delta: &mut isize) {
         while let Some(waiter) = state.waiters.front() {
             // Waiters exist only under `Queue`, where any live request blocks.
             if state.blocks(true) {
@@ -522,6 +622,8 @@ impl Table {
             }
             *wait_state = WaitState::Granted { serial, remap };
             drop(wait_state);
+            *delta += budget::entry(&server_id) as isize;
+            *delta -= budget::waiter(waiter.raw_id.len()) as isize;
             state.entries.push(Entry {
                 serial,
                 server_id,
@@ -534,6 +636,7 @@ impl Table {
     }
 
     fn release(&self, registration: &Registration) {
+        let index = shard_index(registration.session.hash);
         let mut locked = self.shard(registration.session.hash);
         let shard = &mut *locked;
         shard.in_flight = shard.in_flight.saturating_sub(registration.count);
@@ -546,6 +649,7 @@ impl Table {
             return;
         };
         let session = slot.get_mut();
+        let mut delta = 0;
         // An exchange that did not end normally may still be answered by the
         // server; keep its ids abandoned for a while. So may a cancelled one,
         // even when the server closed its stream: a handler that ignores the
@@ -570,11 +674,12 @@ impl Table {
                     serial,
                 }),
                 None => {
-                    remove_waiter(session, *key_hash, ticket);
+                    delta -= remove_waiter(session, *key_hash, ticket) as isize;
                     None
                 }
             }
         });
+        let mut kept_any = false;
         for member in registration.members.iter().copied().chain(queued) {
             let kept = self.end_entry(
                 &mut shard.next_serial,
@@ -582,30 +687,43 @@ impl Table {
                 member,
                 registration.completed,
                 keep_until,
+                &mut delta,
             );
             if let Some(expires) = kept {
+                kept_any = true;
                 shard.abandoned.push_back(Abandoned {
                     expires,
                     session: registration.session,
                     key_hash: member.key_hash,
                     serial: member.serial,
                 });
+                self.push_eviction(Eviction {
+                    expires,
+                    shard: index,
+                });
             }
         }
         session.in_flight = session.in_flight.saturating_sub(registration.count);
         let idle = session.in_flight == 0;
         if session.is_empty() {
-            ShardState::keep_spare(&mut shard.spare, slot.remove().0);
+            delta += ShardState::keep_spare(&mut shard.spare, slot.remove().0);
         }
         if idle {
             shard.tracked_sessions = shard.tracked_sessions.saturating_sub(1);
+        }
+        drop(locked);
+        self.apply(delta);
+        if kept_any {
+            // The second bound: beyond it, the oldest abandoned ids go.
+            while self.abandoned.load(Ordering::Relaxed) > MAX_ABANDONED && self.evict_oldest() {}
         }
     }
 
     /// Ends a forwarded request's entry: removes it, or, when the server
     /// knows it by the client's own id and may still answer it (the exchange
     /// did not complete, or it was cancelled), keeps it as abandoned until
-    /// `keep_until()` (returned). Passes the id on to the next waiter.
+    /// `keep_until()` (returned). Passes the id on to the next waiter. Adds
+    /// the change in bytes to `delta`.
     fn end_entry(
         &self,
         serials: &mut u64,
@@ -613,6 +731,7 @@ impl Table {
         member: Member,
         completed: bool,
         keep_until: impl Fn() -> Option<Instant>,
+        delta: &mut isize,
     ) -> Option<Instant> {
         let Member { key_hash, serial } = member;
         let Ok(mut slot) = session
@@ -631,24 +750,21 @@ impl Table {
             let entry = state.entries.get_mut(position)?;
             let may_still_answer = !entry.remapped() && (!completed || entry.cancelled);
             match may_still_answer.then(&keep_until).flatten() {
-                Some(expires) if self.abandoned.load(Ordering::Relaxed) < MAX_ABANDONED => {
+                Some(expires) => {
                     entry.ended = true;
                     self.abandoned.fetch_add(1, Ordering::Relaxed);
+                    *delta += budget::ABANDONED as isize;
                     kept = Some(expires);
                 }
-                keep => {
-                    if keep.is_some() {
-                        tracing::warn!(
-                            limit = MAX_ABANDONED,
-                            "too many abandoned ids; releasing one at once"
-                        );
-                    }
+                None => {
+                    *delta -= budget::entry(&entry.server_id) as isize;
                     state.entries.remove(position);
                 }
             }
-            self.grant_waiters(serials, state);
+            self.grant_waiters(serials, state, delta);
         }
         if state.is_empty() {
+            *delta -= state.cost() as isize;
             slot.remove();
         }
         kept
@@ -662,6 +778,7 @@ impl Table {
             return;
         }
         let now = Instant::now();
+        let mut delta = 0;
         while shard
             .abandoned
             .front()
@@ -670,34 +787,216 @@ impl Table {
             let Some(expired) = shard.abandoned.pop_front() else {
                 break;
             };
-            let Ok(mut slot) = shard.sessions.find_entry(expired.session.hash, |entry| {
-                entry.serial == expired.session.serial
-            }) else {
+            self.drop_abandoned(shard, &expired, &mut delta);
+        }
+        self.apply(delta);
+    }
+
+    /// Drops one abandoned id, whose record was just taken off the shard's
+    /// queue, and its key and session if they are left empty. Adds the bytes
+    /// freed to `delta`.
+    fn drop_abandoned(&self, shard: &mut ShardState, record: &Abandoned, delta: &mut isize) {
+        *delta -= budget::ABANDONED as isize;
+        let Ok(mut slot) = shard.sessions.find_entry(record.session.hash, |entry| {
+            entry.serial == record.session.serial
+        }) else {
+            return;
+        };
+        let session = slot.get_mut();
+        let key_hash = record.key_hash;
+        let found = session
+            .keys
+            .find_entry(key_hash, |state| state.holds(key_hash, record.serial));
+        if let Ok(mut key_slot) = found {
+            let state = key_slot.get_mut();
+            let position = state
+                .entries
+                .iter()
+                .position(|entry| entry.serial == record.serial && entry.ended);
+            if let Some(position) = position {
+                if let Some(entry) = state.entries.get_mut(position) {
+                    *delta -= budget::entry(&entry.server_id) as isize;
+                }
+                state.entries.remove(position);
+                self.abandoned.fetch_sub(1, Ordering::Relaxed);
+                self.grant_waiters(&mut shard.next_serial, state, delta);
+            }
+            if state.is_empty() {
+                *delta -= state.cost() as isize;
+                key_slot.remove();
+            }
+        }
+        if session.is_empty() {
+            *delta += ShardState::keep_spare(&mut shard.spare, slot.remove().0);
+        }
+    }
+
+    /// Records an abandoned id in the table-wide eviction order (called with
+    /// its shard's lock held, so a shard's records and its evictions are in
+    /// the same order), dropping records whose time is up.
+    fn push_eviction(&self, eviction: Eviction) {
+        let mut order = self
+            .evictions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        while order.front().is_some_and(|first| first.expires <= now) {
+            order.pop_front();
+        }
+        order.push_back(eviction);
+    }
+
+    /// Forgets the oldest abandoned id of the table, before its time. Returns
+    /// `false` when there is none left. Takes no lock while holding another.
+    fn evict_oldest(&self) -> bool {
+        loop {
+            let victim = {
+                let mut order = self
+                    .evictions
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let now = Instant::now();
+                loop {
+                    match order.pop_front() {
+                        None => return false,
+                        // Expired: its shard drops it on its next use.
+                        Some(eviction) if eviction.expires <= now => {}
+                        Some(eviction) => break eviction,
+                    }
+                }
+            };
+            let mut shard = self.lock(victim.shard);
+            self.expire_abandoned(&mut shard);
+            // The shard's oldest record is the victim's (or, if that one
+            // expired meanwhile, the next: as good a choice).
+            let Some(record) = shard.abandoned.pop_front() else {
                 continue;
             };
-            let session = slot.get_mut();
-            let key_hash = expired.key_hash;
-            let found = session
-                .keys
-                .find_entry(key_hash, |state| state.holds(key_hash, expired.serial));
-            if let Ok(mut key_slot) = found {
-                let state = key_slot.get_mut();
-                let position = state
-                    .entries
-                    .iter()
-                    .position(|entry| entry.serial == expired.serial && entry.ended);
-                if let Some(position) = position {
-                    state.entries.remove(position);
-                    self.abandoned.fetch_sub(1, Ordering::Relaxed);
-                    self.grant_waiters(&mut shard.next_serial, state);
-                }
-                if state.is_empty() {
-                    key_slot.remove();
-                }
+            let mut delta = 0;
+            self.drop_abandoned(&mut shard, &record, &mut delta);
+            drop(shard);
+            self.apply(delta);
+            let evicted = self.evicted_total.fetch_add(1, Ordering::Relaxed) + 1;
+            self.log_eviction(evicted);
+            return true;
+        }
+    }
+
+    fn log_eviction(&self, evicted: u64) {
+        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.eviction_logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
+        if due
+            && self
+                .eviction_logged_at
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                evicted_total = evicted,
+                table_bytes = self.used.load(Ordering::Relaxed),
+                "table full: forgetting the oldest abandoned ids before their time"
+            );
+        }
+    }
+
+    /// Reserves `bytes` of the budget `limit`, forgetting the oldest
+    /// abandoned ids as long as that is needed and possible.
+    fn make_room(&self, bytes: usize, limit: usize) -> bool {
+        loop {
+            if self.reserve(bytes, limit) {
+                return true;
             }
-            if session.is_empty() {
-                ShardState::keep_spare(&mut shard.spare, slot.remove().0);
+            if !self.evict_oldest() {
+                return false;
             }
+        }
+    }
+
+    fn reserve(&self, bytes: usize, limit: usize) -> bool {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = used.checked_add(bytes).filter(|next| *next <= limit) else {
+                return false;
+            };
+            match self
+                .used
+                .compare_exchange_weak(used, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Replaces a reservation of `reserved` bytes by the `charged` ones.
+    fn settle(&self, reserved: usize, charged: usize) {
+        self.apply(charged as isize - reserved as isize);
+    }
+
+    fn apply(&self, delta: isize) {
+        if delta > 0 {
+            self.used.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+        } else if delta < 0 {
+            self.used.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the restart window is still open; the first call after it
+    /// ended frees the sessions seen starting.
+    fn restart_window_open(&self, config: &Config) -> bool {
+        if !self.restarting.load(Ordering::SeqCst) {
+            return false;
+        }
+        if self.created.elapsed() < config.restart_window() {
+            return true;
+        }
+        if self.restarting.swap(false, Ordering::SeqCst) {
+            for index in 0..SHARDS {
+                let started = std::mem::take(&mut self.lock(index).started);
+                self.apply(-((started.len() * budget::STARTED) as isize));
+            }
+        }
+        false
+    }
+
+    /// Whether the guard should watch for sessions starting: the restart
+    /// window is open.
+    pub(crate) fn watches_starts(&self, config: &Config) -> bool {
+        self.restart_window_open(config)
+    }
+
+    /// Records that the server started `session` (the `Mcp-Session-Id` of an
+    /// answer to `initialize`): during the restart window its requests need
+    /// no server-side ids. Not recorded when the id is too long, the window
+    /// has ended, or the budget has no room (the session's requests are then
+    /// remapped for the window, which is always safe).
+    pub(crate) fn note_started(&self, session: &[u8], config: &Config) {
+        if session.len() > config.max_session_id_bytes || !self.restart_window_open(config) {
+            return;
+        }
+        if !self.reserve(budget::STARTED, config.max_table_bytes) {
+            tracing::debug!("table full: a session start is not recorded");
+            return;
+        }
+        let hash = self.hasher.hash_one(session);
+        let mut shard = self.shard(hash);
+        // Checked under the lock: the window's end clears each shard after
+        // it is marked closed, so nothing is added behind it.
+        let open = self.restarting.load(Ordering::SeqCst);
+        let inserted = open
+            && matches!(
+                shard
+                    .started
+                    .entry(hash, |seen| *seen == hash, |seen| *seen),
+                Slot::Vacant(_)
+            );
+        if inserted {
+            shard.started.insert_unique(hash, hash, |seen| *seen);
+        }
+        drop(shard);
+        if !inserted {
+            self.apply(-(budget::STARTED as isize));
         }
     }
 
@@ -741,6 +1040,7 @@ impl Table {
             queued_total: self.queued_total.load(Ordering::Relaxed),
             cancelled_total: self.cancelled_total.load(Ordering::Relaxed),
             restored_total: self.restored_total.load(Ordering::Relaxed),
+            abandoned_evicted_total: self.evicted_total.load(Ordering::Relaxed),
             ..Stats::default()
         };
         for index in 0..SHARDS {
@@ -749,7 +1049,9 @@ impl Table {
             stats.tracked_sessions += shard.tracked_sessions;
             stats.passed_total += shard.passed_total;
             stats.remapped_total += shard.remapped_total;
+            stats.restart_remapped_total += shard.restart_remapped_total;
         }
+        stats.table_bytes = self.used.load(Ordering::Relaxed);
         stats
     }
 }
@@ -760,10 +1062,13 @@ mod tests {
     use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
+    /// The settings of most tests: no restart window (their sessions never
+    /// start through the table).
     fn config(on_duplicate: OnDuplicate) -> Config {
         Config {
             on_duplicate,
             max_in_flight_per_session: 8,
+            restart_window: Some(Duration::ZERO),
             ..Config::default()
         }
     }
@@ -783,7 +1088,10 @@ mod tests {
             Admission::Admitted { registration, .. } | Admission::Queued { registration, .. } => {
                 registration.complete()
             }
-            Admission::Duplicate { .. } | Admission::OverCapacity => {}
+            Admission::Duplicate { .. }
+            | Admission::OverCapacity
+            | Admission::OverBudget
+            | Admission::SessionIdTooLong => {}
         }
     }
 
@@ -1252,5 +1560,180 @@ mod tests {
                 ..
             }
         )));
+    }
+
+    /// Every way in and out of the table charges and refunds the same bytes:
+    /// once nothing is in flight, queued or abandoned, the table holds none.
+    #[test]
+    fn the_budget_is_given_back_exactly() {
+        let short = Config {
+            abandoned_id_ttl: Duration::from_millis(1),
+            ..config(OnDuplicate::Queue)
+        };
+        let table = Arc::new(Table::new());
+        let long_session = vec![b's'; 300];
+        let long_id = format!("\"{}\"", "i".repeat(100));
+        let first = table.admit(&long_session, &[&long_id, "1", "-0"], true, &short);
+        let stats = table.stats();
+        assert!(stats.table_bytes > 300 + 100, "{stats:?}");
+        let queued = table.admit(&long_session, &["1"], false, &short);
+        assert!(matches!(queued, Admission::Queued { .. }));
+        let left = table.admit(&long_session, &["1"], false, &short);
+        drop(left); // leaves the queue
+        assert!(table.cancel(&long_session, "0").is_some());
+        end(first); // grants the queued one
+        drop(queued); // abandons it
+        let remapped = table.admit(&long_session, &["1"], false, &short);
+        end(remapped);
+        assert!(table.stats().abandoned_ids > 0);
+        std::thread::sleep(Duration::from_millis(5));
+        table.cancel(&long_session, "1"); // any use of the shard expires them
+        let stats = table.stats();
+        assert_eq!(stats.abandoned_ids, 0, "{stats:?}");
+        assert_eq!(stats.table_bytes, 0, "{stats:?}");
+        assert_drained(&table);
+    }
+
+    #[test]
+    fn a_full_table_forgets_the_oldest_abandoned_ids_first() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_table_bytes: 8192,
+            ..config(OnDuplicate::Remap)
+        };
+        // Abandon ids in distinct sessions until the table is nearly full.
+        let mut abandoned = 0;
+        while table.stats().table_bytes + 1024 < config.max_table_bytes {
+            let session = format!("session-{abandoned}");
+            drop(table.admit(session.as_bytes(), &["1"], false, &config));
+            abandoned += 1;
+        }
+        assert!(abandoned > 3);
+        assert_eq!(table.stats().abandoned_ids, abandoned);
+        // A request that needs room: the oldest abandoned id goes first.
+        let long_id = format!("\"{}\"", "x".repeat(1000));
+        let held = table.admit(b"newcomer", &[&long_id], false, &config);
+        assert!(matches!(held, Admission::Admitted { .. }));
+        let stats = table.stats();
+        assert!(stats.abandoned_evicted_total > 0, "{stats:?}");
+        assert!(stats.table_bytes <= config.max_table_bytes, "{stats:?}");
+        let reuse = |n: usize| {
+            let session = format!("session-{n}");
+            let Admission::Admitted {
+                routes,
+                registration,
+            } = table.admit(session.as_bytes(), &["1"], false, &config)
+            else {
+                panic!("admitted expected")
+            };
+            registration.complete();
+            routes[0] == Route::AsIs
+        };
+        assert!(reuse(0), "the oldest was forgotten");
+        assert!(!reuse(abandoned - 1), "the newest is still abandoned");
+        end(held);
+    }
+
+    #[test]
+    fn a_request_that_cannot_fit_is_refused_and_registers_nothing() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_table_bytes: 2048,
+            max_in_flight_per_session: 1 << 20,
+            ..config(OnDuplicate::Remap)
+        };
+        let mut held = Vec::new();
+        loop {
+            let id = held.len().to_string();
+            match table.admit(b"s", &[&id], false, &config) {
+                admitted @ Admission::Admitted { .. } => held.push(admitted),
+                Admission::OverBudget => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let stats = table.stats();
+        assert!(!held.is_empty());
+        assert!(stats.table_bytes <= config.max_table_bytes, "{stats:?}");
+        assert_eq!(stats.in_flight_requests, held.len());
+        assert_eq!(stats.rejected_total, 1);
+        held.into_iter().for_each(end);
+        assert_eq!(table.stats().table_bytes, 0);
+    }
+
+    #[test]
+    fn over_long_session_ids_are_refused() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            max_session_id_bytes: 8,
+            ..config(OnDuplicate::Remap)
+        };
+        assert!(matches!(
+            table.admit(b"123456789", &["1", "2"], true, &config),
+            Admission::SessionIdTooLong
+        ));
+        assert!(matches!(
+            table.admit(b"12345678", &["1"], false, &config),
+            Admission::Admitted { .. }
+        ));
+        let stats = table.stats();
+        assert_eq!((stats.rejected_total, stats.passed_total), (2, 1));
+    }
+
+    #[test]
+    fn during_the_restart_window_unseen_sessions_are_remapped() {
+        let table = Arc::new(Table::new());
+        let window = Config {
+            restart_window: Some(Duration::from_secs(60)),
+            ..config(OnDuplicate::Reject)
+        };
+        table.note_started(b"seen", &window);
+        let route = |session: &[u8], config: &Config| {
+            let Admission::Admitted {
+                routes,
+                registration,
+            } = table.admit(session, &["1"], false, config)
+            else {
+                panic!("admitted expected")
+            };
+            registration.complete();
+            matches!(
+                routes[0],
+                Route::Remapped {
+                    duplicate: false,
+                    ..
+                }
+            )
+        };
+        assert!(route(b"unseen", &window), "an unseen session is remapped");
+        assert!(!route(b"seen", &window), "a session seen starting is not");
+        let stats = table.stats();
+        assert_eq!((stats.restart_remapped_total, stats.remapped_total), (1, 1));
+        assert_eq!(stats.table_bytes, budget::STARTED);
+        // Once the window is over, everything is normal and the set freed.
+        let over = Config {
+            restart_window: Some(Duration::ZERO),
+            ..window
+        };
+        assert!(!route(b"unseen", &over));
+        assert_eq!(table.stats().table_bytes, 0);
+        table.note_started(b"late", &over);
+        assert_eq!(table.stats().table_bytes, 0, "nothing recorded after it");
+    }
+
+    #[test]
+    fn session_starts_are_not_recorded_past_the_limits() {
+        let table = Arc::new(Table::new());
+        let config = Config {
+            restart_window: Some(Duration::from_secs(60)),
+            max_session_id_bytes: 4,
+            max_table_bytes: budget::STARTED,
+            ..config(OnDuplicate::Remap)
+        };
+        table.note_started(b"too-long", &config);
+        assert_eq!(table.stats().table_bytes, 0);
+        table.note_started(b"a", &config);
+        table.note_started(b"a", &config);
+        table.note_started(b"b", &config);
+        assert_eq!(table.stats().table_bytes, budget::STARTED);
     }
 }

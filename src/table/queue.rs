@@ -48,7 +48,8 @@ impl Waiter {
     }
 }
 
-pub(super) fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) {
+/// Takes a waiter out of line; returns the bytes that frees.
+pub(super) fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<Waiter>) -> usize {
     let found = session.keys.find_entry(key_hash, |state| {
         state.hash == key_hash
             && state
@@ -57,11 +58,14 @@ pub(super) fn remove_waiter(session: &mut Session, key_hash: u64, ticket: &Arc<W
                 .any(|waiter| Arc::ptr_eq(waiter, ticket))
     });
     let Ok(mut slot) = found else {
-        return;
+        return 0;
     };
     let state = slot.get_mut();
     state.waiters.retain(|waiter| !Arc::ptr_eq(waiter, ticket));
+    let mut freed = super::budget::waiter(ticket.raw_id.len());
     if state.is_empty() {
+        freed += state.cost();
         slot.remove();
     }
+    freed
 }

@@ -188,14 +188,24 @@ impl KeyState {
         self.entries.is_empty() && self.waiters.is_empty()
     }
 
-    /// The key's state in `keys`, created empty if need be.
+    /// The key's state in `keys`, created empty if need be (adding its cost
+    /// to `charged`).
     pub(super) fn get_or_insert<'k>(
         keys: &'k mut HashTable<KeyState>,
         probe: &Probe<'_>,
+        charged: &mut usize,
     ) -> &'k mut Self {
         keys.entry(probe.hash, |state| state.is(probe), |state| state.hash)
-            .or_insert_with(|| KeyState::new(probe))
+            .or_insert_with(|| {
+                *charged += super::budget::key(probe.key.len());
+                KeyState::new(probe)
+            })
             .into_mut()
+    }
+
+    /// What removing this (empty) key's state frees.
+    pub(super) fn cost(&self) -> usize {
+        super::budget::key(self.key.as_bytes().len())
     }
 }
 

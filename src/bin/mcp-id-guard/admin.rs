@@ -85,20 +85,22 @@ struct Live {
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = self.guard.stats();
-        let counters: [(&str, &str, u64); 6] = [
+        let counters: [(&str, &str, u64); 8] = [
             ("mcp_id_guard_passed", "Requests forwarded with the client's own id", stats.passed_total),
             ("mcp_id_guard_remapped", "Requests forwarded with a server-side id", stats.remapped_total),
-            ("mcp_id_guard_rejected", "Requests the guard answered itself (duplicate under reject, over the per-session cap)", stats.rejected_total),
+            ("mcp_id_guard_rejected", "Requests the guard answered itself (duplicate under reject, over the per-session cap or the table budget, session id too long)", stats.rejected_total),
             ("mcp_id_guard_queued", "Requests that waited for their id under the queue policy", stats.queued_total),
             ("mcp_id_guard_cancelled", "notifications/cancelled that named a request of the session", stats.cancelled_total),
             ("mcp_id_guard_restored", "Client ids put back into responses", stats.restored_total),
+            ("mcp_id_guard_abandoned_evicted", "Abandoned ids forgotten early to stay within the table's byte budget or count cap", stats.abandoned_evicted_total),
+            ("mcp_id_guard_restart_remapped", "Requests remapped because their session started before this process (restart window)", stats.restart_remapped_total),
         ];
         for (name, help, value) in counters {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(value).encode(metric)?;
         }
         let open = self.max_connections - self.connections.available_permits();
-        let gauges: [(&str, &str, i64); 4] = [
+        let gauges: [(&str, &str, i64); 5] = [
             (
                 "mcp_id_guard_in_flight_requests",
                 "Tracked requests whose exchange has not ended",
@@ -113,6 +115,11 @@ impl Collector for Live {
                 "mcp_id_guard_abandoned_ids",
                 "Ids of given-up exchanges still shadowed",
                 gauge(stats.abandoned_ids),
+            ),
+            (
+                "mcp_id_guard_table_bytes",
+                "Bytes the session table holds (bounded by --max-table-bytes)",
+                gauge(stats.table_bytes),
             ),
             (
                 "mcp_id_guard_client_connections",

@@ -113,6 +113,26 @@ struct Args {
     )]
     abandoned_id_ttl: Duration,
 
+    /// For this long after start, requests of sessions whose `initialize`
+    /// answer this process did not see go with server-side ids, so a late
+    /// answer to a request cut by a restart of the proxy cannot reach a new
+    /// request reusing its id (e.g. 5m; 0 turns it off). Default: the
+    /// --abandoned-id-ttl.
+    #[arg(long, env = "MCP_ID_GUARD_RESTART_WINDOW", value_parser = parse_duration)]
+    restart_window: Option<Duration>,
+
+    /// Longest Mcp-Session-Id the guard accepts; requests in a session with
+    /// a longer one get 400 and never reach the upstream.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_SESSION_ID_BYTES", default_value_t = 8 * 1024)]
+    max_session_id_bytes: usize,
+
+    /// Bytes the guard's session table may hold (in-flight requests,
+    /// abandoned ids, with their ids and session ids). When full, the oldest
+    /// abandoned ids are forgotten first; a request that still does not fit
+    /// gets 503.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_TABLE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    max_table_bytes: usize,
+
     /// Largest JSON POST body the guard reads; larger ones get 413.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -463,7 +483,10 @@ async fn run(args: Args) -> Result<(), String> {
         .max_in_flight_per_session(args.max_in_flight_per_session as usize)
         .max_queue_wait(args.max_queue_wait)
         .rewrite_all_ids(args.rewrite_all_ids)
-        .abandoned_id_ttl(args.abandoned_id_ttl);
+        .abandoned_id_ttl(args.abandoned_id_ttl)
+        .restart_window(args.restart_window.unwrap_or(args.abandoned_id_ttl))
+        .max_session_id_bytes(args.max_session_id_bytes)
+        .max_table_bytes(args.max_table_bytes);
     let upstream = proxy.upstream().to_owned();
     let service = guard.clone().layer(proxy);
 
@@ -842,6 +865,9 @@ mod tests {
         assert_eq!(args.on_duplicate, Policy::Reject);
         assert_eq!(args.reject_status, http::StatusCode::CONFLICT);
         assert_eq!(args.abandoned_id_ttl, Duration::from_secs(300));
+        assert_eq!(args.restart_window, None, "as long as the abandoned-id TTL");
+        assert_eq!(args.max_session_id_bytes, 8 * 1024);
+        assert_eq!(args.max_table_bytes, 64 * 1024 * 1024);
         assert!(!args.rewrite_all_ids);
         let args = Args::try_parse_from([
             "mcp-id-guard",
@@ -856,8 +882,14 @@ mod tests {
             "422",
             "--abandoned-id-ttl",
             "0",
+            "--restart-window",
+            "1m",
+            "--max-table-bytes",
+            "1048576",
         ])
         .unwrap();
+        assert_eq!(args.restart_window, Some(Duration::from_secs(60)));
+        assert_eq!(args.max_table_bytes, 1 << 20);
         assert_eq!(args.reject_status.as_u16(), 422);
         assert_eq!(args.abandoned_id_ttl, Duration::ZERO);
         assert_eq!(args.on_duplicate, Policy::Queue);

@@ -14,8 +14,6 @@
 //! from the inner service: what remains is the guard's table entries, its
 //! per-exchange registration and its wrapper around the response.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
@@ -29,84 +27,7 @@ use http_body_util::Full;
 use mcp_id_guard::{IdGuardLayer, RequestBody, ResponseBody, Stats};
 use tower::{Layer, Service};
 
-// ---------------------------------------------------------------------------
-// The counting allocator
-// ---------------------------------------------------------------------------
-
-/// `System`, counting the live bytes of each thread.
-struct Counting;
-
-thread_local! {
-    /// Bytes allocated minus bytes freed by this thread. A `const` `Cell`
-    /// needs no lazy initialisation and no destructor, so using it inside the
-    /// allocator cannot recurse into it.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    /// The highest `LIVE` since the last [`reset_peak`].
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn track(delta: isize) {
-    let _ = LIVE.try_with(|live| {
-        let now = live.get() + delta;
-        live.set(now);
-        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
-    });
-}
-
-/// Starts a new peak measurement at the current live bytes.
-fn reset_peak() {
-    PEAK.with(|peak| peak.set(live()));
-}
-
-/// The highest live bytes since [`reset_peak`].
-fn peak() -> isize {
-    PEAK.with(Cell::get)
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged; the counting has no effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
-        let pointer = unsafe { System.alloc(layout) };
-        if !pointer.is_null() {
-            track(layout.size() as isize);
-        }
-        pointer
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `alloc_zeroed`'s contract.
-        let pointer = unsafe { System.alloc_zeroed(layout) };
-        if !pointer.is_null() {
-            track(layout.size() as isize);
-        }
-        pointer
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is; the caller upholds `dealloc`'s contract.
-        unsafe { System.dealloc(pointer, layout) };
-        track(-(layout.size() as isize));
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded as is; the caller upholds `realloc`'s contract.
-        let moved = unsafe { System.realloc(pointer, layout, new_size) };
-        if !moved.is_null() {
-            track(new_size as isize - layout.size() as isize);
-        }
-        moved
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Bytes this thread holds now.
-fn live() -> isize {
-    LIVE.with(Cell::get)
-}
+use crate::{live, peak, reset_peak};
 
 // ---------------------------------------------------------------------------
 // Driving the guard
@@ -523,7 +444,7 @@ fn abandoned_exchanges_are_counted_and_bounded() {
 
 /// How big the streamed responses are in `cargo test`; the full-size run
 /// (1 GiB, as in the issue that asked for it) is
-/// `cargo test --release --all-features --test memory_bound -- --ignored huge`.
+/// `cargo test --release --all-features --test memory -- --ignored huge`.
 const STREAMED_MIB: usize = 64;
 
 /// The peak the guard may add while restoring a response of any size.
@@ -678,6 +599,7 @@ fn remapped_answers_stream(mib: usize) {
         let baseline = live();
         let (first, last, total) = drain_ends(response.into_body());
         let added = peak() - baseline;
+        eprintln!("{shape:?}: {mib} MiB answer, {total} bytes out, peak added {added} bytes");
         let restored_first = String::from_utf8_lossy(&first).contains(r#""id":1,"#);
         let restored_last = String::from_utf8_lossy(&last).contains(r#""id":1}"#);
         assert!(
@@ -704,7 +626,7 @@ fn remapped_answers_stream_in_bounded_memory() {
     remapped_answers_stream(STREAMED_MIB);
 }
 
-/// The same at 1 GiB: `cargo test --release --all-features --test memory_bound -- --ignored huge`.
+/// The same at 1 GiB: `cargo test --release --all-features --test memory -- --ignored huge`.
 #[test]
 #[ignore = "1 GiB per shape; run in release"]
 fn huge_remapped_answers_stream_in_bounded_memory() {
