@@ -166,15 +166,27 @@ enum Balancing {
 /// `haproxy -f <generated cfg> -db` on a free loopback port (killed on drop;
 /// its config file removed).
 struct Balancer {
-    _child: Child,
+    child: Child,
     config: PathBuf,
     /// `http://127.0.0.1:<port>/mcp`.
     url: String,
 }
 
 impl Balancer {
+    /// Starts HAProxy; tries another free port if the one picked was taken
+    /// between picking and binding (HAProxy then exits).
     async fn start(ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
-        let port = dead_port();
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::start_on(dead_port(), ports, balancing).await {
+                Ok(balancer) => return Ok(balancer),
+                Err(error) => failures.push(format!("{error:#}")),
+            }
+        }
+        bail!("haproxy did not start: {failures:#?}")
+    }
+
+    async fn start_on(port: u16, ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
         let mut config = TEMPLATE
             .replace("${FRONTEND_PORT}", &port.to_string())
             .replace("${REPLICA1_PORT}", &ports[0].to_string())
@@ -212,18 +224,22 @@ impl Balancer {
             }
         };
         let (_lines, log) = collect(child.stderr.take().context("stderr")?);
-        let balancer = Self {
-            _child: child,
+        let mut balancer = Self {
+            child,
             config: path,
             url: format!("http://127.0.0.1:{port}/mcp"),
         };
-        // HAProxy says nothing when it is ready; it is once it accepts.
+        // HAProxy says nothing when it is ready; it is once it accepts (and
+        // has not exited: another process may hold the port).
         let deadline = tokio::time::Instant::now() + OK_TIMEOUT;
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            let accepts = tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
-                .is_ok()
-            {
+                .is_ok();
+            if let Some(status) = balancer.child.try_wait()? {
+                bail!("haproxy exited ({status}): {:?}", log.lock().unwrap());
+            }
+            if accepts {
                 return Ok(balancer);
             }
             if tokio::time::Instant::now() >= deadline {
