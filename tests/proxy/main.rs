@@ -14,5 +14,8 @@ mod failures;
 #[cfg(feature = "cli")]
 mod hardening;
 mod headers;
+// The reference HAProxy deployment: two binaries behind a real balancer.
+#[cfg(feature = "cli")]
+mod replicas;
 mod rmcp;
 mod streaming;

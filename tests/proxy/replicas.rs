@@ -1,0 +1,524 @@
+//! The reference deployment for more than one replica (`deploy/haproxy/`):
+//! a real HAProxy, run from the committed `haproxy.cfg` with its ports filled
+//! in, in front of two `mcp-id-guard` processes, each in front of the same
+//! rmcp 3.11 echo server. Through HAProxy a session sticks to the replica that
+//! saw its `initialize` answer, so the seed's burst, a cancellation, a resumed
+//! stream and a restart of that replica all behave as with one proxy.
+//!
+//! Controls: the burst through HAProxy straight to the bare server
+//! cross-wires, and without the stick rules (round-robin, the
+//! `--rewrite-all-ids` fallback) a cancellation that lands on the other
+//! replica is lost.
+//!
+//! HAProxy must be installed (`deploy/haproxy/install.sh`, which `.ci/run`
+//! calls): without it these tests fail, never pass. Every child process is
+//! killed when its handle drops, on every exit path.
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use futures::future::join_all;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+use tokio::sync::mpsc;
+
+use crate::support::client::{Call, Outcome as CallOutcome, Session, Tally};
+use crate::support::proxy::Outcome;
+use crate::support::server::{dead_port, upstream, McpServer};
+use crate::support::{HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcp-id-guard");
+/// The committed template, exactly as operators get it.
+const TEMPLATE: &str = include_str!("../../deploy/haproxy/haproxy.cfg");
+const BURST: usize = 12;
+
+/// Collects a child's stderr lines (for diagnostics) and passes them on.
+fn collect(stderr: ChildStderr) -> (mpsc::UnboundedReceiver<String>, Arc<Mutex<Vec<String>>>) {
+    let (tx, lines) = mpsc::unbounded_channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&log);
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            keep.lock().unwrap().push(line.clone());
+            let _ = tx.send(line);
+        }
+    });
+    (lines, log)
+}
+
+/// The text after `marker` on `line`, up to the first of `ends`.
+fn after<'a>(line: &'a str, marker: &str, ends: &[char]) -> Option<&'a str> {
+    let rest = line.split(marker).nth(1)?;
+    Some(rest.split(ends).next().unwrap_or(rest))
+}
+
+/// One `mcp-id-guard` process (killed on drop) with its admin endpoints.
+struct Replica {
+    child: Child,
+    port: u16,
+    admin: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Replica {
+    /// Starts the binary on `port` (0: ephemeral) in front of `upstream`,
+    /// and waits for its listening and admin lines.
+    async fn start(upstream: &str, port: u16, extra: &[&str]) -> anyhow::Result<Self> {
+        let mut child = Command::new(BIN)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", upstream])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("MCP_ID_GUARD_UPSTREAM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn mcp-id-guard")?;
+        let (mut lines, log) = collect(child.stderr.take().context("stderr")?);
+        let (mut listen, mut admin) = (None, None);
+        let seen = tokio::time::timeout(OK_TIMEOUT, async {
+            while let Some(line) = lines.recv().await {
+                if let Some(address) = after(&line, "listening on http://", &[',', ' ']) {
+                    listen = Some(address.to_owned());
+                }
+                if let Some(address) = after(&line, "admin endpoints on http://", &[' ']) {
+                    admin = Some(address.to_owned());
+                }
+                if listen.is_some() && admin.is_some() {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .unwrap_or(false);
+        let (Some(listen), Some(admin)) = (listen, admin) else {
+            bail!(
+                "mcp-id-guard did not start ({seen}): {:?}",
+                log.lock().unwrap()
+            );
+        };
+        let port = listen
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .with_context(|| format!("no port in {listen}"))?;
+        Ok(Self {
+            child,
+            port,
+            admin: format!("http://{admin}"),
+            log,
+        })
+    }
+
+    /// One counter or gauge from `/metrics` (0 if absent).
+    async fn metric(&self, name: &str) -> anyhow::Result<u64> {
+        let text = tokio::time::timeout(OK_TIMEOUT, async {
+            reqwest::Client::builder()
+                .no_proxy()
+                .build()?
+                .get(format!("{}/metrics", self.admin))
+                .send()
+                .await?
+                .text()
+                .await
+        })
+        .await??;
+        Ok(text
+            .lines()
+            .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|value| value.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Kills the process (SIGKILL, as a crash would) and waits for it.
+    async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.start_kill()?;
+        tokio::time::timeout(OK_TIMEOUT, self.child.wait()).await??;
+        Ok(())
+    }
+}
+
+/// Two replicas in front of one server.
+async fn replicas(upstream: &str, extra: &[&str]) -> anyhow::Result<[Replica; 2]> {
+    Ok([
+        Replica::start(upstream, 0, extra).await?,
+        Replica::start(upstream, 0, extra).await?,
+    ])
+}
+
+/// How to derive the config from the committed template.
+#[derive(Clone, Copy, PartialEq)]
+enum Balancing {
+    /// The template as committed: session-sticky.
+    Sticky,
+    /// The stick rules removed: plain round-robin (the control).
+    RoundRobin,
+}
+
+/// `haproxy -f <generated cfg> -db` on a free loopback port (killed on drop;
+/// its config file removed).
+struct Balancer {
+    child: Child,
+    config: PathBuf,
+    /// `http://127.0.0.1:<port>/mcp`.
+    url: String,
+}
+
+impl Balancer {
+    /// Starts HAProxy; tries another free port if the one picked was taken
+    /// between picking and binding (HAProxy then exits).
+    async fn start(ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::start_on(dead_port(), ports, balancing).await {
+                Ok(balancer) => return Ok(balancer),
+                Err(error) => failures.push(format!("{error:#}")),
+            }
+        }
+        bail!("haproxy did not start: {failures:#?}")
+    }
+
+    async fn start_on(port: u16, ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
+        let mut config = TEMPLATE
+            .replace("${FRONTEND_PORT}", &port.to_string())
+            .replace("${REPLICA1_PORT}", &ports[0].to_string())
+            .replace("${REPLICA2_PORT}", &ports[1].to_string());
+        if balancing == Balancing::RoundRobin {
+            config = config
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("stick"))
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        assert!(!config.contains("${"), "unfilled placeholder:\n{config}");
+        let path = std::env::temp_dir().join(format!(
+            "mcp-id-guard-haproxy-{}-{port}.cfg",
+            std::process::id()
+        ));
+        std::fs::write(&path, config + "\n")?;
+        let spawned = Command::new("haproxy")
+            .arg("-f")
+            .arg(&path)
+            .arg("-db")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(error) => {
+                let _ = std::fs::remove_file(&path);
+                panic!(
+                    "cannot run `haproxy` ({error}): these tests need HAProxy; install it with \
+                     deploy/haproxy/install.sh (as root; .ci/run does)"
+                );
+            }
+        };
+        let (_lines, log) = collect(child.stderr.take().context("stderr")?);
+        let mut balancer = Self {
+            child,
+            config: path,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        };
+        // HAProxy says nothing when it is ready; it is once it accepts (and
+        // has not exited: another process may hold the port).
+        let deadline = tokio::time::Instant::now() + OK_TIMEOUT;
+        loop {
+            let accepts = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok();
+            if let Some(status) = balancer.child.try_wait()? {
+                bail!("haproxy exited ({status}): {:?}", log.lock().unwrap());
+            }
+            if accepts {
+                return Ok(balancer);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "haproxy did not listen on {port}: {:?}",
+                    log.lock().unwrap()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// The session's replica: the one whose `metric` moved (exactly one must).
+async fn holder<'a>(
+    replicas: &'a [Replica; 2],
+    metric: &str,
+) -> anyhow::Result<(&'a Replica, &'a Replica)> {
+    let values = [
+        replicas[0].metric(metric).await?,
+        replicas[1].metric(metric).await?,
+    ];
+    match values {
+        [0, 0] => bail!("{metric} is 0 on both replicas"),
+        [_, 0] => Ok((&replicas[0], &replicas[1])),
+        [0, _] => Ok((&replicas[1], &replicas[0])),
+        _ => bail!("{metric} moved on both replicas: {values:?} (not sticky)"),
+    }
+}
+
+fn sentinels(prefix: &str) -> Vec<String> {
+    (0..BURST).map(|i| format!("{prefix}_{i:02}")).collect()
+}
+
+/// 12 concurrent `id: 1` calls in one session, held at the server until all
+/// 12 have started (so they overlap there), then released.
+async fn burst(session: &Session, rmcp: &McpServer, prefix: &str) -> anyhow::Result<Vec<Outcome>> {
+    let names = sentinels(prefix);
+    for sentinel in &names {
+        rmcp.gates.hold(sentinel);
+    }
+    let calls = join_all(
+        names
+            .iter()
+            .map(|sentinel| session.echo(json!(1), sentinel, 0, OK_TIMEOUT)),
+    );
+    let release = async {
+        // Under a cross-wire some calls never start; release what did.
+        let started = rmcp.wait_started(&names).await;
+        for sentinel in &names {
+            rmcp.gates.release(sentinel);
+        }
+        started
+    };
+    let (outcomes, _) = tokio::join!(calls, release);
+    Ok(outcomes)
+}
+
+/// Control: the seed's burst through HAProxy straight to the bare server
+/// (both "replicas" are the server itself) cross-wires.
+#[tokio::test]
+async fn control_burst_through_haproxy_without_the_guard_cross_wires() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let port: u16 = rmcp.base.rsplit(':').next().unwrap_or_default().parse()?;
+    let balancer = Balancer::start([port, port], Balancing::Sticky).await?;
+    let session = Session::open(&balancer.url).await?;
+    let names = sentinels("control");
+    let calls = names.iter().enumerate().map(|(i, sentinel)| {
+        // Work times spread over 0..275 ms, out of arrival order.
+        let delay = ((i * 7) % BURST) as u64 * 25;
+        session.echo(json!(1), sentinel, delay, HANG_TIMEOUT)
+    });
+    let outcomes = join_all(calls).await;
+    let tally = Tally::of(&outcomes);
+    println!("control burst (HAProxy to bare rmcp, 12 x id 1): {tally:?}");
+    assert!(
+        tally.wrong + tally.hung >= 1,
+        "the bare server did not cross-wire: {outcomes:?}"
+    );
+    Ok(())
+}
+
+/// The seed's burst through HAProxy and two replicas: every caller gets its
+/// own result, and all 12 calls went through one replica (1 passed, 11
+/// remapped there; nothing on the other).
+#[tokio::test]
+async fn burst_through_haproxy_sticks_to_one_replica() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let session = Session::open(&balancer.url).await?;
+    let outcomes = burst(&session, &rmcp, "sticky").await?;
+    let tally = Tally::of(&outcomes);
+    println!("burst through HAProxy (sticky, 2 replicas): {tally:?}");
+    assert_eq!(tally.own, BURST, "{outcomes:?}");
+    let (home, other) = holder(&replicas, "mcp_id_guard_remapped_total").await?;
+    assert_eq!(home.metric("mcp_id_guard_remapped_total").await?, 11);
+    assert_eq!(home.metric("mcp_id_guard_passed_total").await?, 1);
+    assert_eq!(other.metric("mcp_id_guard_passed_total").await?, 0);
+
+    // The session's DELETE reaches its replica too (rmcp then forgets it).
+    let deleted = tokio::time::timeout(OK_TIMEOUT, session.delete().send()).await??;
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    Ok(())
+}
+
+/// Starts a held call (it stops when cancelled) with id `1` and waits until
+/// it runs at the server.
+async fn start_held(
+    session: &Session,
+    rmcp: &McpServer,
+    sentinel: &str,
+) -> anyhow::Result<tokio::task::JoinHandle<CallOutcome>> {
+    let call = Call::held(sentinel);
+    let task = tokio::spawn({
+        let session = session.clone();
+        async move { session.call("1", &call, OK_TIMEOUT).await.outcome }
+    });
+    rmcp.wait_started(&[sentinel]).await?;
+    Ok(task)
+}
+
+/// Cancellation through HAProxy: `notifications/cancelled` for a held call
+/// reaches the replica that forwarded the call, the server cancels it (its
+/// stream ends without a response), nothing stays in flight, and the next
+/// call reusing id 1 gets its own result.
+#[tokio::test]
+async fn cancellation_through_haproxy_reaches_the_right_replica() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let session = Session::open(&balancer.url).await?;
+    let held = start_held(&session, &rmcp, "cancel-A").await?;
+
+    let (_, answer) = session.cancel("1").await;
+    assert_eq!(answer.status, Some(202), "{answer:?}");
+    rmcp.log
+        .wait_for("cancelled:cancel-A", WAIT_TIMEOUT)
+        .await?;
+    let outcome = tokio::time::timeout(OK_TIMEOUT, held).await??;
+    assert_eq!(outcome, CallOutcome::EndedWithoutResponse);
+
+    let (home, other) = holder(&replicas, "mcp_id_guard_cancelled_total").await?;
+    assert_eq!(home.metric("mcp_id_guard_cancelled_total").await?, 1);
+    assert_eq!(other.metric("mcp_id_guard_passed_total").await?, 0);
+    assert_eq!(
+        session.echo(json!(1), "after-cancel", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    // The cancelled id stays shadowed (--abandoned-id-ttl) in case the
+    // server answers it late, so the reuse goes with a server-side id.
+    assert_eq!(home.metric("mcp_id_guard_remapped_total").await?, 1);
+    assert_eq!(home.metric("mcp_id_guard_in_flight_requests").await?, 0);
+    Ok(())
+}
+
+/// Control (the fallback's gap): without the stick rules, two
+/// `--rewrite-all-ids` replicas behind round-robin. HAProxy alternates, so
+/// the call and its `notifications/cancelled` land on different replicas:
+/// the other replica knows no request 1 and passes the cancellation on
+/// unchanged, the server knows the call by another id, and the call is not
+/// cancelled: released, it runs to completion and answers.
+#[tokio::test]
+async fn control_cancellation_is_lost_without_stickiness() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let replicas = replicas(&rmcp.base, &["--rewrite-all-ids"]).await?;
+    let balancer =
+        Balancer::start([replicas[0].port, replicas[1].port], Balancing::RoundRobin).await?;
+    let session = Session::open(&balancer.url).await?;
+    let held = start_held(&session, &rmcp, "lost-A").await?;
+    let (call_replica, _) = holder(&replicas, "mcp_id_guard_in_flight_requests").await?;
+
+    let (_, answer) = session.cancel("1").await;
+    assert_eq!(answer.status, Some(202), "{answer:?}");
+    rmcp.log.wait_for("notified:1", WAIT_TIMEOUT).await?;
+    assert_eq!(
+        call_replica.metric("mcp_id_guard_cancelled_total").await?,
+        0,
+        "the cancellation reached the call's replica: round-robin did not alternate"
+    );
+    assert!(
+        !rmcp.log.contains("cancelled:lost-A"),
+        "{:?}",
+        rmcp.log.snapshot()
+    );
+    rmcp.gates.release("lost-A");
+    let outcome = tokio::time::timeout(OK_TIMEOUT, held).await??;
+    println!("round-robin, cancelled call: {outcome:?}");
+    assert_eq!(outcome, CallOutcome::Own, "the call ran to completion");
+    assert!(!rmcp.log.contains("cancelled:lost-A"));
+    Ok(())
+}
+
+/// Resumption through HAProxy: A (id 1) is held, so B (id 1) is remapped;
+/// the client drops B's stream after rmcp's priming event and resumes with
+/// `GET` + `Last-Event-ID`. The GET sticks to the replica that remapped B,
+/// and B's answer arrives there with id 1 restored.
+#[tokio::test]
+async fn resumed_stream_through_haproxy_restores_the_id() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let session = Session::open(&balancer.url).await?;
+    let held = start_held(&session, &rmcp, "resume-A").await?;
+    let b = Call::held("resume-B");
+    let event_id = session.start_echo_then_drop("1", &b).await?;
+    rmcp.wait_started(&["resume-B"]).await?;
+
+    let resumed = session.resume(&event_id, OK_TIMEOUT).await?;
+    assert_eq!(resumed.status(), Some(200));
+    rmcp.gates.release("resume-B");
+    let get = resumed.read_response().await;
+    let response = get.response.clone().context("a response on the GET")?;
+    let report = crate::support::client::Report::classify("1", "resume-B", get);
+    assert_eq!(report.outcome, CallOutcome::Own, "{response}");
+
+    let (home, _) = holder(&replicas, "mcp_id_guard_restored_total").await?;
+    assert_eq!(home.metric("mcp_id_guard_remapped_total").await?, 1);
+    rmcp.gates.release("resume-A");
+    assert_eq!(
+        tokio::time::timeout(OK_TIMEOUT, held).await??,
+        CallOutcome::Own
+    );
+    Ok(())
+}
+
+/// A restart of the session's replica mid-session: C (id 1) is held at the
+/// server through that replica when it is killed (SIGKILL). The client of C
+/// sees its stream cut (no response; never another call's). The replica is
+/// restarted on the same port; the session's next call, reusing id 1 while C
+/// still runs at the server, goes to it (sticky), is remapped by its restart
+/// window and gets its own result.
+#[tokio::test]
+async fn replica_restart_mid_session_keeps_answers_apart() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let mut replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let session = Session::open(&balancer.url).await?;
+    let held = start_held(&session, &rmcp, "restart-C").await?;
+    let index = match holder(&replicas, "mcp_id_guard_in_flight_requests").await? {
+        (home, _) if std::ptr::eq(home, &replicas[0]) => 0,
+        _ => 1,
+    };
+
+    replicas[index].kill().await?;
+    let cut = tokio::time::timeout(OK_TIMEOUT, held).await??;
+    println!("held call when its replica was killed: {cut:?}");
+    assert!(
+        matches!(
+            cut,
+            CallOutcome::EndedWithoutResponse | CallOutcome::Other(_)
+        ),
+        "{cut:?}"
+    );
+
+    let port = replicas[index].port;
+    replicas[index] = Replica::start(&rmcp.base, port, &[]).await?;
+    assert_eq!(
+        session.echo(json!(1), "restart-D", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    let restarted = &replicas[index];
+    assert_eq!(
+        restarted
+            .metric("mcp_id_guard_restart_remapped_total")
+            .await?,
+        1,
+        "{:?}",
+        restarted.log.lock().unwrap()
+    );
+    rmcp.gates.release("restart-C");
+    rmcp.log
+        .wait_for("finished:restart-C", WAIT_TIMEOUT)
+        .await?;
+    Ok(())
+}
