@@ -2,123 +2,17 @@
 //! server: `--help`, an MCP exchange through it, its flags and env vars, and
 //! graceful shutdown on SIGTERM. Every wait is bounded; the process is killed
 //! when a test ends early.
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::process::Command;
 
 use crate::support::client::Session;
+use crate::support::process::{Guard, BIN};
 use crate::support::proxy::Outcome;
 use crate::support::server::upstream;
 use crate::support::OK_TIMEOUT;
-
-const BIN: &str = env!("CARGO_BIN_EXE_mcp-id-guard");
-
-/// A running `mcp-id-guard` process (killed on drop) and its log lines.
-struct Guard {
-    child: Child,
-    /// `http://127.0.0.1:<port>`, read from the startup line.
-    base: String,
-    lines: mpsc::UnboundedReceiver<String>,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Guard {
-    /// Starts the binary on an ephemeral port with `args` (and `env`), and
-    /// waits for its startup line.
-    async fn start(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let mut command = Command::new(BIN);
-        command
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("MCP_ID_GUARD_UPSTREAM")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().context("spawn mcp-id-guard")?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let (tx, mut lines) = mpsc::unbounded_channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&log);
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                keep.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let startup = tokio::time::timeout(OK_TIMEOUT, async {
-            while let Some(line) = lines.recv().await {
-                if line.contains("listening on") {
-                    return Some(line);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .with_context(|| format!("no startup line; log: {:?}", log.lock().unwrap()))?;
-        println!("startup line: {startup}");
-        let base = startup
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split(',').next())
-            .context("no address on the startup line")?
-            .to_owned();
-        Ok(Self {
-            child,
-            base,
-            lines,
-            log,
-        })
-    }
-
-    /// Waits (bounded) for a log line containing `text`.
-    async fn wait_for_line(&mut self, text: &str) -> anyhow::Result<String> {
-        let found = tokio::time::timeout(OK_TIMEOUT, async {
-            while let Some(line) = self.lines.recv().await {
-                if line.contains(text) {
-                    return Some(line);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten();
-        found.with_context(|| format!("no {text:?} in {:?}", self.log.lock().unwrap()))
-    }
-
-    fn sigterm(&self) -> anyhow::Result<()> {
-        let pid = self.child.id().context("already exited")?;
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        anyhow::ensure!(status.success(), "kill -TERM {pid}: {status}");
-        Ok(())
-    }
-
-    async fn wait_exit(&mut self, within: Duration) -> anyhow::Result<ExitStatus> {
-        match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(status) => Ok(status?),
-            Err(_) => bail!(
-                "still running after {within:?}; log: {:?}",
-                self.log.lock().unwrap()
-            ),
-        }
-    }
-}
 
 #[tokio::test]
 async fn help_lists_every_option() -> anyhow::Result<()> {
@@ -177,7 +71,7 @@ async fn invalid_upstream_exits_with_an_error() -> anyhow::Result<()> {
 #[tokio::test]
 async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
-    let guard = Guard::start(
+    let guard = Guard::start_env(
         &["--on-duplicate", "reject", "--reject-status", "409"],
         &[("MCP_ID_GUARD_UPSTREAM", &rmcp.base)],
     )
@@ -213,7 +107,8 @@ async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
 #[tokio::test]
 async fn sigterm_lets_in_flight_calls_finish_and_exits_0() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
-    let mut guard = Guard::start(&["--upstream", &rmcp.base, "--grace-period", "20s"], &[]).await?;
+    let mut guard =
+        Guard::start_env(&["--upstream", &rmcp.base, "--grace-period", "20s"], &[]).await?;
     let session = Session::open(&format!("{}/mcp", guard.base)).await?;
     rmcp.gates.hold("A");
     let a = tokio::spawn({
@@ -241,7 +136,8 @@ async fn sigterm_lets_in_flight_calls_finish_and_exits_0() -> anyhow::Result<()>
 async fn sigterm_cuts_open_streams_after_the_grace_period() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let grace = Duration::from_secs(1);
-    let mut guard = Guard::start(&["--upstream", &rmcp.base, "--grace-period", "1s"], &[]).await?;
+    let mut guard =
+        Guard::start_env(&["--upstream", &rmcp.base, "--grace-period", "1s"], &[]).await?;
     let session = Session::open(&format!("{}/mcp", guard.base)).await?;
     let mut stream = tokio::time::timeout(OK_TIMEOUT, session.get_stream().send()).await??;
     assert_eq!(stream.status(), 200);

@@ -7,137 +7,20 @@
 //! timeouts of a few hundred milliseconds; every wait is bounded and the
 //! process is killed when a test ends early.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::client::Session;
+use crate::support::process::{Guard, BIN};
 use crate::support::proxy::Outcome;
 use crate::support::server::{dead_port, serve_service, upstream, Served};
 use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use anyhow::Context as _;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::mpsc;
-
-const BIN: &str = env!("CARGO_BIN_EXE_mcp-id-guard");
-
-/// A running `mcp-id-guard` process (killed on drop) and its log lines.
-struct Guard {
-    _child: Child,
-    /// `http://127.0.0.1:<port>`, read from the startup line.
-    base: String,
-    /// `127.0.0.1:<port>`.
-    addr: String,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Guard {
-    /// Starts the binary on an ephemeral loopback port with `args` and waits
-    /// for its startup line.
-    async fn start(args: &[&str]) -> anyhow::Result<Self> {
-        Self::start_in(None, args).await
-    }
-
-    /// As [`start`](Self::start), under `sh -c "ulimit -n <nofile>; exec ..."`
-    /// when `nofile` is given.
-    async fn start_in(nofile: Option<u32>, args: &[&str]) -> anyhow::Result<Self> {
-        let mut command = match nofile {
-            Some(nofile) => {
-                let mut command = Command::new("sh");
-                command
-                    .arg("-c")
-                    .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
-                    .arg(BIN);
-                command
-            }
-            None => Command::new(BIN),
-        };
-        command
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("MCP_ID_GUARD_UPSTREAM")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().context("spawn mcp-id-guard")?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let (tx, mut lines) = mpsc::unbounded_channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&log);
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                keep.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let startup = tokio::time::timeout(OK_TIMEOUT, async {
-            while let Some(line) = lines.recv().await {
-                if line.contains("listening on") {
-                    return Some(line);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .with_context(|| format!("no startup line; log: {:?}", log.lock().unwrap()))?;
-        println!("startup line: {startup}");
-        let base = startup
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split(',').next())
-            .context("no address on the startup line")?
-            .to_owned();
-        let addr = base.trim_start_matches("http://").to_owned();
-        Ok(Self {
-            _child: child,
-            base,
-            addr,
-            log,
-        })
-    }
-
-    fn url(&self) -> String {
-        format!("{}/mcp", self.base)
-    }
-
-    /// Waits (bounded) until a log line contains `text`; returns every such
-    /// line so far. Lines reach the test through a pipe and a reader task,
-    /// so a line written before a response may arrive after it.
-    async fn wait_for_lines(&self, text: &str) -> anyhow::Result<Vec<String>> {
-        let deadline = Instant::now() + OK_TIMEOUT;
-        loop {
-            let lines = self.lines_with(text);
-            if !lines.is_empty() {
-                return Ok(lines);
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no {text:?} in {:?}",
-                self.log.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Log lines containing `text` so far.
-    fn lines_with(&self, text: &str) -> Vec<String> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line.contains(text))
-            .cloned()
-            .collect()
-    }
-}
 
 /// The `initialize` request a client (or a rebound page) sends first.
 fn initialize() -> Value {

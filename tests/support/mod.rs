@@ -22,6 +22,8 @@
 pub mod client;
 pub mod ids;
 pub mod inner;
+#[cfg(feature = "cli")]
+pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod server;
