@@ -68,10 +68,8 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// A legacy-session protocol revision: the guard tracks its sessions.
 const PROTOCOL_VERSION: &str = "2025-06-18";
 /// Where the in-process servers listen: a free loopback port.
-const ANY_LOOPBACK_PORT: SocketAddr = SocketAddr::new(
-    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-    0,
-);
+const ANY_LOOPBACK_PORT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 /// A single call may take at most this long; a hang fails the run.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -513,7 +511,8 @@ async fn load(settings: Settings) -> anyhow::Result<()> {
     let begun = Instant::now();
     let layer = IdGuardLayer::new();
     let bare_server = Server::start(None, settings.nodelay, ANY_LOOPBACK_PORT).await?;
-    let guarded_server = Server::start(Some(layer.clone()), settings.nodelay, ANY_LOOPBACK_PORT).await?;
+    let guarded_server =
+        Server::start(Some(layer.clone()), settings.nodelay, ANY_LOOPBACK_PORT).await?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
