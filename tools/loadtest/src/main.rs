@@ -14,7 +14,9 @@
 //! defaults, Nagle on), `--modes` which runs to make, in order
 //! (`bare,guarded,colliding`; one alone is handy under a profiler;
 //! `bare-long-ids` adds bare rmcp with unique string ids as long as
-//! server-side ids).
+//! server-side ids), `--serve ADDR` (serve only the bare echo server on that
+//! loopback address until killed, with no load: an upstream for another
+//! proxy, as `benches/proxy_vs_nginx.sh` uses it).
 //!
 //! The server is rmcp 3.11's `StreamableHttpService` in its default stateful
 //! mode with one tool, `echo`, nested at `/mcp` in an axum router, the guard
@@ -36,6 +38,7 @@
 //! more robust figure when the machine is shared). Defaults take about 45 s.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +67,9 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// A legacy-session protocol revision: the guard tracks its sessions.
 const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Where the in-process servers listen: a free loopback port.
+const ANY_LOOPBACK_PORT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 /// A single call may take at most this long; a hang fails the run.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -108,6 +114,20 @@ struct Settings {
         default_value = "bare,guarded,colliding"
     )]
     modes: Vec<Mode>,
+    /// Serve only the bare echo server on this loopback address (at `/mcp`)
+    /// until killed, and generate no load: an upstream for benchmarks that
+    /// put another proxy in front of it (`benches/proxy_vs_nginx.sh`).
+    #[arg(long, env = "LOADTEST_SERVE", value_parser = loopback_address)]
+    serve: Option<SocketAddr>,
+}
+
+fn loopback_address(text: &str) -> Result<SocketAddr, String> {
+    let address: SocketAddr = text.parse().map_err(|error| format!("{error}"))?;
+    if address.ip().is_loopback() {
+        Ok(address)
+    } else {
+        Err("the echo server only listens on loopback (127.0.0.1 or [::1])".to_owned())
+    }
 }
 
 fn seconds(text: &str) -> Result<Duration, String> {
@@ -205,7 +225,11 @@ impl Server {
     /// Serves the echo server, bare or guarded: rmcp's default stateful
     /// config, SSE keep-alive 15 s, `nest_service("/mcp")`, the guard on the
     /// router, with `TCP_NODELAY` unless `nodelay` is off.
-    async fn start(guard: Option<IdGuardLayer>, nodelay: bool) -> anyhow::Result<Self> {
+    async fn start(
+        guard: Option<IdGuardLayer>,
+        nodelay: bool,
+        address: SocketAddr,
+    ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
         let config = StreamableHttpServerConfig::default()
             .with_sse_keep_alive(Some(Duration::from_secs(15)))
@@ -220,7 +244,7 @@ impl Server {
             Some(layer) => router.layer(layer),
             None => router,
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
         let listener = listener.tap_io(move |tcp| {
             if nodelay {
@@ -468,14 +492,27 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(load(settings))
+    match settings.serve {
+        Some(address) => runtime.block_on(serve_only(address, settings.nodelay)),
+        None => runtime.block_on(load(settings)),
+    }
+}
+
+/// The bare echo server alone, until the process is killed: the upstream
+/// another proxy is measured in front of.
+async fn serve_only(address: SocketAddr, nodelay: bool) -> anyhow::Result<()> {
+    let server = Server::start(None, nodelay, address).await?;
+    println!("serving {}", server.url());
+    std::future::pending::<()>().await;
+    Ok(())
 }
 
 async fn load(settings: Settings) -> anyhow::Result<()> {
     let begun = Instant::now();
     let layer = IdGuardLayer::new();
-    let bare_server = Server::start(None, settings.nodelay).await?;
-    let guarded_server = Server::start(Some(layer.clone()), settings.nodelay).await?;
+    let bare_server = Server::start(None, settings.nodelay, ANY_LOOPBACK_PORT).await?;
+    let guarded_server =
+        Server::start(Some(layer.clone()), settings.nodelay, ANY_LOOPBACK_PORT).await?;
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);

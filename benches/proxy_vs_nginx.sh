@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# mcp-id-guard against nginx in front of the same upstream (issue 12, section 5).
+#
+# Upstream: rmcp 3.11's echo server from tools/loadtest (`--serve`), with
+# TCP_NODELAY, on loopback. Fronts: nginx (benches/nginx/proxy_vs_nginx.conf:
+# one worker, upstream keepalive 64, proxy_buffering off, HTTP/1.1, Host set
+# for the upstream) and `mcp-id-guard --upstream ...` with its defaults. One
+# MCP session per front, opened through that front. Load: wrk, 1 thread, 32
+# connections, `tools/call` of echo with unique ids, every response checked
+# (benches/nginx/echo_call.lua). Rounds alternate the order of the fronts
+# (nginx first, then the proxy first, ...) so drift falls on both alike.
+#
+#   benches/proxy_vs_nginx.sh
+#   ROUNDS=6 SECONDS_PER_RUN=10 PROXY_ARGS="--max-upstream-connections 64" benches/proxy_vs_nginx.sh
+#
+# Environment: ROUNDS (6), SECONDS_PER_RUN (10), WARMUP_SECONDS (3),
+# CONNECTIONS (32), PROXY_ARGS (extra flags for mcp-id-guard), PROXY_ENV
+# (extra environment for it, e.g. TOKIO_WORKER_THREADS=1). Installs nginx and
+# wrk from Debian when missing (needs root). Loopback only.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-6}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+WARMUP_SECONDS=${WARMUP_SECONDS:-3}
+CONNECTIONS=${CONNECTIONS:-32}
+PROXY_ARGS=${PROXY_ARGS:-}
+PROXY_ENV=${PROXY_ENV:-}
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+    echo "installing nginx and wrk from Debian" >&2
+    apt-get update -qq
+    apt-get install -y -qq nginx-light wrk >/dev/null \
+        || apt-get install -y -qq nginx wrk >/dev/null
+fi
+
+echo "building mcp-id-guard and the echo server (release)" >&2
+cargo build --release --quiet --features cli --bin mcp-id-guard
+cargo build --release --quiet -p mcp-id-guard-loadtest
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+proxy_bin="$target_dir/release/mcp-id-guard"
+echo_bin="$target_dir/release/loadtest"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A free loopback port, chosen by the kernel.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits (at most 10 s) until something accepts connections on the port.
+wait_for_port() {
+    local port=$1 name=$2
+    for _ in $(seq 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "$name did not listen on 127.0.0.1:$port within 10 s" >&2
+    exit 1
+}
+
+upstream_port=$(free_port)
+nginx_port=$(free_port)
+proxy_port=$(free_port)
+
+"$echo_bin" --serve "127.0.0.1:$upstream_port" >"$work/upstream.log" 2>&1 &
+pids+=($!)
+wait_for_port "$upstream_port" "the echo server"
+
+mkdir -p "$work/nginx"
+sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@NGINX_PORT@|$nginx_port|g" \
+    -e "s|@UPSTREAM_PORT@|$upstream_port|g" \
+    benches/nginx/proxy_vs_nginx.conf >"$work/nginx/nginx.conf"
+nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" 2>"$work/nginx/stderr.log" &
+pids+=($!)
+wait_for_port "$nginx_port" "nginx"
+
+# shellcheck disable=SC2086 # PROXY_ENV and PROXY_ARGS are word lists
+env $PROXY_ENV "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
+    --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
+pids+=($!)
+wait_for_port "$proxy_port" "mcp-id-guard"
+
+# initialize and notifications/initialized through one front; prints the
+# session id.
+open_session() {
+    local url=$1 headers session status
+    headers=$(curl -sS --max-time 10 -D - -o /dev/null "$url" \
+        -H 'Content-Type: application/json' \
+        -H 'Accept: application/json, text/event-stream' \
+        -H 'Mcp-Protocol-Version: 2025-06-18' \
+        --data '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"proxy_vs_nginx","version":"0"}}}')
+    session=$(printf '%s\n' "$headers" | tr -d '\r' | awk -F': ' 'tolower($1) == "mcp-session-id" { print $2 }')
+    if [ -z "$session" ]; then
+        echo "initialize through $url gave no session id" >&2
+        exit 1
+    fi
+    status=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' "$url" \
+        -H 'Content-Type: application/json' \
+        -H 'Accept: application/json, text/event-stream' \
+        -H 'Mcp-Protocol-Version: 2025-06-18' \
+        -H "Mcp-Session-Id: $session" \
+        --data '{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    if [ "$status" != 202 ]; then
+        echo "notifications/initialized through $url: $status" >&2
+        exit 1
+    fi
+    printf '%s' "$session"
+}
+
+declare -A url session
+url[nginx]="http://127.0.0.1:$nginx_port/mcp"
+url[proxy]="http://127.0.0.1:$proxy_port/mcp"
+session[nginx]=$(open_session "${url[nginx]}")
+session[proxy]=$(open_session "${url[proxy]}")
+
+# One wrk run against a front; prints its RESULT line.
+drive() {
+    local front=$1 seconds=$2 output
+    output=$(MCP_SESSION_ID="${session[$front]}" wrk -t1 -c"$CONNECTIONS" -d"${seconds}s" \
+        --timeout 10s --latency -s benches/nginx/echo_call.lua "${url[$front]}")
+    printf '%s\n' "$output" | grep '^RESULT'
+}
+
+field() { # field NAME LINE
+    printf '%s\n' "$2" | tr ' ' '\n' | awk -F= -v name="$1" '$1 == name { print $2 }'
+}
+
+echo "warming up both fronts (${WARMUP_SECONDS} s each)" >&2
+drive nginx "$WARMUP_SECONDS" >/dev/null
+drive proxy "$WARMUP_SECONDS" >/dev/null
+
+echo "nginx $(nginx -v 2>&1 | sed 's|.*/||'), $("$proxy_bin" --version), wrk -t1 -c$CONNECTIONS, ${SECONDS_PER_RUN} s per run, $ROUNDS rounds${PROXY_ARGS:+, proxy args: $PROXY_ARGS}${PROXY_ENV:+, proxy env: $PROXY_ENV}"
+printf '%-6s %-6s %10s %9s %9s %6s %7s\n' round front req/s p50_ms p99_ms bad errors
+results="$work/results"
+: >"$results"
+failed=0
+for round in $(seq "$ROUNDS"); do
+    if [ $((round % 2)) -eq 1 ]; then order="nginx proxy"; else order="proxy nginx"; fi
+    for front in $order; do
+        line=$(drive "$front" "$SECONDS_PER_RUN")
+        rps=$(field rps "$line"); p50=$(field p50_ms "$line"); p99=$(field p99_ms "$line")
+        bad=$(field bad "$line")
+        errors=$(($(field socket_errors "$line") + $(field non2xx "$line")))
+        printf '%-6s %-6s %10s %9s %9s %6s %7s\n' "$round" "$front" "$rps" "$p50" "$p99" "$bad" "$errors"
+        if [ "$bad" != 0 ] || [ "$errors" != 0 ]; then
+            failed=1
+            echo "  $line" >&2
+        fi
+        echo "$round $front $rps $p99" >>"$results"
+    done
+done
+
+python3 - "$results" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    round_, front, rps, p99 = line.split()
+    runs.setdefault(int(round_), {})[front] = (float(rps), float(p99))
+print()
+print(f"{'round':<6} {'proxy/nginx req/s':>18} {'proxy/nginx p99':>16}")
+rps_ratios, p99_ratios = [], []
+for round_, fronts in sorted(runs.items()):
+    rps_ratio = fronts["proxy"][0] / fronts["nginx"][0]
+    p99_ratio = fronts["proxy"][1] / fronts["nginx"][1]
+    rps_ratios.append(rps_ratio)
+    p99_ratios.append(p99_ratio)
+    print(f"{round_:<6} {rps_ratio:>18.3f} {p99_ratio:>16.3f}")
+for front in ("nginx", "proxy"):
+    rps = statistics.median(r[front][0] for r in runs.values())
+    p99 = statistics.median(r[front][1] for r in runs.values())
+    print(f"median {front}: {rps:.0f} req/s, p99 {p99:.2f} ms")
+rps_median = statistics.median(rps_ratios)
+p99_median = statistics.median(p99_ratios)
+print(f"median ratio proxy/nginx: throughput {rps_median:.3f}, p99 {p99_median:.3f}")
+met = rps_median >= 1.0 and p99_median <= 1.0
+print("target (throughput >= 1.0x nginx, p99 no worse):", "met" if met else "not met")
+PY
+
+if [ "$failed" != 0 ]; then
+    echo "some responses were wrong or missing (see above)" >&2
+    exit 1
+fi
