@@ -142,6 +142,7 @@ pub(crate) enum Reading {
 }
 
 /// The messages of a body, when [`read`] reads it.
+#[cfg(any(feature = "proxy", feature = "internals"))]
 pub(crate) fn peek(input: &[u8]) -> Option<Peeked> {
     match read(input) {
         Reading::Read(peeked) => Some(peeked),
