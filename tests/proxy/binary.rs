@@ -10,7 +10,7 @@ use tokio::process::Command;
 
 use crate::support::client::Session;
 use crate::support::process::{Guard, BIN};
-use crate::support::proxy::Outcome;
+use crate::support::proxy::{duplicate_while_held, Outcome};
 use crate::support::server::upstream;
 use crate::support::OK_TIMEOUT;
 
@@ -82,22 +82,14 @@ async fn mcp_exchange_through_the_binary() -> anyhow::Result<()> {
         Outcome::Own
     );
 
-    rmcp.gates.hold("A");
-    let a = tokio::spawn({
-        let session = session.clone();
-        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
-    });
-    rmcp.wait_started(&["A"]).await?;
     assert_eq!(
-        session.echo(json!(1), "B", 0, OK_TIMEOUT).await,
+        duplicate_while_held(&rmcp, &session).await?,
         Outcome::Rejected {
             status: 409,
             id: json!(1),
             code: -32600
         }
     );
-    rmcp.gates.release("A");
-    assert_eq!(a.await?, Outcome::Own);
     Ok(())
 }
 

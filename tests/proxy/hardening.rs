@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::client::Session;
 use crate::support::process::{Guard, BIN};
-use crate::support::proxy::Outcome;
+use crate::support::proxy::{duplicate_while_held, Outcome};
 use crate::support::server::{dead_port, serve_service, upstream, Served};
 use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use anyhow::Context as _;
@@ -132,22 +132,14 @@ async fn reject_status_is_any_4xx() -> anyhow::Result<()> {
     ])
     .await?;
     let session = Session::open(&guard.url()).await?;
-    rmcp.gates.hold("A");
-    let a = tokio::spawn({
-        let session = session.clone();
-        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
-    });
-    rmcp.wait_started(&["A"]).await?;
     assert_eq!(
-        session.echo(json!(1), "B", 0, OK_TIMEOUT).await,
+        duplicate_while_held(&rmcp, &session).await?,
         Outcome::Rejected {
             status: 422,
             id: json!(1),
             code: -32600
         }
     );
-    rmcp.gates.release("A");
-    assert_eq!(a.await?, Outcome::Own);
 
     for bad in ["200", "500", "4xx"] {
         let output = tokio::time::timeout(
@@ -1128,18 +1120,7 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
     assert_eq!(get(&format!("{admin}/nothing")).await?.0, 404);
 
     let session = Session::open(&guard.url()).await?;
-    rmcp.gates.hold("A");
-    let a = tokio::spawn({
-        let session = session.clone();
-        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
-    });
-    rmcp.wait_started(&["A"]).await?;
-    assert_eq!(
-        session.echo(json!(1), "B", 0, OK_TIMEOUT).await,
-        Outcome::Own
-    );
-    rmcp.gates.release("A");
-    assert_eq!(a.await?, Outcome::Own);
+    assert_eq!(duplicate_while_held(&rmcp, &session).await?, Outcome::Own);
     let (status, _) = post_with(&guard.url(), &REBOUND, &initialize()).await?;
     assert_eq!(status, 421);
 

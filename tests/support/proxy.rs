@@ -7,6 +7,8 @@ use serde_json::Value;
 
 use super::client::{Column, Counted, Session};
 use super::ids::find_response;
+use super::server::McpServer;
+use super::OK_TIMEOUT;
 
 /// What one `tools/call` got back.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,4 +85,23 @@ impl Session {
             Outcome::Wrong(format!("id {} result {result}", reply["id"]))
         }
     }
+}
+
+/// The seed's pair through a proxy: call A (`id: 1`) is held at the upstream
+/// while call B (`id: 1` too) is sent; then A is released and must get its
+/// own result. Returns what B got.
+pub async fn duplicate_while_held(
+    upstream: &McpServer,
+    session: &Session,
+) -> anyhow::Result<Outcome> {
+    upstream.gates.hold("A");
+    let a = tokio::spawn({
+        let session = session.clone();
+        async move { session.echo(serde_json::json!(1), "A", 0, OK_TIMEOUT).await }
+    });
+    upstream.wait_started(&["A"]).await?;
+    let b = session.echo(serde_json::json!(1), "B", 0, OK_TIMEOUT).await;
+    upstream.gates.release("A");
+    anyhow::ensure!(a.await? == Outcome::Own, "A did not get its own result");
+    Ok(b)
 }
