@@ -22,6 +22,11 @@ use crate::id::{id_key, restore, IdKey};
 /// next envelope key). Past it, the message goes on as the server wrote it.
 const WINDOW: usize = 64 * 1024;
 
+/// At most this many responses of one text are remembered as answered: a
+/// server could send a batch of millions. One not remembered only means its
+/// id is released when the exchange ends rather than as soon as it passed.
+const MAX_ANSWERING: usize = 4096;
+
 /// A piece of a chunk, as the caller frames it; positions are absolute
 /// offsets in the stream of raw bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,7 +306,7 @@ impl Restorer {
             std::str::from_utf8(&held.bytes[..id_len]).ok()
         });
         let original = id.and_then(restore);
-        if self.watch {
+        if self.watch && self.answering.len() < MAX_ANSWERING {
             if let Some(id) = id {
                 self.answering
                     .push(id_key(original.as_deref().unwrap_or(id)));
@@ -488,6 +493,17 @@ mod tests {
             );
             assert_eq!(answered, [id_key("1"), id_key("7"), id_key("2")]);
         }
+    }
+
+    #[test]
+    fn remembers_a_bounded_number_of_answers_per_text() {
+        let many: Vec<String> = (0..MAX_ANSWERING + 100)
+            .map(|n| format!(r#"{{"id":{n},"result":1}}"#))
+            .collect();
+        let batch = format!("[{}]", many.join(","));
+        let (out, answered) = restored_in(batch.as_bytes(), 4096, true);
+        assert_eq!(out, batch.as_bytes());
+        assert_eq!(answered.len(), MAX_ANSWERING);
     }
 
     #[test]
