@@ -525,9 +525,11 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let (mut parts, body) = request.into_parts();
-        let (body, ids) = if is_peekable(&parts, &body) {
+        // The request as sent, read only if the proxy must answer in its
+        // place (most requests never need their ids read a second time).
+        let (body, read) = if is_peekable(&parts, &body) {
             match read_whole(body).await {
-                Ok((body, ids)) => (body, ids),
+                Ok((body, bytes)) => (body, Some(bytes)),
                 Err(error) => {
                     tracing::debug!(error = %error, "request body failed while being read");
                     return local(
@@ -539,7 +541,7 @@ impl Proxy {
                 }
             }
         } else {
-            (body.map_err(Into::into).boxed_unsync(), ErrorIds::Null)
+            (body.map_err(Into::into).boxed_unsync(), None)
         };
 
         let client_host = parts.headers.get(HOST).cloned().or_else(|| {
@@ -582,7 +584,7 @@ impl Proxy {
                     return failed(
                         UpstreamFailure::ResponseTimeout,
                         StatusCode::GATEWAY_TIMEOUT,
-                        &ids,
+                        &ErrorIds::sent(read.as_deref()),
                         INTERNAL_ERROR,
                         "Gateway Timeout: the upstream MCP server did not answer in time",
                     );
@@ -595,7 +597,9 @@ impl Proxy {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
-                Response::from_parts(parts, ProxyBody::upstream(body, self.idle_timeout))
+                let mut body = ProxyBody::upstream(body, self.idle_timeout);
+                body.gather().await;
+                Response::from_parts(parts, body)
             }
             Err(error) => {
                 if let Some(busy) = find::<UpstreamBusy>(&error) {
@@ -609,7 +613,7 @@ impl Proxy {
                     return failed(
                         UpstreamFailure::Busy,
                         StatusCode::SERVICE_UNAVAILABLE,
-                        &ids,
+                        &ErrorIds::sent(read.as_deref()),
                         reply::SERVER_ERROR,
                         "Service Unavailable: every upstream connection is busy; retry later",
                     );
@@ -645,7 +649,7 @@ impl Proxy {
                 failed(
                     failure,
                     StatusCode::BAD_GATEWAY,
-                    &ids,
+                    &ErrorIds::sent(read.as_deref()),
                     INTERNAL_ERROR,
                     message,
                 )
@@ -666,9 +670,9 @@ fn is_peekable<B: Body>(parts: &http::request::Parts, body: &B) -> bool {
             .is_some_and(|upper| upper <= PEEK_LIMIT)
 }
 
-/// Reads a body whole; returns it again (trailers included) with the ids an
-/// error answer to it would carry.
-async fn read_whole<B>(body: B) -> Result<(OutBody, ErrorIds), BoxError>
+/// Reads a body whole; returns it again (trailers included) and its bytes,
+/// from which an error answer reads the ids it carries.
+async fn read_whole<B>(body: B) -> Result<(OutBody, Bytes), BoxError>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -676,15 +680,14 @@ where
     let collected = Limited::new(body, PEEK_LIMIT as usize).collect().await?;
     let trailers = collected.trailers().cloned();
     let bytes = collected.to_bytes();
-    let ids = ErrorIds::of(&bytes);
-    let body = Full::new(bytes).map_err(|never| match never {});
+    let body = Full::new(bytes.clone()).map_err(|never| match never {});
     let body = match trailers {
         Some(trailers) => body
             .with_trailers(async move { Some(Ok(trailers)) })
             .boxed_unsync(),
         None => body.boxed_unsync(),
     };
-    Ok((body, ids))
+    Ok((body, bytes))
 }
 
 /// The ids of the requests in a body, as JSON text, for an error answer.
@@ -696,6 +699,11 @@ enum ErrorIds {
 }
 
 impl ErrorIds {
+    /// The ids of a request body that was read (`None`: it was not).
+    fn sent(body: Option<&[u8]>) -> Self {
+        body.map_or(Self::Null, Self::of)
+    }
+
     fn of(body: &[u8]) -> Self {
         let Some(peeked) = peek(body) else {
             return Self::Null;

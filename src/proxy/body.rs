@@ -1,12 +1,13 @@
 //! The response body of [`Proxy`](super::Proxy).
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -31,23 +32,46 @@ pub struct ProxyBody {
 
 #[derive(Debug)]
 enum Kind {
-    Upstream {
-        body: Incoming,
-        failed: bool,
-        idle: Option<Idle>,
-    },
+    Upstream(Box<Upstream>),
     Local(Full<Bytes>),
+}
+
+/// At most this many frames are taken ahead by [`ProxyBody::gather`]: hyper
+/// queues at most 16 buffers per write, the response head included.
+const GATHER_FRAMES: usize = 8;
+/// At most this many bytes are taken ahead by [`ProxyBody::gather`], so a
+/// large answer still streams.
+const GATHER_BYTES: usize = 64 * 1024;
+
+/// An upstream body, with the frames already taken from it.
+#[derive(Debug)]
+struct Upstream {
+    body: Incoming,
+    /// Frames taken ahead (see [`ProxyBody::gather`]), passed on first.
+    ready: VecDeque<Frame<Bytes>>,
+    /// The error that came after `ready`.
+    broken: Option<BoxError>,
+    /// The upstream body ended after `ready`.
+    ended: bool,
+    /// The body yielded its error (or timed out): nothing follows.
+    failed: bool,
+    /// [`Upstream::fill`] has yielded once to let the upstream go on.
+    yielded: bool,
+    /// hyper has had the chance to write what came before `broken`.
+    flushed: bool,
+    idle: Option<Idle>,
 }
 
 /// The idle timer of an upstream body. The timer is not reset on every
 /// frame (a busy stream would touch the timer wheel per event): frames only
 /// record the time, and when the timer fires early it is moved to the last
-/// frame plus the limit.
+/// frame plus the limit. It is created the first time the body has to wait,
+/// so an answer that arrives whole never touches the timer wheel.
 #[derive(Debug)]
 struct Idle {
     limit: Duration,
     last_frame: Instant,
-    timer: Pin<Box<Sleep>>,
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 /// Why the proxy cut a response body: the upstream sent nothing for this long.
@@ -64,20 +88,22 @@ impl std::error::Error for UpstreamIdle {}
 
 impl ProxyBody {
     pub(crate) fn upstream(body: Incoming, idle_timeout: Option<Duration>) -> Self {
-        let idle = idle_timeout.map(|limit| {
-            let now = Instant::now();
-            Idle {
-                limit,
-                last_frame: now,
-                timer: Box::pin(tokio::time::sleep_until(now + limit)),
-            }
+        let idle = idle_timeout.map(|limit| Idle {
+            limit,
+            last_frame: Instant::now(),
+            timer: None,
         });
         Self {
-            kind: Kind::Upstream {
+            kind: Kind::Upstream(Box::new(Upstream {
                 body,
+                ready: VecDeque::new(),
+                broken: None,
+                ended: false,
                 failed: false,
+                yielded: false,
+                flushed: false,
                 idle,
-            },
+            })),
         }
     }
 
@@ -85,6 +111,146 @@ impl ProxyBody {
         Self {
             kind: Kind::Local(body),
         }
+    }
+
+    /// Takes the frames the upstream has already sent, before the response
+    /// is handed on, so that a small answer that arrived whole leaves in one
+    /// write with its head and its end (see [`Upstream::fill`]).
+    pub(crate) async fn gather(&mut self) {
+        if let Kind::Upstream(upstream) = &mut self.kind {
+            poll_fn(|cx| upstream.fill(cx, true)).await;
+        }
+    }
+}
+
+impl Upstream {
+    /// Takes into `ready` what the upstream has already sent: every frame
+    /// that is there, then a yield to let hyper's connection task pass the
+    /// next one (it passes a body on one chunk at a time), as long as each
+    /// turn brings something. `Ready` when a turn brought nothing (or the
+    /// bounds are reached); `Pending` while yielding, or, unless `yield_empty`,
+    /// when nothing has come at all.
+    ///
+    /// Why: hyper writes what it has to the client whenever the body it
+    /// sends says `Pending`, and writes the end of a chunked body on its own
+    /// unless the last chunk comes with `is_end_stream()`. Passing each
+    /// chunk as it comes made three writes of a two-event SSE answer (each a
+    /// round through the loopback TCP stack and a wake-up of the client);
+    /// gathered, it is one. A stream whose next event is not there yet is
+    /// never held back: the first turn without a frame ends the gathering.
+    /// Bounded by [`GATHER_FRAMES`] and [`GATHER_BYTES`].
+    fn fill(&mut self, cx: &mut Context<'_>, yield_empty: bool) -> Poll<()> {
+        let mut took = false;
+        let mut bytes: usize = self
+            .ready
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(Buf::remaining)
+            .sum();
+        let polled = loop {
+            if self.ended
+                || self.broken.is_some()
+                || self.ready.len() >= GATHER_FRAMES
+                || bytes >= GATHER_BYTES
+            {
+                break Poll::Ready(());
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    bytes += frame.data_ref().map_or(0, Buf::remaining);
+                    self.ready.push_back(frame);
+                    took = true;
+                    // This turn brought something: the next may too.
+                    self.yielded = false;
+                }
+                Poll::Ready(Some(Err(error))) => self.broken = Some(error.into()),
+                Poll::Ready(None) => self.ended = true,
+                Poll::Pending if self.yielded => break Poll::Ready(()),
+                Poll::Pending if self.ready.is_empty() && !yield_empty => {
+                    self.yielded = false;
+                    break Poll::Pending;
+                }
+                Poll::Pending => {
+                    self.yielded = true;
+                    cx.waker().wake_by_ref();
+                    break Poll::Pending;
+                }
+            }
+        };
+        if took {
+            if let Some(idle) = &mut self.idle {
+                idle.last_frame = Instant::now();
+            }
+        }
+        if polled.is_ready() {
+            self.yielded = false;
+        }
+        polled
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // After a yield, the upstream's turn may have brought more.
+        if (self.ready.is_empty() || self.yielded) && !self.failed {
+            if let Poll::Pending = self.fill(cx, false) {
+                if self.ready.is_empty() && !self.yielded {
+                    return self.poll_idle(cx);
+                }
+                return Poll::Pending;
+            }
+        }
+        if let Some(frame) = self.ready.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if self.broken.is_some() && !self.flushed {
+            // hyper drops what it has not written yet when a body fails:
+            // one `Pending` first, so the frames taken ahead (and the head)
+            // reach the client before the cut.
+            self.flushed = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(error) = self.broken.take() {
+            self.failed = true;
+            tracing::warn!(
+                error = %super::error_chain(&*error),
+                "upstream response body broke off; cutting the client's response"
+            );
+            return Poll::Ready(Some(Err(error)));
+        }
+        Poll::Ready(None)
+    }
+
+    /// Nothing has come: fails the body once the upstream has sent nothing
+    /// for the idle limit.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(idle) = &mut self.idle else {
+            return Poll::Pending;
+        };
+        let timer = idle.timer.get_or_insert_with(|| {
+            Box::pin(tokio::time::sleep_until(idle.last_frame + idle.limit))
+        });
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let deadline = idle.last_frame + idle.limit;
+            if deadline > Instant::now() {
+                timer.as_mut().reset(deadline);
+                continue;
+            }
+            self.failed = true;
+            tracing::warn!(
+                timeout = ?idle.limit,
+                "upstream response body sent nothing in time; cutting the client's response"
+            );
+            return Poll::Ready(Some(Err(Box::new(UpstreamIdle(idle.limit)))));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ready.is_empty()
+            && self.broken.is_none()
+            && (self.failed || self.ended || self.body.is_end_stream())
     }
 }
 
@@ -97,48 +263,7 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.kind {
-            Kind::Upstream { body, failed, idle } => {
-                if *failed {
-                    return Poll::Ready(None);
-                }
-                match Pin::new(body).poll_frame(cx) {
-                    Poll::Ready(Some(Err(error))) => {
-                        *failed = true;
-                        tracing::warn!(
-                            error = %super::error_chain(&error),
-                            "upstream response body broke off; cutting the client's response"
-                        );
-                        Poll::Ready(Some(Err(error.into())))
-                    }
-                    Poll::Pending => {
-                        let Some(idle) = idle else {
-                            return Poll::Pending;
-                        };
-                        loop {
-                            if idle.timer.as_mut().poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            let deadline = idle.last_frame + idle.limit;
-                            if deadline > Instant::now() {
-                                idle.timer.as_mut().reset(deadline);
-                                continue;
-                            }
-                            *failed = true;
-                            tracing::warn!(
-                                timeout = ?idle.limit,
-                                "upstream response body sent nothing in time; cutting the client's response"
-                            );
-                            return Poll::Ready(Some(Err(Box::new(UpstreamIdle(idle.limit)))));
-                        }
-                    }
-                    other => {
-                        if let Some(idle) = idle {
-                            idle.last_frame = Instant::now();
-                        }
-                        other.map_err(Into::into)
-                    }
-                }
-            }
+            Kind::Upstream(upstream) => upstream.poll_frame(cx),
             Kind::Local(body) => Pin::new(body)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
@@ -147,14 +272,29 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Upstream { body, failed, .. } => *failed || body.is_end_stream(),
+            Kind::Upstream(upstream) => upstream.is_end_stream(),
             Kind::Local(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Upstream { body, .. } => body.size_hint(),
+            Kind::Upstream(upstream) => {
+                // Frames taken ahead are no longer in the upstream's hint.
+                let ahead: u64 = upstream
+                    .ready
+                    .iter()
+                    .filter_map(Frame::data_ref)
+                    .map(|data| data.len() as u64)
+                    .sum();
+                let rest = upstream.body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(ahead));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(ahead));
+                }
+                hint
+            }
             Kind::Local(body) => body.size_hint(),
         }
     }

@@ -217,3 +217,226 @@ async fn h2c_client_gets_events_as_they_come() -> anyhow::Result<()> {
     assert_eq!(sse::data(&text).len(), EVENTS);
     Ok(())
 }
+
+/// A socket that counts the writes that moved bytes (each one a round
+/// through the TCP stack and a wake-up of the peer).
+struct CountedWrites {
+    stream: tokio::net::TcpStream,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountedWrites {
+    fn count<T>(&self, written: &std::task::Poll<std::io::Result<usize>>, _: T) {
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if *n > 0) {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for CountedWrites {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedWrites {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.count(&written, ());
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.count(&written, ());
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Reads from `socket` until `buffer` holds `end`.
+async fn read_until(
+    socket: &mut tokio::net::TcpStream,
+    buffer: &mut Vec<u8>,
+    end: &[u8],
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    while !buffer.windows(end.len()).any(|window| window == end) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(OK_TIMEOUT, socket.read(&mut chunk)).await??;
+        anyhow::ensure!(
+            n > 0,
+            "connection closed before {:?}",
+            String::from_utf8_lossy(end)
+        );
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}
+
+/// An upstream for one request: once the request (whose body ends with
+/// `"id":1}`) is in, it writes `whole` in one write, then keeps the
+/// connection open, or closes it when `then_close`.
+async fn one_write_upstream(
+    whole: String,
+    then_close: bool,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+)> {
+    use tokio::io::AsyncWriteExt;
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = upstream.local_addr()?;
+    let task = tokio::spawn(async move {
+        let (mut socket, _) = upstream.accept().await?;
+        let mut request = Vec::new();
+        read_until(&mut socket, &mut request, b"\"id\":1}").await?;
+        socket.write_all(whole.as_bytes()).await?;
+        if !then_close {
+            // Open, as a pooled upstream connection is.
+            let _ = read_until(&mut socket, &mut Vec::new(), b"never").await;
+        }
+        anyhow::Ok(())
+    });
+    Ok((addr, task))
+}
+
+/// Serves the guarded proxy to `upstream` on one connection whose writes are
+/// counted; sends it a `tools/call` with id 1 in session `s` and returns the
+/// client socket, the write count and the guard.
+async fn counted_exchange(
+    upstream: std::net::SocketAddr,
+) -> anyhow::Result<(
+    tokio::net::TcpStream,
+    Arc<std::sync::atomic::AtomicUsize>,
+    IdGuardLayer,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+)> {
+    use tokio::io::AsyncWriteExt;
+    let guard = IdGuardLayer::new();
+    let proxy = mcp_id_guard::proxy::Proxy::new(&format!("http://{upstream}"))?;
+    let service = tower::Layer::layer(&guard, proxy);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let proxy_addr = listener.local_addr()?;
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&writes);
+    let server = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await?;
+        let io = CountedWrites {
+            stream,
+            writes: counted,
+        };
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let mut service = service.clone();
+            tower::Service::call(&mut service, request)
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .await?;
+        anyhow::Ok(())
+    });
+    let body = r#"{"jsonrpc":"2.0","method":"tools/call","id":1}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-session-id: s\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut client = tokio::net::TcpStream::connect(proxy_addr).await?;
+    client.write_all(request.as_bytes()).await?;
+    Ok((client, writes, guard, server))
+}
+
+const PRIMING: &str = "data: \nid: 0/0\nretry: 3000\n\n";
+const ANSWER: &str =
+    "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\nid: 1/0\n\n";
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+fn chunk(data: &str) -> String {
+    format!("{:x}\r\n{data}\r\n", data.len())
+}
+
+/// A quick answer reaches the proxy whole: response head, a priming event,
+/// the JSON-RPC response event and the end of the chunked body, in one
+/// upstream write (as rmcp 3.11 sends a fast `tools/call`). It leaves the
+/// proxy in one write to the client too. Passed on chunk by chunk it took
+/// three (head and first event, second event, end of body), each a round
+/// through the loopback TCP stack and a wake-up of the client; that was most
+/// of the proxy's gap to nginx. Counted on the proxy's client socket, on a
+/// single-threaded runtime so the order of the tasks is fixed.
+#[tokio::test]
+async fn an_answer_that_arrives_whole_leaves_in_one_write() -> anyhow::Result<()> {
+    let whole = format!("{SSE_HEAD}{}{}0\r\n\r\n", chunk(PRIMING), chunk(ANSWER));
+    let (upstream, upstream_task) = one_write_upstream(whole, false).await?;
+    let (mut client, writes, guard, server) = counted_exchange(upstream).await?;
+    let mut response = Vec::new();
+    read_until(&mut client, &mut response, b"\r\n0\r\n\r\n").await?;
+    let response = String::from_utf8(response)?;
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    assert!(
+        response.contains(PRIMING) && response.contains(ANSWER),
+        "{response}"
+    );
+    let writes = writes.load(Ordering::SeqCst);
+    println!("writes to the client for one whole answer: {writes}");
+    assert_eq!(writes, 1, "the answer left in {writes} writes");
+    drained(&guard).await?;
+    server.abort();
+    upstream_task.abort();
+    Ok(())
+}
+
+/// The upstream sends an event and then breaks off, all in one write: the
+/// proxy takes both ahead, passes the event on, and then cuts the client's
+/// response (no end of chunked body) instead of ending it as complete; the
+/// id is released.
+#[tokio::test]
+async fn an_upstream_that_breaks_off_right_after_an_event_cuts_the_response() -> anyhow::Result<()>
+{
+    use tokio::io::AsyncReadExt;
+    let whole = format!("{SSE_HEAD}{}", chunk(PRIMING));
+    let (upstream, upstream_task) = one_write_upstream(whole, true).await?;
+    let (mut client, _writes, guard, server) = counted_exchange(upstream).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(OK_TIMEOUT, client.read_to_end(&mut response)).await??;
+    let response = String::from_utf8(response)?;
+    assert!(response.contains(PRIMING), "{response}");
+    assert!(
+        !response.contains("\r\n0\r\n\r\n"),
+        "ended as complete: {response}"
+    );
+    drained(&guard).await?;
+    server.abort();
+    upstream_task.abort();
+    Ok(())
+}
