@@ -290,20 +290,28 @@ impl UpstreamFailure {
 /// Cloning is cheap; clones share one connection pool.
 #[derive(Clone)]
 pub struct Proxy {
+    // One reference count per clone: tower and hyper clone the service for
+    // every request (and hyper-util's client alone holds several `Arc`s,
+    // each a shared counter the two cores would fight over).
+    shared: Arc<Shared>,
+}
+
+/// What every clone of a [`Proxy`] shares.
+struct Shared {
     client: Client<CappedConnector, OutBody>,
-    upstream: Arc<Upstream>,
+    upstream: Upstream,
     connect_timeout: Duration,
     preserve_host: bool,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
-    warnings: Arc<warnings::Warnings>,
+    warnings: warnings::Warnings,
 }
 
 impl fmt::Debug for Proxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Proxy")
-            .field("upstream", &self.upstream.as_str())
-            .field("connect_timeout", &self.connect_timeout)
+            .field("upstream", &self.shared.upstream.as_str())
+            .field("connect_timeout", &self.shared.connect_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -332,7 +340,7 @@ impl Proxy {
 
     /// The upstream base URL, normalised (without a trailing slash).
     pub fn upstream(&self) -> &str {
-        self.upstream.as_str()
+        self.shared.upstream.as_str()
     }
 }
 
@@ -466,13 +474,15 @@ impl ProxyBuilder {
         }
         let client = client.build(connector);
         Ok(Proxy {
-            client,
-            upstream: Arc::new(upstream),
-            connect_timeout: self.connect_timeout,
-            preserve_host: self.preserve_host,
-            response_timeout: self.response_timeout,
-            idle_timeout: self.idle_timeout,
-            warnings: Arc::default(),
+            shared: Arc::new(Shared {
+                client,
+                upstream,
+                connect_timeout: self.connect_timeout,
+                preserve_host: self.preserve_host,
+                response_timeout: self.response_timeout,
+                idle_timeout: self.idle_timeout,
+                warnings: warnings::Warnings::default(),
+            }),
         })
     }
 }
@@ -524,6 +534,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let this = &*self.shared;
         let (mut parts, body) = request.into_parts();
         // The request as sent, read only if the proxy must answer in its
         // place (most requests never need their ids read a second time).
@@ -556,22 +567,22 @@ impl Proxy {
             .map(|ClientAddr(addr)| addr.ip());
         headers::prepare_request(
             &mut parts.headers,
-            self.upstream.host(),
+            this.upstream.host(),
             client_host,
             client_ip,
-            self.preserve_host,
+            this.preserve_host,
         );
-        parts.uri = self.upstream.join(parts.uri.path_and_query());
+        parts.uri = this.upstream.join(parts.uri.path_and_query());
         parts.version = Version::HTTP_11;
         let method = parts.method.clone();
         let uri = parts.uri.clone();
 
-        let sent = self.client.request(Request::from_parts(parts, body));
-        let answered = match self.response_timeout {
+        let sent = this.client.request(Request::from_parts(parts, body));
+        let answered = match this.response_timeout {
             Some(limit) => match tokio::time::timeout(limit, sent).await {
                 Ok(answered) => answered,
                 Err(_) => {
-                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::ResponseTimeout)
+                    if let Some(suppressed) = this.warnings.ready(UpstreamFailure::ResponseTimeout)
                     {
                         tracing::warn!(
                             %method,
@@ -597,13 +608,13 @@ impl Proxy {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
-                let mut body = ProxyBody::upstream(body, self.idle_timeout);
+                let mut body = ProxyBody::upstream(body, this.idle_timeout);
                 body.gather().await;
                 Response::from_parts(parts, body)
             }
             Err(error) => {
                 if let Some(busy) = find::<UpstreamBusy>(&error) {
-                    if let Some(suppressed) = self.warnings.ready(UpstreamFailure::Busy) {
+                    if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {
                         tracing::warn!(
                             %method,
                             %uri,
@@ -636,12 +647,12 @@ impl Proxy {
                 };
                 // An upstream that is down fails every request: one line per
                 // interval and kind, with the count, not one per request.
-                if let Some(suppressed) = self.warnings.ready(failure) {
+                if let Some(suppressed) = this.warnings.ready(failure) {
                     tracing::warn!(
                         %method,
                         %uri,
                         error = %error_chain(&error),
-                        connect_timeout = ?self.connect_timeout,
+                        connect_timeout = ?this.connect_timeout,
                         "upstream request failed; answered 502 ({suppressed} more {} since the last such line)",
                         failure.as_str(),
                     );

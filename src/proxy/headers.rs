@@ -6,8 +6,6 @@ use http::header::{HeaderName, HeaderValue, CONNECTION, EXPECT, HOST, TE, TRAILE
 use http::header::{PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TRANSFER_ENCODING};
 use http::HeaderMap;
 
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -16,6 +14,11 @@ pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-for
 /// `Connection` and every header it names, then the fixed list of RFC 9110
 /// (and the pre-standard `Keep-Alive` and `Proxy-Connection`).
 pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none, or only `Transfer-Encoding`: one pass over
+    // their names costs less than a hashed removal per hop-by-hop name.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -26,20 +29,24 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        &CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-        &UPGRADE,
-        &PROXY_AUTHENTICATE,
-        &PROXY_AUTHORIZATION,
-    ] {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
+
+/// The hop-by-hop headers of RFC 9110 (and the old `Keep-Alive` and
+/// `Proxy-Connection`); the ones a `Connection` header names come on top.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+];
 
 /// Prepares a request's headers for the upstream: drops hop-by-hop headers
 /// and `Expect` (this hop already answered it), sets `Host` to the upstream's
