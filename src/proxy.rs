@@ -2,7 +2,7 @@
 //! MCP server reached over HTTP, for servers written in any language.
 //!
 //! [`Proxy`] is a [`tower_service::Service`] that forwards every request to an
-//! upstream base URL with hyper-util's pooled client and streams the answer
+//! upstream base URL over pooled HTTP/1.1 connections and streams the answer
 //! back. Wrapped in the guard, it is the whole proxy:
 //!
 //! ```
@@ -90,7 +90,10 @@
 //!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
 //!   proxy (a TLS terminator) already set it.
 //! - Requests go to the upstream over HTTP/1.1 on pooled keep-alive
-//!   connections, whatever version the client used.
+//!   connections, whatever version the client used. The task that serves a
+//!   request drives its upstream connection itself (no task per connection,
+//!   no hand-offs between tasks), and an answer that has already arrived is
+//!   passed on in one write, head and end included.
 //!
 //! # Errors
 //! The service never fails (`Error = Infallible`), so it works under axum and
@@ -147,13 +150,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 
 use crate::envelope::{peek, Peeked};
@@ -163,6 +164,7 @@ use crate::reply;
 mod body;
 mod capped;
 mod headers;
+mod pool;
 mod rebinding;
 mod upstream;
 mod warnings;
@@ -171,7 +173,7 @@ pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
-use capped::{CappedConnector, UpstreamBusy};
+use pool::{Failure, Pool};
 use upstream::Upstream;
 
 /// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
@@ -291,14 +293,14 @@ impl UpstreamFailure {
 #[derive(Clone)]
 pub struct Proxy {
     // One reference count per clone: tower and hyper clone the service for
-    // every request (and hyper-util's client alone holds several `Arc`s,
-    // each a shared counter the two cores would fight over).
+    // every request (and an `Arc` per field would be a shared counter per
+    // field for the cores to fight over).
     shared: Arc<Shared>,
 }
 
 /// What every clone of a [`Proxy`] shares.
 struct Shared {
-    client: Client<CappedConnector, OutBody>,
+    pool: Arc<Pool>,
     upstream: Upstream,
     connect_timeout: Duration,
     preserve_host: bool,
@@ -464,18 +466,16 @@ impl ProxyBuilder {
         // Small SSE events and JSON bodies must not wait for Nagle.
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let connector = CappedConnector::new(connector, self.max_connections, self.connection_wait);
-        let mut client = Client::builder(TokioExecutor::new());
-        client
-            .pool_idle_timeout(self.pool_idle_timeout)
-            .pool_timer(TokioTimer::new());
-        if let Some(max) = self.max_connections {
-            client.pool_max_idle_per_host(max);
-        }
-        let client = client.build(connector);
+        let pool = Arc::new(Pool::new(
+            connector,
+            upstream.base(),
+            self.max_connections,
+            self.connection_wait,
+            self.pool_idle_timeout,
+        ));
         Ok(Proxy {
             shared: Arc::new(Shared {
-                client,
+                pool,
                 upstream,
                 connect_timeout: self.connect_timeout,
                 preserve_host: self.preserve_host,
@@ -572,12 +572,15 @@ impl Proxy {
             client_ip,
             this.preserve_host,
         );
-        parts.uri = this.upstream.join(parts.uri.path_and_query());
+        let uri = this.upstream.join(parts.uri.path_and_query());
+        // HTTP/1.1 requests name their target in origin form.
+        parts.uri = uri
+            .path_and_query()
+            .map_or_else(Uri::default, |target| Uri::from(target.clone()));
         parts.version = Version::HTTP_11;
         let method = parts.method.clone();
-        let uri = parts.uri.clone();
 
-        let sent = this.client.request(Request::from_parts(parts, body));
+        let sent = this.pool.send(Request::from_parts(parts, body));
         let answered = match this.response_timeout {
             Some(limit) => match tokio::time::timeout(limit, sent).await {
                 Ok(answered) => answered,
@@ -604,68 +607,84 @@ impl Proxy {
             None => sent.await,
         };
         match answered {
-            Ok(response) => {
+            Ok((response, lease)) => {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
-                let mut body = ProxyBody::upstream(body, this.idle_timeout);
+                let mut body = ProxyBody::upstream(body, lease, this.idle_timeout);
                 body.gather().await;
                 Response::from_parts(parts, body)
             }
-            Err(error) => {
-                if let Some(busy) = find::<UpstreamBusy>(&error) {
-                    if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {
-                        tracing::warn!(
-                            %method,
-                            %uri,
-                            "{busy}; answered 503 ({suppressed} more since the last such line)"
-                        );
-                    }
-                    return failed(
-                        UpstreamFailure::Busy,
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &ErrorIds::sent(read.as_deref()),
-                        reply::SERVER_ERROR,
-                        "Service Unavailable: every upstream connection is busy; retry later",
-                    );
-                }
-                let (failure, message) = if !error.is_connect() {
-                    (
-                        UpstreamFailure::FailedBeforeAnswer,
-                        "Bad Gateway: the upstream MCP server failed before answering",
-                    )
-                } else if is_timeout(&error) {
-                    (
-                        UpstreamFailure::ConnectTimeout,
-                        "Bad Gateway: the upstream MCP server did not accept the connection in time",
-                    )
-                } else {
-                    (
-                        UpstreamFailure::Unreachable,
-                        "Bad Gateway: the upstream MCP server could not be reached",
-                    )
-                };
-                // An upstream that is down fails every request: one line per
-                // interval and kind, with the count, not one per request.
-                if let Some(suppressed) = this.warnings.ready(failure) {
+            Err(Failure::Busy(busy)) => {
+                if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {
                     tracing::warn!(
                         %method,
                         %uri,
-                        error = %error_chain(&error),
-                        connect_timeout = ?this.connect_timeout,
-                        "upstream request failed; answered 502 ({suppressed} more {} since the last such line)",
-                        failure.as_str(),
+                        "{busy}; answered 503 ({suppressed} more since the last such line)"
                     );
                 }
                 failed(
-                    failure,
-                    StatusCode::BAD_GATEWAY,
+                    UpstreamFailure::Busy,
+                    StatusCode::SERVICE_UNAVAILABLE,
                     &ErrorIds::sent(read.as_deref()),
-                    INTERNAL_ERROR,
-                    message,
+                    reply::SERVER_ERROR,
+                    "Service Unavailable: every upstream connection is busy; retry later",
                 )
             }
+            Err(Failure::Send(error)) => this.bad_gateway(
+                UpstreamFailure::FailedBeforeAnswer,
+                "Bad Gateway: the upstream MCP server failed before answering",
+                &error,
+                (&method, &uri),
+                &ErrorIds::sent(read.as_deref()),
+            ),
+            Err(Failure::Connect(error)) if is_timeout(&*error) => this.bad_gateway(
+                UpstreamFailure::ConnectTimeout,
+                "Bad Gateway: the upstream MCP server did not accept the connection in time",
+                &*error,
+                (&method, &uri),
+                &ErrorIds::sent(read.as_deref()),
+            ),
+            Err(Failure::Connect(error)) => this.bad_gateway(
+                UpstreamFailure::Unreachable,
+                "Bad Gateway: the upstream MCP server could not be reached",
+                &*error,
+                (&method, &uri),
+                &ErrorIds::sent(read.as_deref()),
+            ),
         }
+    }
+}
+
+impl Shared {
+    /// `502` with a JSON-RPC error, logged once per interval and kind: an
+    /// upstream that is down fails every request, and one line with the
+    /// count says so better than one per request.
+    fn bad_gateway(
+        &self,
+        failure: UpstreamFailure,
+        message: &str,
+        error: &(dyn std::error::Error + 'static),
+        (method, uri): (&Method, &Uri),
+        ids: &ErrorIds,
+    ) -> Response<ProxyBody> {
+        if let Some(suppressed) = self.warnings.ready(failure) {
+            tracing::warn!(
+                %method,
+                %uri,
+                error = %error_chain(error),
+                connect_timeout = ?self.connect_timeout,
+                "upstream request failed; answered 502 ({suppressed} more {} since the last such line)",
+                failure.as_str(),
+            );
+        }
+        failed(
+            failure,
+            StatusCode::BAD_GATEWAY,
+            ids,
+            INTERNAL_ERROR,
+            message,
+        )
     }
 }
 
@@ -754,20 +773,6 @@ fn local(status: StatusCode, ids: &ErrorIds, code: i32, message: &str) -> Respon
         }
     };
     response.map(ProxyBody::local)
-}
-
-/// The first error of type `E` in an error's chain.
-fn find<'a, E: std::error::Error + 'static>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a E> {
-    let mut source = Some(error);
-    while let Some(error) = source {
-        if let Some(found) = error.downcast_ref::<E>() {
-            return Some(found);
-        }
-        source = error.source();
-    }
-    None
 }
 
 /// Whether an upstream error was a connect timeout.

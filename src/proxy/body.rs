@@ -13,6 +13,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use super::pool::Lease;
 use super::BoxError;
 
 /// The response body of [`Proxy`](super::Proxy): the upstream's body, passed
@@ -47,6 +48,9 @@ const GATHER_BYTES: usize = 64 * 1024;
 #[derive(Debug)]
 struct Upstream {
     body: Incoming,
+    /// The connection the body arrives on, driven by this body's reader
+    /// (see [`pool`](super::pool)); given back once the body has ended.
+    lease: Option<Lease>,
     /// Frames taken ahead (see [`ProxyBody::gather`]), passed on first.
     ready: VecDeque<Frame<Bytes>>,
     /// The error that came after `ready`.
@@ -55,8 +59,6 @@ struct Upstream {
     ended: bool,
     /// The body yielded its error (or timed out): nothing follows.
     failed: bool,
-    /// [`Upstream::fill`] has yielded once to let the upstream go on.
-    yielded: bool,
     /// hyper has had the chance to write what came before `broken`.
     flushed: bool,
     idle: Option<Idle>,
@@ -87,7 +89,7 @@ impl fmt::Display for UpstreamIdle {
 impl std::error::Error for UpstreamIdle {}
 
 impl ProxyBody {
-    pub(crate) fn upstream(body: Incoming, idle_timeout: Option<Duration>) -> Self {
+    pub(crate) fn upstream(body: Incoming, lease: Lease, idle_timeout: Option<Duration>) -> Self {
         let idle = idle_timeout.map(|limit| Idle {
             limit,
             last_frame: Instant::now(),
@@ -96,11 +98,11 @@ impl ProxyBody {
         Self {
             kind: Kind::Upstream(Box::new(Upstream {
                 body,
+                lease: Some(lease),
                 ready: VecDeque::new(),
                 broken: None,
                 ended: false,
                 failed: false,
-                yielded: false,
                 flushed: false,
                 idle,
             })),
@@ -118,28 +120,31 @@ impl ProxyBody {
     /// write with its head and its end (see [`Upstream::fill`]).
     pub(crate) async fn gather(&mut self) {
         if let Kind::Upstream(upstream) = &mut self.kind {
-            poll_fn(|cx| upstream.fill(cx, true)).await;
+            poll_fn(|cx| {
+                // Whatever came, the response goes on now.
+                let _ = upstream.fill(cx);
+                Poll::Ready(())
+            })
+            .await;
         }
     }
 }
 
 impl Upstream {
-    /// Takes into `ready` what the upstream has already sent: every frame
-    /// that is there, then a yield to let hyper's connection task pass the
-    /// next one (it passes a body on one chunk at a time), as long as each
-    /// turn brings something. `Ready` when a turn brought nothing (or the
-    /// bounds are reached); `Pending` while yielding, or, unless `yield_empty`,
-    /// when nothing has come at all.
+    /// Takes into `ready` what the upstream has already sent: drives the
+    /// connection (hyper passes a body on one chunk at a time, the next once
+    /// the last is taken) and takes each frame, until the connection has had
+    /// its turn and nothing more is there. `Pending` when nothing at all has
+    /// come.
     ///
     /// Why: hyper writes what it has to the client whenever the body it
     /// sends says `Pending`, and writes the end of a chunked body on its own
     /// unless the last chunk comes with `is_end_stream()`. Passing each
-    /// chunk as it comes made three writes of a two-event SSE answer (each a
+    /// chunk as it came made three writes of a two-event SSE answer (each a
     /// round through the loopback TCP stack and a wake-up of the client);
     /// gathered, it is one. A stream whose next event is not there yet is
-    /// never held back: the first turn without a frame ends the gathering.
-    /// Bounded by [`GATHER_FRAMES`] and [`GATHER_BYTES`].
-    fn fill(&mut self, cx: &mut Context<'_>, yield_empty: bool) -> Poll<()> {
+    /// never held back. Bounded by [`GATHER_FRAMES`] and [`GATHER_BYTES`].
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut took = false;
         let mut bytes: usize = self
             .ready
@@ -155,26 +160,37 @@ impl Upstream {
             {
                 break Poll::Ready(());
             }
+            if let Some(lease) = &mut self.lease {
+                lease.connection.drive(cx);
+            }
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     bytes += frame.data_ref().map_or(0, Buf::remaining);
                     self.ready.push_back(frame);
                     took = true;
-                    // This turn brought something: the next may too.
-                    self.yielded = false;
+                    // hyper's server stops polling (and drops the body) once
+                    // it says it has ended, so the end is taken here too: the
+                    // connection goes back before that.
+                    if self.body.is_end_stream() {
+                        self.ended = true;
+                        if let Some(lease) = self.lease.take() {
+                            lease.release(cx);
+                        }
+                    }
                 }
-                Poll::Ready(Some(Err(error))) => self.broken = Some(error.into()),
-                Poll::Ready(None) => self.ended = true,
-                Poll::Pending if self.yielded => break Poll::Ready(()),
-                Poll::Pending if self.ready.is_empty() && !yield_empty => {
-                    self.yielded = false;
-                    break Poll::Pending;
+                Poll::Ready(Some(Err(error))) => {
+                    self.broken = Some(error.into());
+                    // Broken mid-answer: closed, not reused.
+                    self.lease = None;
                 }
-                Poll::Pending => {
-                    self.yielded = true;
-                    cx.waker().wake_by_ref();
-                    break Poll::Pending;
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    if let Some(lease) = self.lease.take() {
+                        lease.release(cx);
+                    }
                 }
+                Poll::Pending if self.ready.is_empty() => break Poll::Pending,
+                Poll::Pending => break Poll::Ready(()),
             }
         };
         if took {
@@ -182,21 +198,12 @@ impl Upstream {
                 idle.last_frame = Instant::now();
             }
         }
-        if polled.is_ready() {
-            self.yielded = false;
-        }
         polled
     }
 
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        // After a yield, the upstream's turn may have brought more.
-        if (self.ready.is_empty() || self.yielded) && !self.failed {
-            if let Poll::Pending = self.fill(cx, false) {
-                if self.ready.is_empty() && !self.yielded {
-                    return self.poll_idle(cx);
-                }
-                return Poll::Pending;
-            }
+        if self.ready.is_empty() && !self.failed && self.fill(cx).is_pending() {
+            return self.poll_idle(cx);
         }
         if let Some(frame) = self.ready.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
@@ -239,6 +246,8 @@ impl Upstream {
                 continue;
             }
             self.failed = true;
+            // Silent mid-answer: closed, not reused.
+            self.lease = None;
             tracing::warn!(
                 timeout = ?idle.limit,
                 "upstream response body sent nothing in time; cutting the client's response"

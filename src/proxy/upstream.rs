@@ -115,6 +115,16 @@ impl Upstream {
             })
     }
 
+    /// The upstream's root, where connections go.
+    pub(crate) fn base(&self) -> Uri {
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query("/")
+            .build()
+            .expect("a root URI from a valid authority")
+    }
+
     pub(crate) fn host(&self) -> &HeaderValue {
         &self.host
     }

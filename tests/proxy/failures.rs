@@ -329,3 +329,84 @@ async fn client_disconnecting_mid_stream_releases_its_id() -> anyhow::Result<()>
     assert_eq!((stats.passed_total, stats.remapped_total), (1, 1));
     Ok(())
 }
+
+/// An upstream that answers each request and then closes the connection
+/// without saying so (no `Connection: close`), as a server restarting or
+/// trimming its idle connections does. The proxy keeps such a connection in
+/// its pool; the next request finds it closed and goes on a new one instead
+/// of failing. Returns the address and the number of connections accepted.
+async fn closing_upstream() -> anyhow::Result<(
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+)> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                while !request.ends_with(b"\"ping\"}") {
+                    let mut chunk = [0u8; 4096];
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&request);
+                let id = text
+                    .split("\"id\":")
+                    .nth(1)
+                    .and_then(|rest| rest.split(',').next())
+                    .unwrap_or("null")
+                    .to_owned();
+                let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+                // Closed without notice.
+            });
+        }
+    });
+    Ok((addr, accepted, task))
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_is_replaced() -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted, task) = closing_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{upstream}"), &guard).await?;
+    let client = reqwest::Client::new();
+    for id in 1..=3 {
+        let response = tokio::time::timeout(
+            OK_TIMEOUT,
+            client
+                .post(format!("http://{}/mcp", proxy.addr))
+                .header("content-type", "application/json")
+                .header("accept", crate::support::ACCEPT)
+                .header("mcp-session-id", "s")
+                .body(json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string())
+                .send(),
+        )
+        .await??;
+        assert_eq!(response.status(), 200, "request {id}");
+        let answer: Value = serde_json::from_str(&response.text().await?)?;
+        assert_eq!(answer["id"], id);
+    }
+    println!(
+        "3 requests, each connection closed by the upstream after its answer: {} connections",
+        accepted.load(Ordering::SeqCst)
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    drained(&guard).await?;
+    task.abort();
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Upstream connections, each driven by the request that uses it.
+//!
+//! hyper-util's pooled client runs every upstream connection in a task of
+//! its own: a request reaches that task through a channel, its response
+//! comes back through another, and its body one chunk at a time through a
+//! third, each a wake-up of the other task (and on a multi-threaded runtime
+//! often of the other worker thread, through the kernel). Here the task that
+//! serves the client's request drives the upstream connection itself, while
+//! it waits for the answer and while it passes the body on, the way one
+//! nginx event loop handles both sides: no hand-offs. A connection whose
+//! answer has been read to its end goes back to the pool; one abandoned
+//! mid-answer (the client went away) is closed.
+//!
+//! The pool also keeps the operator's bounds: at most `max` connections open,
+//! idle ones included (each holds a permit until it closes); a request that
+//! finds none free waits up to `wait` for a permit or for a connection to
+//! come back, then fails with [`UpstreamBusy`]; idle connections are closed
+//! after `idle_timeout`.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::capped::{CappedConnection, UpstreamBusy};
+use super::{BoxError, OutBody};
+
+/// Why the pool could not get an answer.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Every connection stayed busy for the whole wait.
+    Busy(UpstreamBusy),
+    /// No connection could be opened.
+    Connect(BoxError),
+    /// The connection failed before the answer's head arrived.
+    Send(hyper::Error),
+}
+
+/// The upstream connections of one [`Proxy`](super::Proxy).
+#[derive(Debug)]
+pub(crate) struct Pool {
+    connector: HttpConnector,
+    /// Where the connector connects (`http://authority/`).
+    target: Uri,
+    idle: Mutex<Vec<Idle>>,
+    /// A connection came back to `idle`.
+    returned: Notify,
+    /// One per open connection; `None`: no cap.
+    permits: Option<Arc<Semaphore>>,
+    max: usize,
+    wait: Duration,
+    idle_timeout: Duration,
+    /// The task that closes expired idle connections runs.
+    sweeping: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Idle {
+    connection: Connection,
+    since: Instant,
+}
+
+/// One upstream HTTP/1.1 connection: hyper's request handle and the future
+/// that does its reading and writing.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    sender: http1::SendRequest<OutBody>,
+    driver: Pin<Box<http1::Connection<CappedConnection, OutBody>>>,
+    /// The driver has finished: the connection is closed (or failed).
+    closed: bool,
+}
+
+impl Connection {
+    /// Lets hyper read and write what it can on this connection now.
+    pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
+        if !self.closed && self.driver.as_mut().poll(cx).is_ready() {
+            self.closed = true;
+        }
+    }
+
+    /// Whether a next request can go on this connection.
+    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drive(cx);
+        !self.closed && self.sender.is_ready()
+    }
+}
+
+/// A connection checked out of its pool, given back when its answer has
+/// been read to the end ([`Lease::release`]) and closed when dropped before.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) connection: Connection,
+    pool: Arc<Pool>,
+}
+
+impl Lease {
+    /// The answer has been read to its end: the connection goes back to
+    /// the pool if hyper can send another request on it.
+    pub(crate) fn release(mut self, cx: &mut Context<'_>) {
+        if self.connection.reusable(cx) {
+            self.pool.put(self.connection);
+        }
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(
+        connector: HttpConnector,
+        target: Uri,
+        max: Option<usize>,
+        wait: Duration,
+        idle_timeout: Duration,
+    ) -> Self {
+        let max = max.map(|max| max.clamp(1, Semaphore::MAX_PERMITS));
+        Self {
+            connector,
+            target,
+            idle: Mutex::new(Vec::new()),
+            returned: Notify::new(),
+            permits: max.map(|max| Arc::new(Semaphore::new(max))),
+            max: max.unwrap_or(usize::MAX),
+            wait,
+            idle_timeout,
+            sweeping: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends `request` (origin-form URI) and waits for the answer's head,
+    /// driving the connection meanwhile; the connection comes back with the
+    /// answer, to be driven while its body is read.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        mut request: Request<OutBody>,
+    ) -> Result<(Response<Incoming>, Lease), Failure> {
+        loop {
+            let (mut connection, reused) = self.checkout().await?;
+            let ready = poll_fn(|cx| {
+                connection.drive(cx);
+                connection.sender.poll_ready(cx)
+            })
+            .await;
+            if let Err(error) = ready {
+                // A pooled connection the upstream closed while it was
+                // idle; the request has not left.
+                if reused {
+                    continue;
+                }
+                return Err(Failure::Send(error));
+            }
+            let mut sending = pin!(connection.sender.try_send_request(request));
+            let answered = poll_fn(|cx| {
+                connection.drive(cx);
+                sending.as_mut().poll(cx)
+            })
+            .await;
+            match answered {
+                Ok(response) => {
+                    let lease = Lease {
+                        connection,
+                        pool: Arc::clone(self),
+                    };
+                    return Ok((response, lease));
+                }
+                Err(mut error) => match error.take_message() {
+                    // Closed before the request was written: try another.
+                    Some(again) if reused => request = again,
+                    _ => return Err(Failure::Send(error.into_error())),
+                },
+            }
+        }
+    }
+
+    /// An idle connection (`true`), or a new one once a permit is free; at
+    /// most `wait` for either.
+    async fn checkout(&self) -> Result<(Connection, bool), Failure> {
+        let deadline = Instant::now() + self.wait;
+        loop {
+            if let Some(connection) = poll_fn(|cx| Poll::Ready(self.take_idle(cx))).await {
+                return Ok((connection, true));
+            }
+            let Some(permits) = &self.permits else {
+                return self
+                    .connect(None)
+                    .await
+                    .map(|connection| (connection, false));
+            };
+            match Arc::clone(permits).try_acquire_owned() {
+                Ok(permit) => {
+                    return self
+                        .connect(Some(permit))
+                        .await
+                        .map(|connection| (connection, false))
+                }
+                // The semaphore is never closed.
+                Err(TryAcquireError::Closed) => return Err(self.busy()),
+                Err(TryAcquireError::NoPermits) => {}
+            }
+            // Every connection is open and busy: wait for one to come back
+            // or to close. Registered before looking again, so a connection
+            // put back in between is not missed.
+            let mut returned = pin!(self.returned.notified());
+            returned.as_mut().enable();
+            if let Some(connection) = poll_fn(|cx| Poll::Ready(self.take_idle(cx))).await {
+                return Ok((connection, true));
+            }
+            tokio::select! {
+                permit = Arc::clone(permits).acquire_owned() => {
+                    // The semaphore is never closed.
+                    let permit = permit.map_err(|_| self.busy())?;
+                    return self
+                        .connect(Some(permit))
+                        .await
+                        .map(|connection| (connection, false));
+                }
+                () = returned => continue,
+                () = tokio::time::sleep_until(deadline) => return Err(self.busy()),
+            }
+        }
+    }
+
+    fn busy(&self) -> Failure {
+        Failure::Busy(UpstreamBusy {
+            max: self.max,
+            waited: self.wait,
+        })
+    }
+
+    /// The most recently used idle connection that is still open and not
+    /// expired; the others it meets are closed.
+    fn take_idle(&self, cx: &mut Context<'_>) -> Option<Connection> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(Idle {
+            mut connection,
+            since,
+        }) = idle.pop()
+        {
+            if since.elapsed() < self.idle_timeout && connection.reusable(cx) {
+                return Some(connection);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self, permit: Option<OwnedSemaphorePermit>) -> Result<Connection, Failure> {
+        let io = self
+            .connector
+            .clone()
+            .call(self.target.clone())
+            .await
+            .map_err(|error| Failure::Connect(error.into()))?;
+        let (sender, driver) = http1::handshake(CappedConnection::new(io, permit))
+            .await
+            .map_err(|error| Failure::Connect(error.into()))?;
+        Ok(Connection {
+            sender,
+            driver: Box::pin(driver),
+            closed: false,
+        })
+    }
+
+    fn put(self: &Arc<Self>, connection: Connection) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Idle {
+                connection,
+                since: Instant::now(),
+            });
+        self.returned.notify_one();
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(sweep(Arc::downgrade(self)));
+        }
+    }
+}
+
+/// Closes idle connections once they have been idle for the pool's idle
+/// timeout (checked every half of it), until the pool is gone.
+async fn sweep(pool: Weak<Pool>) {
+    let Some(every) = pool
+        .upgrade()
+        .map(|pool| (pool.idle_timeout / 2).max(Duration::from_millis(10)))
+    else {
+        return;
+    };
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let expired: Vec<Idle> = {
+            let mut idle = pool.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let (expired, kept) = std::mem::take(&mut *idle)
+                .into_iter()
+                .partition(|entry| entry.since.elapsed() >= pool.idle_timeout);
+            *idle = kept;
+            expired
+        };
+        // Closed outside the lock.
+        drop(expired);
+    }
+}
