@@ -3,12 +3,19 @@
 //! in, in front of two `mcp-id-guard` processes, each in front of the same
 //! rmcp 3.11 echo server. Through HAProxy a session sticks to the replica that
 //! saw its `initialize` answer, so the seed's burst, a cancellation, a resumed
-//! stream and a restart of that replica all behave as with one proxy.
+//! stream and a restart of that replica all behave as with one proxy. HAProxy
+//! health-checks the replicas' `/readyz`: while a session's replica is down
+//! the session gets HAProxy's JSON-RPC `503` (never another replica), and new
+//! sessions open on the replica that is up.
 //!
 //! Controls: the burst through HAProxy straight to the bare server
 //! cross-wires, and without the stick rules (round-robin, the
 //! `--rewrite-all-ids` fallback) a cancellation that lands on the other
-//! replica is lost.
+//! replica is lost. Without `option persist`, a session whose replica is
+//! DOWN is answered by the other replica (HAProxy's default failover). Run by
+//! hand and recorded in `deploy/haproxy/README.md`: the replica-down test
+//! fails against the previous config (HAProxy's HTML 503) and without the
+//! health checks (new sessions land on the dead replica).
 //!
 //! HAProxy must be installed (`deploy/haproxy/install.sh`, which `.ci/run`
 //! calls): without it these tests fail, never pass. Every child process is
@@ -217,6 +224,9 @@ enum Balancing {
     Sticky,
     /// The stick rules removed: plain round-robin (the control).
     RoundRobin,
+    /// `option persist` removed: HAProxy's default moves the sessions of a
+    /// DOWN replica to another one (the control of the replica-down test).
+    Failover,
 }
 
 /// `haproxy -f <generated cfg> -db` on a free loopback port (killed on drop;
@@ -269,10 +279,19 @@ impl Balancer {
                 config = config.replace("${CHECK_INTERVAL-2s}", DEFAULT_CHECK_INTERVAL);
             }
         }
-        if balancing == Balancing::RoundRobin {
+        let dropped = match balancing {
+            Balancing::Sticky => None,
+            Balancing::RoundRobin => Some("stick"),
+            Balancing::Failover => Some("option persist"),
+        };
+        if let Some(directive) = dropped {
+            assert!(
+                config.contains(directive),
+                "no `{directive}` in the template"
+            );
             config = config
                 .lines()
-                .filter(|line| !line.trim_start().starts_with("stick"))
+                .filter(|line| !line.trim_start().starts_with(directive))
                 .collect::<Vec<_>>()
                 .join("\n");
         }
@@ -789,5 +808,49 @@ async fn replica_down_answers_its_sessions_503_and_opens_new_ones_elsewhere() ->
     }
     let passed_home = replicas[home].metric("mcp_id_guard_passed_total").await?;
     assert!(passed_home >= 1, "no new session on the restarted replica");
+    Ok(())
+}
+
+/// Control (why `option persist`): the same crash with the persistence line
+/// removed. Once HAProxy has marked the replica DOWN it ignores the stick
+/// entry naming it and balances session A's call to the other replica, which
+/// answers it (200) although it never saw the session begin: the failover
+/// that README.md rules out.
+#[tokio::test]
+async fn control_without_persist_a_down_replicas_session_moves() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let mut replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start(
+        Backends::checked(&replicas, FAST_CHECK_INTERVAL),
+        Balancing::Failover,
+    )
+    .await?;
+    let a = Session::open(&balancer.url).await?;
+    assert_eq!(
+        a.echo(json!(1), "moved-A1", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    let other = 1 - home;
+    let mark = balancer.log_mark();
+    replicas[home].kill().await?;
+    let home_name = format!("guards/replica{}", home + 1);
+    balancer
+        .wait_for_log(mark, &format!("{home_name} is DOWN"), WAIT_TIMEOUT)
+        .await?;
+    let moved = a.echo(json!(1), "moved-A2", 0, OK_TIMEOUT).await;
+    println!("without option persist, A's call after its replica is DOWN: {moved:?}");
+    assert_eq!(moved, Outcome::Own);
+    assert!(rmcp.log.contains("started:moved-A2"));
+    // The other replica took it as a session it did not see begin: only
+    // because it started moments ago (its --restart-window) does it give the
+    // call a server-side id; past that window it would pass a reused id
+    // straight on.
+    assert_eq!(
+        replicas[other]
+            .metric("mcp_id_guard_restart_remapped_total")
+            .await?,
+        1
+    );
     Ok(())
 }
