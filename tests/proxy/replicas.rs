@@ -188,7 +188,7 @@ struct Backends {
 #[derive(Clone, Copy)]
 struct Checks {
     admin_ports: [u16; 2],
-    /// HAProxy's `inter` (written over the template's `CHECK_INTERVAL`).
+    /// HAProxy's `inter` (written over the template's).
     interval: &'static str,
 }
 
@@ -265,8 +265,16 @@ impl Balancer {
                 let [admin1, admin2] = checks.admin_ports;
                 config = config
                     .replace("${REPLICA1_ADMIN_PORT}", &admin1.to_string())
-                    .replace("${REPLICA2_ADMIN_PORT}", &admin2.to_string())
-                    .replace("${CHECK_INTERVAL-2s}", checks.interval);
+                    .replace("${REPLICA2_ADMIN_PORT}", &admin2.to_string());
+                let template_inter = "default-server inter 2s ";
+                assert!(
+                    config.contains(template_inter),
+                    "no `{template_inter}` in the template"
+                );
+                config = config.replace(
+                    template_inter,
+                    &format!("default-server inter {} ", checks.interval),
+                );
             }
             None => {
                 for check in [
@@ -276,7 +284,6 @@ impl Balancer {
                     assert!(config.contains(check), "no `{check}` in the template");
                     config = config.replace(check, "");
                 }
-                config = config.replace("${CHECK_INTERVAL-2s}", DEFAULT_CHECK_INTERVAL);
             }
         }
         let dropped = match balancing {
