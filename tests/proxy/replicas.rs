@@ -3,12 +3,19 @@
 //! in, in front of two `mcp-id-guard` processes, each in front of the same
 //! rmcp 3.11 echo server. Through HAProxy a session sticks to the replica that
 //! saw its `initialize` answer, so the seed's burst, a cancellation, a resumed
-//! stream and a restart of that replica all behave as with one proxy.
+//! stream and a restart of that replica all behave as with one proxy. HAProxy
+//! health-checks the replicas' `/readyz`: while a session's replica is down
+//! the session gets HAProxy's JSON-RPC `503` (never another replica), and new
+//! sessions open on the replica that is up.
 //!
 //! Controls: the burst through HAProxy straight to the bare server
 //! cross-wires, and without the stick rules (round-robin, the
 //! `--rewrite-all-ids` fallback) a cancellation that lands on the other
-//! replica is lost.
+//! replica is lost. Without `option persist`, a session whose replica is
+//! DOWN is answered by the other replica (HAProxy's default failover). Run by
+//! hand and recorded in `deploy/haproxy/README.md`: the replica-down test
+//! fails against the previous config (HAProxy's HTML 503) and without the
+//! health checks (new sessions land on the dead replica).
 //!
 //! HAProxy must be installed (`deploy/haproxy/install.sh`, which `.ci/run`
 //! calls): without it these tests fail, never pass. Every child process is
@@ -56,22 +63,39 @@ fn after<'a>(line: &'a str, marker: &str, ends: &[char]) -> Option<&'a str> {
     Some(rest.split(ends).next().unwrap_or(rest))
 }
 
+/// The port at the end of `host:port`.
+fn port_of(address: &str) -> anyhow::Result<u16> {
+    address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .with_context(|| format!("no port in {address}"))
+}
+
 /// One `mcp-id-guard` process (killed on drop) with its admin endpoints.
 struct Replica {
     child: Child,
     port: u16,
+    /// The admin listener's port, which HAProxy's health checks ask.
+    admin_port: u16,
     admin: String,
     log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Replica {
-    /// Starts the binary on `port` (0: ephemeral) in front of `upstream`,
-    /// and waits for its listening and admin lines.
-    async fn start(upstream: &str, port: u16, extra: &[&str]) -> anyhow::Result<Self> {
+    /// Starts the binary on `port` with its admin listener on `admin_port`
+    /// (0: ephemeral) in front of `upstream`, and waits for its listening and
+    /// admin lines.
+    async fn start(
+        upstream: &str,
+        port: u16,
+        admin_port: u16,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let mut child = Command::new(BIN)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--upstream", upstream])
-            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
             .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("MCP_ID_GUARD_UPSTREAM")
@@ -105,14 +129,10 @@ impl Replica {
                 log.lock().unwrap()
             );
         };
-        let port = listen
-            .rsplit(':')
-            .next()
-            .and_then(|port| port.parse().ok())
-            .with_context(|| format!("no port in {listen}"))?;
         Ok(Self {
             child,
-            port,
+            port: port_of(&listen)?,
+            admin_port: port_of(&admin)?,
             admin: format!("http://{admin}"),
             log,
         })
@@ -149,9 +169,52 @@ impl Replica {
 /// Two replicas in front of one server.
 async fn replicas(upstream: &str, extra: &[&str]) -> anyhow::Result<[Replica; 2]> {
     Ok([
-        Replica::start(upstream, 0, extra).await?,
-        Replica::start(upstream, 0, extra).await?,
+        Replica::start(upstream, 0, 0, extra).await?,
+        Replica::start(upstream, 0, 0, extra).await?,
     ])
+}
+
+/// What HAProxy balances over.
+#[derive(Clone, Copy)]
+struct Backends {
+    /// The two replicas' ports (or the bare server's, twice).
+    ports: [u16; 2],
+    /// The health checks; `None` removes them from the config (the bare
+    /// server has no admin listener to ask).
+    checks: Option<Checks>,
+}
+
+/// Health checks against the replicas' admin listeners.
+#[derive(Clone, Copy)]
+struct Checks {
+    admin_ports: [u16; 2],
+    /// HAProxy's `inter` (written over the template's).
+    interval: &'static str,
+}
+
+/// The template's default interval: checks that never time out on a
+/// loaded machine, for the tests that do not take a replica down.
+const DEFAULT_CHECK_INTERVAL: &str = "2s";
+/// For the replica-down test: DOWN after 2 failed checks (about 0.4 s), UP
+/// after 2 good ones.
+const FAST_CHECK_INTERVAL: &str = "200ms";
+
+impl Backends {
+    /// The replicas, health-checked every `interval`.
+    fn checked(replicas: &[Replica; 2], interval: &'static str) -> Self {
+        Self {
+            ports: [replicas[0].port, replicas[1].port],
+            checks: Some(Checks {
+                admin_ports: [replicas[0].admin_port, replicas[1].admin_port],
+                interval,
+            }),
+        }
+    }
+
+    /// The replicas with the template's default check interval.
+    fn of(replicas: &[Replica; 2]) -> Self {
+        Self::checked(replicas, DEFAULT_CHECK_INTERVAL)
+    }
 }
 
 /// How to derive the config from the committed template.
@@ -161,6 +224,9 @@ enum Balancing {
     Sticky,
     /// The stick rules removed: plain round-robin (the control).
     RoundRobin,
+    /// `option persist` removed: HAProxy's default moves the sessions of a
+    /// DOWN replica to another one (the control of the replica-down test).
+    Failover,
 }
 
 /// `haproxy -f <generated cfg> -db` on a free loopback port (killed on drop;
@@ -170,15 +236,17 @@ struct Balancer {
     config: PathBuf,
     /// `http://127.0.0.1:<port>/mcp`.
     url: String,
+    /// HAProxy's stderr: its request log and its health-check verdicts.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Balancer {
     /// Starts HAProxy; tries another free port if the one picked was taken
     /// between picking and binding (HAProxy then exits).
-    async fn start(ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
+    async fn start(backends: Backends, balancing: Balancing) -> anyhow::Result<Self> {
         let mut failures = Vec::new();
         for _ in 0..3 {
-            match Self::start_on(dead_port(), ports, balancing).await {
+            match Self::start_on(dead_port(), backends, balancing).await {
                 Ok(balancer) => return Ok(balancer),
                 Err(error) => failures.push(format!("{error:#}")),
             }
@@ -186,15 +254,51 @@ impl Balancer {
         bail!("haproxy did not start: {failures:#?}")
     }
 
-    async fn start_on(port: u16, ports: [u16; 2], balancing: Balancing) -> anyhow::Result<Self> {
+    async fn start_on(port: u16, backends: Backends, balancing: Balancing) -> anyhow::Result<Self> {
+        let [port1, port2] = backends.ports;
         let mut config = TEMPLATE
             .replace("${FRONTEND_PORT}", &port.to_string())
-            .replace("${REPLICA1_PORT}", &ports[0].to_string())
-            .replace("${REPLICA2_PORT}", &ports[1].to_string());
-        if balancing == Balancing::RoundRobin {
+            .replace("${REPLICA1_PORT}", &port1.to_string())
+            .replace("${REPLICA2_PORT}", &port2.to_string());
+        match backends.checks {
+            Some(checks) => {
+                let [admin1, admin2] = checks.admin_ports;
+                config = config
+                    .replace("${REPLICA1_ADMIN_PORT}", &admin1.to_string())
+                    .replace("${REPLICA2_ADMIN_PORT}", &admin2.to_string());
+                let template_inter = "default-server inter 2s ";
+                assert!(
+                    config.contains(template_inter),
+                    "no `{template_inter}` in the template"
+                );
+                config = config.replace(
+                    template_inter,
+                    &format!("default-server inter {} ", checks.interval),
+                );
+            }
+            None => {
+                for check in [
+                    r#" check port "${REPLICA1_ADMIN_PORT}""#,
+                    r#" check port "${REPLICA2_ADMIN_PORT}""#,
+                ] {
+                    assert!(config.contains(check), "no `{check}` in the template");
+                    config = config.replace(check, "");
+                }
+            }
+        }
+        let dropped = match balancing {
+            Balancing::Sticky => None,
+            Balancing::RoundRobin => Some("stick"),
+            Balancing::Failover => Some("option persist"),
+        };
+        if let Some(directive) = dropped {
+            assert!(
+                config.contains(directive),
+                "no `{directive}` in the template"
+            );
             config = config
                 .lines()
-                .filter(|line| !line.trim_start().starts_with("stick"))
+                .filter(|line| !line.trim_start().starts_with(directive))
                 .collect::<Vec<_>>()
                 .join("\n");
         }
@@ -228,6 +332,7 @@ impl Balancer {
             child,
             config: path,
             url: format!("http://127.0.0.1:{port}/mcp"),
+            log: Arc::clone(&log),
         };
         // HAProxy says nothing when it is ready; it is once it accepts (and
         // has not exited: another process may hold the port).
@@ -246,6 +351,42 @@ impl Balancer {
                 bail!(
                     "haproxy did not listen on {port}: {:?}",
                     log.lock().unwrap()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Balancer {
+    /// How many lines HAProxy has logged so far: a mark for
+    /// [`wait_for_log`](Self::wait_for_log).
+    fn log_mark(&self) -> usize {
+        self.log.lock().unwrap().len()
+    }
+
+    /// Waits (up to `within`) until HAProxy logs a line containing `needle`
+    /// after the first `mark` lines. HAProxy announces its health-check
+    /// verdicts on stderr and nowhere else this config opens (no stats
+    /// socket), so this polls its log.
+    async fn wait_for_log(
+        &self,
+        mark: usize,
+        needle: &str,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.log.lock().unwrap()[mark..]
+                .iter()
+                .any(|line| line.contains(needle))
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "haproxy did not log {needle:?} within {within:?}: {:?}",
+                    &self.log.lock().unwrap()[mark..]
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -274,6 +415,16 @@ async fn holder<'a>(
         [0, _] => Ok((&replicas[1], &replicas[0])),
         _ => bail!("{metric} moved on both replicas: {values:?} (not sticky)"),
     }
+}
+
+/// Index of the session's replica (see [`holder`]).
+async fn home_index(replicas: &[Replica; 2], metric: &str) -> anyhow::Result<usize> {
+    let (home, _) = holder(replicas, metric).await?;
+    Ok(if std::ptr::eq(home, &replicas[0]) {
+        0
+    } else {
+        1
+    })
 }
 
 fn sentinels(prefix: &str) -> Vec<String> {
@@ -310,7 +461,11 @@ async fn burst(session: &Session, rmcp: &McpServer, prefix: &str) -> anyhow::Res
 async fn control_burst_through_haproxy_without_the_guard_cross_wires() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let port: u16 = rmcp.base.rsplit(':').next().unwrap_or_default().parse()?;
-    let balancer = Balancer::start([port, port], Balancing::Sticky).await?;
+    let backends = Backends {
+        ports: [port, port],
+        checks: None,
+    };
+    let balancer = Balancer::start(backends, Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
     let names = sentinels("control");
     let calls = names.iter().enumerate().map(|(i, sentinel)| {
@@ -335,7 +490,7 @@ async fn control_burst_through_haproxy_without_the_guard_cross_wires() -> anyhow
 async fn burst_through_haproxy_sticks_to_one_replica() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let balancer = Balancer::start(Backends::of(&replicas), Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
     let outcomes = burst(&session, &rmcp, "sticky").await?;
     let tally = Tally::of(&outcomes);
@@ -376,7 +531,7 @@ async fn start_held(
 async fn cancellation_through_haproxy_reaches_the_right_replica() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let balancer = Balancer::start(Backends::of(&replicas), Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
     let held = start_held(&session, &rmcp, "cancel-A").await?;
 
@@ -412,8 +567,7 @@ async fn cancellation_through_haproxy_reaches_the_right_replica() -> anyhow::Res
 async fn control_cancellation_is_lost_without_stickiness() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let replicas = replicas(&rmcp.base, &["--rewrite-all-ids"]).await?;
-    let balancer =
-        Balancer::start([replicas[0].port, replicas[1].port], Balancing::RoundRobin).await?;
+    let balancer = Balancer::start(Backends::of(&replicas), Balancing::RoundRobin).await?;
     let session = Session::open(&balancer.url).await?;
     let held = start_held(&session, &rmcp, "lost-A").await?;
     let (call_replica, _) = holder(&replicas, "mcp_id_guard_in_flight_requests").await?;
@@ -447,7 +601,7 @@ async fn control_cancellation_is_lost_without_stickiness() -> anyhow::Result<()>
 async fn resumed_stream_through_haproxy_restores_the_id() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let balancer = Balancer::start(Backends::of(&replicas), Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
     let held = start_held(&session, &rmcp, "resume-A").await?;
     let b = Call::held("resume-B");
@@ -482,13 +636,10 @@ async fn resumed_stream_through_haproxy_restores_the_id() -> anyhow::Result<()> 
 async fn replica_restart_mid_session_keeps_answers_apart() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let mut replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start([replicas[0].port, replicas[1].port], Balancing::Sticky).await?;
+    let balancer = Balancer::start(Backends::of(&replicas), Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
     let held = start_held(&session, &rmcp, "restart-C").await?;
-    let index = match holder(&replicas, "mcp_id_guard_in_flight_requests").await? {
-        (home, _) if std::ptr::eq(home, &replicas[0]) => 0,
-        _ => 1,
-    };
+    let index = home_index(&replicas, "mcp_id_guard_in_flight_requests").await?;
 
     replicas[index].kill().await?;
     let cut = tokio::time::timeout(OK_TIMEOUT, held).await??;
@@ -502,7 +653,8 @@ async fn replica_restart_mid_session_keeps_answers_apart() -> anyhow::Result<()>
     );
 
     let port = replicas[index].port;
-    replicas[index] = Replica::start(&rmcp.base, port, &[]).await?;
+    let admin_port = replicas[index].admin_port;
+    replicas[index] = Replica::start(&rmcp.base, port, admin_port, &[]).await?;
     assert_eq!(
         session.echo(json!(1), "restart-D", 0, OK_TIMEOUT).await,
         Outcome::Own
@@ -520,5 +672,192 @@ async fn replica_restart_mid_session_keeps_answers_apart() -> anyhow::Result<()>
     rmcp.log
         .wait_for("finished:restart-C", WAIT_TIMEOUT)
         .await?;
+    Ok(())
+}
+
+/// How long a session whose replica is down may wait for its 503: HAProxy
+/// retries the refused connection 3 times, 1 s apart, then answers.
+const DOWN_ANSWER_BOUND: Duration = Duration::from_secs(5);
+
+/// A call of session A while its replica is down: `503` within
+/// [`DOWN_ANSWER_BOUND`] with HAProxy's JSON-RPC error, and the server never
+/// saw the call (it went to no other replica).
+async fn assert_down_answer(session: &Session, rmcp: &McpServer, sentinel: &str) {
+    let exchange = session
+        .post(Call::echo(sentinel, 0).body("7"), OK_TIMEOUT)
+        .await;
+    println!(
+        "session on a down replica: {:?} {:?} after {:?}: {}",
+        exchange.status, exchange.content_type, exchange.elapsed, exchange.body
+    );
+    assert_eq!(exchange.status, Some(503), "{exchange:?}");
+    assert!(
+        exchange.elapsed < DOWN_ANSWER_BOUND,
+        "the 503 took {:?}",
+        exchange.elapsed
+    );
+    assert_eq!(
+        exchange.content_type.as_deref(),
+        Some("application/json"),
+        "{exchange:?}"
+    );
+    let error = exchange.json();
+    assert_eq!(error["jsonrpc"], "2.0", "{}", exchange.body);
+    assert_eq!(error["id"], serde_json::Value::Null, "{}", exchange.body);
+    assert_eq!(error["error"]["code"], -32000, "{}", exchange.body);
+    assert!(error["error"]["message"].is_string(), "{}", exchange.body);
+    assert!(
+        !rmcp.log.contains(&format!("started:{sentinel}")),
+        "the call reached the server through the other replica: {:?}",
+        rmcp.log.snapshot()
+    );
+}
+
+/// A replica down, with the committed health checks (at a 200 ms interval):
+/// session A lives on one replica, which is killed (SIGKILL).
+/// (a) A's next call gets a 503 within 5 s whose body is a JSON-RPC error;
+/// (b) once HAProxy has marked the replica DOWN, new sessions all open on the
+/// other replica and their calls get their own results; (c) A's calls still
+/// go nowhere else (503 again; the server never sees them, the other
+/// replica's counters do not move); (d) with the replica restarted on the
+/// same ports and marked UP, A's calls reach it again and are answered, and
+/// new sessions are balanced over both again.
+#[tokio::test]
+async fn replica_down_answers_its_sessions_503_and_opens_new_ones_elsewhere() -> anyhow::Result<()>
+{
+    let rmcp = upstream().await?;
+    let mut replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start(
+        Backends::checked(&replicas, FAST_CHECK_INTERVAL),
+        Balancing::Sticky,
+    )
+    .await?;
+    let a = Session::open(&balancer.url).await?;
+    assert_eq!(
+        a.echo(json!(1), "down-A1", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    let other = 1 - home;
+    // HAProxy names the servers replica1 and replica2, in config order.
+    let home_name = format!("guards/replica{}", home + 1);
+
+    let mark = balancer.log_mark();
+    replicas[home].kill().await?;
+    let other_passed = replicas[other].metric("mcp_id_guard_passed_total").await?;
+    // (a) Right after the crash (HAProxy may not have marked it DOWN yet:
+    // the connection is refused, retried and answered 503) ...
+    let right_after_crash = assert_down_answer(&a, &rmcp, "down-A2");
+    let once_down = async {
+        balancer
+            .wait_for_log(mark, &format!("{home_name} is DOWN"), WAIT_TIMEOUT)
+            .await?;
+        // (c) ... and once it is marked DOWN: A still sticks to it, while
+        // (b) every new session opens on the other replica and works.
+        let new_sessions = async {
+            for i in 0..4 {
+                let fresh = Session::open(&balancer.url).await?;
+                let sentinel = format!("down-new{i}");
+                assert_eq!(
+                    fresh.echo(json!(1), &sentinel, 0, OK_TIMEOUT).await,
+                    Outcome::Own
+                );
+            }
+            anyhow::Ok(())
+        };
+        let (_, opened) = tokio::join!(assert_down_answer(&a, &rmcp, "down-A3"), new_sessions);
+        opened
+    };
+    let ((), marked_down) = tokio::join!(right_after_crash, once_down);
+    marked_down?;
+    // The other replica passed the 4 new calls, none of A's.
+    let other_passed_now = replicas[other].metric("mcp_id_guard_passed_total").await?;
+    assert_eq!(other_passed_now, other_passed + 4);
+    assert_eq!(
+        replicas[other]
+            .metric("mcp_id_guard_restart_remapped_total")
+            .await?,
+        0
+    );
+
+    // (d) Restarted on the same ports and marked UP: A is answered there.
+    let mark = balancer.log_mark();
+    let (port, admin_port) = (replicas[home].port, replicas[home].admin_port);
+    replicas[home] = Replica::start(&rmcp.base, port, admin_port, &[]).await?;
+    balancer
+        .wait_for_log(mark, &format!("{home_name} is UP"), WAIT_TIMEOUT)
+        .await?;
+    assert_eq!(
+        a.echo(json!(1), "down-A4", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    // The new process did not see A's `initialize`: within its restart
+    // window it gives A's calls server-side ids.
+    assert_eq!(
+        replicas[home]
+            .metric("mcp_id_guard_restart_remapped_total")
+            .await?,
+        1
+    );
+    assert_eq!(
+        replicas[other].metric("mcp_id_guard_passed_total").await?,
+        other_passed_now
+    );
+    // Balanced over both again: of three new sessions, at least one opens
+    // on it (round-robin's order across a server's return is HAProxy's).
+    for i in 0..3 {
+        let fresh = Session::open(&balancer.url).await?;
+        let sentinel = format!("up-new{i}");
+        assert_eq!(
+            fresh.echo(json!(1), &sentinel, 0, OK_TIMEOUT).await,
+            Outcome::Own
+        );
+    }
+    let passed_home = replicas[home].metric("mcp_id_guard_passed_total").await?;
+    assert!(passed_home >= 1, "no new session on the restarted replica");
+    Ok(())
+}
+
+/// Control (why `option persist`): the same crash with the persistence line
+/// removed. Once HAProxy has marked the replica DOWN it ignores the stick
+/// entry naming it and balances session A's call to the other replica, which
+/// answers it (200) although it never saw the session begin: the failover
+/// that README.md rules out.
+#[tokio::test]
+async fn control_without_persist_a_down_replicas_session_moves() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let mut replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer = Balancer::start(
+        Backends::checked(&replicas, FAST_CHECK_INTERVAL),
+        Balancing::Failover,
+    )
+    .await?;
+    let a = Session::open(&balancer.url).await?;
+    assert_eq!(
+        a.echo(json!(1), "moved-A1", 0, OK_TIMEOUT).await,
+        Outcome::Own
+    );
+    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    let other = 1 - home;
+    let mark = balancer.log_mark();
+    replicas[home].kill().await?;
+    let home_name = format!("guards/replica{}", home + 1);
+    balancer
+        .wait_for_log(mark, &format!("{home_name} is DOWN"), WAIT_TIMEOUT)
+        .await?;
+    let moved = a.echo(json!(1), "moved-A2", 0, OK_TIMEOUT).await;
+    println!("without option persist, A's call after its replica is DOWN: {moved:?}");
+    assert_eq!(moved, Outcome::Own);
+    assert!(rmcp.log.contains("started:moved-A2"));
+    // The other replica took it as a session it did not see begin: only
+    // because it started moments ago (its --restart-window) does it give the
+    // call a server-side id; past that window it would pass a reused id
+    // straight on.
+    assert_eq!(
+        replicas[other]
+            .metric("mcp_id_guard_restart_remapped_total")
+            .await?,
+        1
+    );
     Ok(())
 }
