@@ -79,6 +79,21 @@ pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
 /// collides with the string of the same digits; any other value is
 /// `<digits>e<exponent>` with no leading or trailing zeros in the digits.
 fn number_key(raw: &str) -> Option<Cow<'_, str>> {
+    // Most ids are small plain integers, already written the one way: their
+    // key is their text, with no digits to collect.
+    let digits = raw.strip_prefix('-').unwrap_or(raw).as_bytes();
+    if !digits.is_empty()
+        && digits.len() <= MAX_FRACTION_DIGITS
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || raw == "0")
+    {
+        return Some(Cow::Borrowed(raw));
+    }
+    number_value_key(raw)
+}
+
+/// [`number_key`] for any spelling of a number.
+fn number_value_key(raw: &str) -> Option<Cow<'_, str>> {
     let bytes = raw.as_bytes();
     let (negative, rest) = match bytes.split_first()? {
         (b'-', rest) => (true, rest),
@@ -273,6 +288,23 @@ mod tests {
         assert_eq!(key_of("-00"), None);
         assert_ne!(id_key("1"), id_key("2"));
         assert_eq!(&*id_key("1e3"), "1000");
+    }
+
+    /// The plain-integer shortcut gives the key the general reading gives.
+    #[test]
+    fn plain_integers_take_the_shortcut_to_the_same_key() {
+        let mut texts: Vec<String> = (0..2_000).map(|n: i64| n.to_string()).collect();
+        texts.extend((1..2_000).map(|n: i64| (-n).to_string()));
+        for digits in 14..=17 {
+            let nines = "9".repeat(digits);
+            texts.push(nines.clone());
+            texts.push(format!("-{nines}"));
+            texts.push(format!("1{}", "0".repeat(digits - 1)));
+        }
+        texts.extend(["-0", "00", "01", "-01", "0.0", "1e0", "-", ""].map(String::from));
+        for text in &texts {
+            assert_eq!(number_key(text), number_value_key(text), "{text:?}");
+        }
     }
 
     #[test]
