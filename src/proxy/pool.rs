@@ -284,11 +284,14 @@ impl Pool {
 }
 
 /// Closes idle connections once they have been idle for the pool's idle
-/// timeout (checked every half of it), until the pool is gone.
+/// timeout, until the pool is gone. Checked every eighth of it, so a
+/// connection is closed within 1.125 times the timeout: the binary's 4 s
+/// default closes it before the 5 s after which uvicorn and Node close
+/// theirs. (A checkout never takes one idle for longer than the timeout.)
 async fn sweep(pool: Weak<Pool>) {
     let Some(every) = pool
         .upgrade()
-        .map(|pool| (pool.idle_timeout / 2).max(Duration::from_millis(10)))
+        .map(|pool| (pool.idle_timeout / 8).max(Duration::from_millis(10)))
     else {
         return;
     };
