@@ -304,10 +304,11 @@ async fn read_until(
 }
 
 /// An upstream for one request: once the request (whose body ends with
-/// `"id":1}`) is in, it writes `whole` in one write, then keeps the
-/// connection open, or closes it when `then_close`.
+/// `"method":"tools/call"}`) is in, it writes `whole(id)` in one write, `id`
+/// being the request's id as it arrived, then keeps the connection open, or
+/// closes it when `then_close`.
 async fn one_write_upstream(
-    whole: String,
+    whole: impl FnOnce(&str) -> String + Send + 'static,
     then_close: bool,
 ) -> anyhow::Result<(
     std::net::SocketAddr,
@@ -319,8 +320,14 @@ async fn one_write_upstream(
     let task = tokio::spawn(async move {
         let (mut socket, _) = upstream.accept().await?;
         let mut request = Vec::new();
-        read_until(&mut socket, &mut request, b"\"id\":1}").await?;
-        socket.write_all(whole.as_bytes()).await?;
+        read_until(&mut socket, &mut request, b"\"method\":\"tools/call\"}").await?;
+        let request = String::from_utf8(request)?;
+        let id = request
+            .split("\"id\":")
+            .nth(1)
+            .and_then(|rest| rest.split(",\"method\"").next())
+            .unwrap_or("null");
+        socket.write_all(whole(id).as_bytes()).await?;
         if !then_close {
             // Open, as a pooled upstream connection is.
             let _ = read_until(&mut socket, &mut Vec::new(), b"never").await;
@@ -331,10 +338,11 @@ async fn one_write_upstream(
 }
 
 /// Serves the guarded proxy to `upstream` on one connection whose writes are
-/// counted; sends it a `tools/call` with id 1 in session `s` and returns the
-/// client socket, the write count and the guard.
+/// counted; sends it a `tools/call` with `id` (JSON text) in session `s` and
+/// returns the client socket, the write count and the guard.
 async fn counted_exchange(
     upstream: std::net::SocketAddr,
+    id: &str,
 ) -> anyhow::Result<(
     tokio::net::TcpStream,
     Arc<std::sync::atomic::AtomicUsize>,
@@ -364,7 +372,7 @@ async fn counted_exchange(
             .await?;
         anyhow::Ok(())
     });
-    let body = r#"{"jsonrpc":"2.0","method":"tools/call","id":1}"#;
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call"}}"#);
     let request = format!(
         "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
          accept: application/json, text/event-stream\r\nmcp-session-id: s\r\n\
@@ -377,10 +385,28 @@ async fn counted_exchange(
 }
 
 const PRIMING: &str = "data: \nid: 0/0\nretry: 3000\n\n";
-const ANSWER: &str =
-    "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\nid: 1/0\n\n";
 const SSE_HEAD: &str =
     "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// The response event to `id`.
+fn answer(id: &str) -> String {
+    format!("data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[]}}}}\nid: 1/0\n\n")
+}
+
+/// The body of a whole chunked HTTP/1.1 response.
+fn dechunked(response: &str) -> Option<String> {
+    let (_, mut rest) = response.split_once("\r\n\r\n")?;
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size, 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
 
 fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
@@ -389,30 +415,42 @@ fn chunk(data: &str) -> String {
 /// A quick answer reaches the proxy whole: response head, a priming event,
 /// the JSON-RPC response event and the end of the chunked body, in one
 /// upstream write (as rmcp 3.11 sends a fast `tools/call`). It leaves the
-/// proxy in one write to the client too. Passed on chunk by chunk it took
-/// three (head and first event, second event, end of body), each a round
-/// through the loopback TCP stack and a wake-up of the client; that was most
-/// of the proxy's gap to nginx. Counted on the proxy's client socket, on a
-/// single-threaded runtime so the order of the tasks is fixed.
+/// proxy in one write to the client too, passed through (id 1) or with its
+/// id restored (an id in the guard's namespace is always remapped). Passed on
+/// chunk by chunk it took three (head and first event, second event, end of
+/// body), each a round through the loopback TCP stack and a wake-up of the
+/// client; that was most of the proxy's gap to nginx. Counted on the proxy's
+/// client socket, on a single-threaded runtime so the order of the tasks is
+/// fixed.
 #[tokio::test]
 async fn an_answer_that_arrives_whole_leaves_in_one_write() -> anyhow::Result<()> {
-    let whole = format!("{SSE_HEAD}{}{}0\r\n\r\n", chunk(PRIMING), chunk(ANSWER));
-    let (upstream, upstream_task) = one_write_upstream(whole, false).await?;
-    let (mut client, writes, guard, server) = counted_exchange(upstream).await?;
-    let mut response = Vec::new();
-    read_until(&mut client, &mut response, b"\r\n0\r\n\r\n").await?;
-    let response = String::from_utf8(response)?;
-    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
-    assert!(
-        response.contains(PRIMING) && response.contains(ANSWER),
-        "{response}"
-    );
-    let writes = writes.load(Ordering::SeqCst);
-    println!("writes to the client for one whole answer: {writes}");
-    assert_eq!(writes, 1, "the answer left in {writes} writes");
-    drained(&guard).await?;
-    server.abort();
-    upstream_task.abort();
+    for id in ["1", r#""mcp-id-guard:client-chosen""#] {
+        let (upstream, upstream_task) = one_write_upstream(
+            |id| {
+                format!(
+                    "{SSE_HEAD}{}{}0\r\n\r\n",
+                    chunk(PRIMING),
+                    chunk(&answer(id))
+                )
+            },
+            false,
+        )
+        .await?;
+        let (mut client, writes, guard, server) = counted_exchange(upstream, id).await?;
+        let mut response = Vec::new();
+        read_until(&mut client, &mut response, b"\r\n0\r\n\r\n").await?;
+        let response = String::from_utf8(response)?;
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+        let body = dechunked(&response).ok_or_else(|| anyhow::anyhow!("{response:?}"))?;
+        let expected = format!("\"id\":{id},\"result\"");
+        assert!(body.contains(PRIMING) && body.contains(&expected), "{body}");
+        let writes = writes.load(Ordering::SeqCst);
+        println!("writes to the client for one whole answer to id {id}: {writes}");
+        assert_eq!(writes, 1, "the answer to id {id} left in {writes} writes");
+        drained(&guard).await?;
+        server.abort();
+        upstream_task.abort();
+    }
     Ok(())
 }
 
@@ -424,9 +462,9 @@ async fn an_answer_that_arrives_whole_leaves_in_one_write() -> anyhow::Result<()
 async fn an_upstream_that_breaks_off_right_after_an_event_cuts_the_response() -> anyhow::Result<()>
 {
     use tokio::io::AsyncReadExt;
-    let whole = format!("{SSE_HEAD}{}", chunk(PRIMING));
-    let (upstream, upstream_task) = one_write_upstream(whole, true).await?;
-    let (mut client, _writes, guard, server) = counted_exchange(upstream).await?;
+    let (upstream, upstream_task) =
+        one_write_upstream(|_| format!("{SSE_HEAD}{}", chunk(PRIMING)), true).await?;
+    let (mut client, _writes, guard, server) = counted_exchange(upstream, "1").await?;
     let mut response = Vec::new();
     tokio::time::timeout(OK_TIMEOUT, client.read_to_end(&mut response)).await??;
     let response = String::from_utf8(response)?;
