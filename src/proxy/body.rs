@@ -17,8 +17,9 @@ use super::pool::Lease;
 use super::BoxError;
 
 /// The response body of [`Proxy`](super::Proxy): the upstream's body, passed
-/// on frame by frame as it arrives (server-sent events are never buffered), or
-/// the proxy's own `502` error body.
+/// on as it arrives (server-sent events are never held back: what has arrived
+/// together, up to 64 KiB, goes on together), or the proxy's own `502` error
+/// body.
 ///
 /// When the upstream connection breaks mid-body, the body yields an error, so
 /// the server in front cuts the client's response instead of ending it as if
