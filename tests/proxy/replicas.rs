@@ -33,14 +33,13 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
 use crate::support::client::{Call, Outcome as CallOutcome, Session, Tally};
-use crate::support::proxy::Outcome;
+use crate::support::proxy::{control_burst, sentinels, Outcome, BURST};
 use crate::support::server::{dead_port, upstream, McpServer};
-use crate::support::{HANG_TIMEOUT, OK_TIMEOUT, WAIT_TIMEOUT};
+use crate::support::{OK_TIMEOUT, WAIT_TIMEOUT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-id-guard");
 /// The committed template, exactly as operators get it.
 const TEMPLATE: &str = include_str!("../../deploy/haproxy/haproxy.cfg");
-const BURST: usize = 12;
 
 /// Collects a child's stderr lines (for diagnostics) and passes them on.
 fn collect(stderr: ChildStderr) -> (mpsc::UnboundedReceiver<String>, Arc<Mutex<Vec<String>>>) {
@@ -427,10 +426,6 @@ async fn home_index(replicas: &[Replica; 2], metric: &str) -> anyhow::Result<usi
     })
 }
 
-fn sentinels(prefix: &str) -> Vec<String> {
-    (0..BURST).map(|i| format!("{prefix}_{i:02}")).collect()
-}
-
 /// 12 concurrent `id: 1` calls in one session, held at the server until all
 /// 12 have started (so they overlap there), then released.
 async fn burst(session: &Session, rmcp: &McpServer, prefix: &str) -> anyhow::Result<Vec<Outcome>> {
@@ -467,20 +462,7 @@ async fn control_burst_through_haproxy_without_the_guard_cross_wires() -> anyhow
     };
     let balancer = Balancer::start(backends, Balancing::Sticky).await?;
     let session = Session::open(&balancer.url).await?;
-    let names = sentinels("control");
-    let calls = names.iter().enumerate().map(|(i, sentinel)| {
-        // Work times spread over 0..275 ms, out of arrival order.
-        let delay = ((i * 7) % BURST) as u64 * 25;
-        session.echo(json!(1), sentinel, delay, HANG_TIMEOUT)
-    });
-    let outcomes = join_all(calls).await;
-    let tally = Tally::of(&outcomes);
-    println!("control burst (HAProxy to bare rmcp, 12 x id 1): {tally:?}");
-    assert!(
-        tally.wrong + tally.hung >= 1,
-        "the bare server did not cross-wire: {outcomes:?}"
-    );
-    Ok(())
+    control_burst(&session, "HAProxy to bare rmcp").await
 }
 
 /// The seed's burst through HAProxy and two replicas: every caller gets its

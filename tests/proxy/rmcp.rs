@@ -11,16 +11,10 @@ use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use serde_json::json;
 
 use crate::support::client::{Session, Tally};
-use crate::support::proxy::Outcome;
+use crate::support::proxy::{control_burst, sentinels, Outcome, BURST};
 use crate::support::server::{serve_proxy, upstream};
 use crate::support::wait::drained;
 use crate::support::{HANG_TIMEOUT, OK_TIMEOUT};
-
-const BURST: usize = 12;
-
-fn sentinels(prefix: &str) -> Vec<String> {
-    (0..BURST).map(|i| format!("{prefix}_{i:02}")).collect()
-}
 
 fn assert_clean_rejection(outcome: &Outcome) {
     assert_eq!(
@@ -40,20 +34,7 @@ fn assert_clean_rejection(outcome: &Outcome) {
 async fn control_burst_straight_to_the_upstream_cross_wires() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let session = Session::open(&rmcp.url).await?;
-    let names = sentinels("control");
-    let calls = names.iter().enumerate().map(|(i, sentinel)| {
-        // Work times spread over 0..275 ms, out of arrival order.
-        let delay = ((i * 7) % BURST) as u64 * 25;
-        session.echo(json!(1), sentinel, delay, HANG_TIMEOUT)
-    });
-    let outcomes = join_all(calls).await;
-    let tally = Tally::of(&outcomes);
-    println!("control burst (direct to rmcp, 12 x id 1): {tally:?}");
-    assert!(
-        tally.wrong + tally.hung >= 1,
-        "the bare server did not cross-wire: {outcomes:?}"
-    );
-    Ok(())
+    control_burst(&session, "direct to rmcp").await
 }
 
 /// Remap through the proxy: all 12 calls provably in flight at the upstream

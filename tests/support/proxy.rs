@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::client::{Column, Counted, Session};
+use super::client::{Column, Counted, Session, Tally};
 use super::ids::find_response;
 use super::server::McpServer;
-use super::OK_TIMEOUT;
+use super::{HANG_TIMEOUT, OK_TIMEOUT};
 
 /// What one `tools/call` got back.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,4 +104,32 @@ pub async fn duplicate_while_held(
     upstream.gates.release("A");
     anyhow::ensure!(a.await? == Outcome::Own, "A did not get its own result");
     Ok(b)
+}
+
+/// How many calls the seed's burst makes.
+pub const BURST: usize = 12;
+
+/// One sentinel per call of a burst.
+pub fn sentinels(prefix: &str) -> Vec<String> {
+    (0..BURST).map(|i| format!("{prefix}_{i:02}")).collect()
+}
+
+/// The seed's control: 12 concurrent `id: 1` calls in `session` against a
+/// server with no guard in front; at least one gets another's result or no
+/// answer (`what` names the setup in the printed tally).
+pub async fn control_burst(session: &Session, what: &str) -> anyhow::Result<()> {
+    let names = sentinels("control");
+    let calls = names.iter().enumerate().map(|(i, sentinel)| {
+        // Work times spread over 0..275 ms, out of arrival order.
+        let delay = ((i * 7) % BURST) as u64 * 25;
+        session.echo(serde_json::json!(1), sentinel, delay, HANG_TIMEOUT)
+    });
+    let outcomes = futures::future::join_all(calls).await;
+    let tally = Tally::of(&outcomes);
+    println!("control burst ({what}, 12 x id 1): {tally:?}");
+    anyhow::ensure!(
+        tally.wrong + tally.hung >= 1,
+        "the bare server did not cross-wire: {outcomes:?}"
+    );
+    Ok(())
 }
