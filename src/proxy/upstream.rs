@@ -105,14 +105,7 @@ impl Upstream {
             .build()
             // The prefix came from a valid URI and the tail from a valid
             // request target; their concatenation is a valid path.
-            .unwrap_or_else(|_| {
-                Uri::builder()
-                    .scheme(Scheme::HTTP)
-                    .authority(self.authority.clone())
-                    .path_and_query("/")
-                    .build()
-                    .expect("a root URI from a valid authority")
-            })
+            .unwrap_or_else(|_| self.base())
     }
 
     /// The upstream's root, where connections go.
