@@ -330,6 +330,33 @@ async fn client_disconnecting_mid_stream_releases_its_id() -> anyhow::Result<()>
     Ok(())
 }
 
+/// Reads one `ping` request (its body ends with `"ping"}`) from a raw
+/// upstream socket and answers it with a JSON-RPC result carrying its id, on
+/// a keep-alive HTTP/1.1 response; `false` when the socket failed first.
+async fn answer_one_ping(socket: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = Vec::new();
+    while !request.ends_with(b"\"ping\"}") {
+        let mut chunk = [0u8; 4096];
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => request.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&request);
+    let id = text
+        .split("\"id\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("null");
+    let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+        answer.len()
+    );
+    socket.write_all(response.as_bytes()).await.is_ok()
+}
+
 /// An upstream that answers each request and then closes the connection
 /// without saying so (no `Connection: close`), as a server restarting or
 /// trimming its idle connections does. The proxy keeps such a connection in
@@ -341,7 +368,6 @@ async fn closing_upstream() -> anyhow::Result<(
     tokio::task::JoinHandle<()>,
 )> {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let accepted = std::sync::Arc::new(AtomicUsize::new(0));
@@ -350,28 +376,8 @@ async fn closing_upstream() -> anyhow::Result<(
         while let Ok((mut socket, _)) = listener.accept().await {
             counter.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
-                let mut request = Vec::new();
-                while !request.ends_with(b"\"ping\"}") {
-                    let mut chunk = [0u8; 4096];
-                    match socket.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&request);
-                let id = text
-                    .split("\"id\":")
-                    .nth(1)
-                    .and_then(|rest| rest.split(',').next())
-                    .unwrap_or("null")
-                    .to_owned();
-                let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
-                    answer.len()
-                );
-                let _ = socket.write_all(response.as_bytes()).await;
-                // Closed without notice.
+                // Answered, then closed without notice: the socket is dropped.
+                let _ = answer_one_ping(&mut socket).await;
             });
         }
     });
@@ -418,7 +424,7 @@ async fn closure_watching_upstream() -> anyhow::Result<(
     tokio::sync::oneshot::Receiver<Instant>,
     tokio::task::JoinHandle<()>,
 )> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
@@ -426,20 +432,7 @@ async fn closure_watching_upstream() -> anyhow::Result<(
         let Ok((mut socket, _)) = listener.accept().await else {
             return;
         };
-        let mut request = Vec::new();
-        while !request.ends_with(b"\"ping\"}") {
-            let mut chunk = [0u8; 4096];
-            match socket.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => request.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let answer = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
-        let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
-            answer.len()
-        );
-        if socket.write_all(response.as_bytes()).await.is_err() {
+        if !answer_one_ping(&mut socket).await {
             return;
         }
         let mut rest = [0u8; 64];

@@ -695,6 +695,49 @@ async fn assert_down_answer(session: &Session, rmcp: &McpServer, sentinel: &str)
     );
 }
 
+/// Session A, opened through a checked balancer, and its replica then killed.
+struct Crash {
+    rmcp: McpServer,
+    replicas: [Replica; 2],
+    balancer: Balancer,
+    a: Session,
+    /// Index of A's replica (the killed one).
+    home: usize,
+    /// HAProxy's name for it in its log (`guards/replica1` or `2`).
+    home_name: String,
+    /// The balancer's log before the kill.
+    mark: usize,
+}
+
+/// Opens session A through HAProxy with fast health checks, checks that its
+/// first call is answered (sentinel `<prefix>-A1`), then kills A's replica.
+async fn crash_home_replica(balancing: Balancing, prefix: &str) -> anyhow::Result<Crash> {
+    let rmcp = upstream().await?;
+    let mut replicas = replicas(&rmcp.base, &[]).await?;
+    let balancer =
+        Balancer::start(Backends::checked(&replicas, FAST_CHECK_INTERVAL), balancing).await?;
+    let a = Session::open(&balancer.url).await?;
+    assert_eq!(
+        a.echo(json!(1), &format!("{prefix}-A1"), 0, OK_TIMEOUT)
+            .await,
+        Outcome::Own
+    );
+    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    // HAProxy names the servers replica1 and replica2, in config order.
+    let home_name = format!("guards/replica{}", home + 1);
+    let mark = balancer.log_mark();
+    replicas[home].kill().await?;
+    Ok(Crash {
+        rmcp,
+        replicas,
+        balancer,
+        a,
+        home,
+        home_name,
+        mark,
+    })
+}
+
 /// A replica down, with the committed health checks (at a 200 ms interval):
 /// session A lives on one replica, which is killed (SIGKILL).
 /// (a) A's next call gets a 503 within 5 s whose body is a JSON-RPC error;
@@ -707,25 +750,16 @@ async fn assert_down_answer(session: &Session, rmcp: &McpServer, sentinel: &str)
 #[tokio::test]
 async fn replica_down_answers_its_sessions_503_and_opens_new_ones_elsewhere() -> anyhow::Result<()>
 {
-    let rmcp = upstream().await?;
-    let mut replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start(
-        Backends::checked(&replicas, FAST_CHECK_INTERVAL),
-        Balancing::Sticky,
-    )
-    .await?;
-    let a = Session::open(&balancer.url).await?;
-    assert_eq!(
-        a.echo(json!(1), "down-A1", 0, OK_TIMEOUT).await,
-        Outcome::Own
-    );
-    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    let Crash {
+        rmcp,
+        mut replicas,
+        balancer,
+        a,
+        home,
+        home_name,
+        mark,
+    } = crash_home_replica(Balancing::Sticky, "down").await?;
     let other = 1 - home;
-    // HAProxy names the servers replica1 and replica2, in config order.
-    let home_name = format!("guards/replica{}", home + 1);
-
-    let mark = balancer.log_mark();
-    replicas[home].kill().await?;
     let other_passed = replicas[other].metric("mcp_id_guard_passed_total").await?;
     // (a) Right after the crash (HAProxy may not have marked it DOWN yet:
     // the connection is refused, retried and answered 503) ...
@@ -807,23 +841,16 @@ async fn replica_down_answers_its_sessions_503_and_opens_new_ones_elsewhere() ->
 /// that README.md rules out.
 #[tokio::test]
 async fn control_without_persist_a_down_replicas_session_moves() -> anyhow::Result<()> {
-    let rmcp = upstream().await?;
-    let mut replicas = replicas(&rmcp.base, &[]).await?;
-    let balancer = Balancer::start(
-        Backends::checked(&replicas, FAST_CHECK_INTERVAL),
-        Balancing::Failover,
-    )
-    .await?;
-    let a = Session::open(&balancer.url).await?;
-    assert_eq!(
-        a.echo(json!(1), "moved-A1", 0, OK_TIMEOUT).await,
-        Outcome::Own
-    );
-    let home = home_index(&replicas, "mcp_id_guard_passed_total").await?;
+    let Crash {
+        rmcp,
+        replicas,
+        balancer,
+        a,
+        home,
+        home_name,
+        mark,
+    } = crash_home_replica(Balancing::Failover, "moved").await?;
     let other = 1 - home;
-    let mark = balancer.log_mark();
-    replicas[home].kill().await?;
-    let home_name = format!("guards/replica{}", home + 1);
     balancer
         .wait_for_log(mark, &format!("{home_name} is DOWN"), WAIT_TIMEOUT)
         .await?;
