@@ -75,23 +75,29 @@ struct Idle {
 #[derive(Debug)]
 pub(crate) struct Connection {
     sender: http1::SendRequest<OutBody>,
-    driver: Pin<Box<http1::Connection<CappedConnection, OutBody>>>,
-    /// The driver has finished: the connection is closed (or failed).
-    closed: bool,
+    /// `None` once it has finished: the connection is closed (or failed).
+    driver: Option<Pin<Box<http1::Connection<CappedConnection, OutBody>>>>,
 }
 
 impl Connection {
     /// Lets hyper read and write what it can on this connection now.
+    ///
+    /// A driver that has finished is dropped at once: a request handed to
+    /// the connection after it closed would otherwise wait in hyper's queue
+    /// for ever, since nothing reads that queue any more. Dropped, hyper
+    /// gives such a request back unsent (and fails what was in flight).
     pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.closed && self.driver.as_mut().poll(cx).is_ready() {
-            self.closed = true;
+        if let Some(driver) = &mut self.driver {
+            if driver.as_mut().poll(cx).is_ready() {
+                self.driver = None;
+            }
         }
     }
 
     /// Whether a next request can go on this connection.
     fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
         self.drive(cx);
-        !self.closed && self.sender.is_ready()
+        self.driver.is_some() && self.sender.is_ready()
     }
 }
 
@@ -263,8 +269,7 @@ impl Pool {
             .map_err(|error| Failure::Connect(error.into()))?;
         Ok(Connection {
             sender,
-            driver: Box::pin(driver),
-            closed: false,
+            driver: Some(Box::pin(driver)),
         })
     }
 
