@@ -357,39 +357,55 @@ async fn answer_one_ping(socket: &mut tokio::net::TcpStream) -> bool {
     socket.write_all(response.as_bytes()).await.is_ok()
 }
 
-/// An upstream that answers each request and then closes the connection
-/// without saying so (no `Connection: close`), as a server restarting or
-/// trimming its idle connections does. The proxy keeps such a connection in
-/// its pool; the next request finds it closed and goes on a new one instead
-/// of failing. Returns the address and the number of connections accepted.
-async fn closing_upstream() -> anyhow::Result<(
-    std::net::SocketAddr,
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-)> {
+/// An upstream that answers each request and keeps the connection (no
+/// `Connection: close`), then closes it without notice when told to
+/// (`close`), as a server restarting or trimming its idle connections does,
+/// and says so (`closed`). Counts the connections it accepts.
+struct ClosingUpstream {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    close: std::sync::Arc<tokio::sync::Notify>,
+    closed: mpsc::UnboundedReceiver<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn closing_upstream() -> anyhow::Result<ClosingUpstream> {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
-    let counter = std::sync::Arc::clone(&accepted);
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let close = Arc::new(tokio::sync::Notify::new());
+    let (closed_tx, closed) = mpsc::unbounded_channel();
+    let (counter, closer) = (Arc::clone(&accepted), Arc::clone(&close));
     let task = tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             counter.fetch_add(1, Ordering::SeqCst);
+            let (closer, closed_tx) = (Arc::clone(&closer), closed_tx.clone());
             tokio::spawn(async move {
-                // Answered, then closed without notice: the socket is dropped.
-                let _ = answer_one_ping(&mut socket).await;
+                if answer_one_ping(&mut socket).await {
+                    closer.notified().await;
+                }
+                drop(socket);
+                let _ = closed_tx.send(());
             });
         }
     });
-    Ok((addr, accepted, task))
+    Ok(ClosingUpstream {
+        addr,
+        accepted,
+        close,
+        closed,
+        task,
+    })
 }
 
 #[tokio::test]
 async fn a_pooled_connection_the_upstream_closed_is_replaced() -> anyhow::Result<()> {
     use std::sync::atomic::Ordering;
-    let (upstream, accepted, task) = closing_upstream().await?;
+    let mut upstream = closing_upstream().await?;
     let guard = IdGuardLayer::new();
-    let proxy = serve_proxy(&format!("http://{upstream}"), &guard).await?;
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
     let client = reqwest::Client::new();
     for id in 1..=3 {
         let response = tokio::time::timeout(
@@ -406,14 +422,20 @@ async fn a_pooled_connection_the_upstream_closed_is_replaced() -> anyhow::Result
         assert_eq!(response.status(), 200, "request {id}");
         let answer: Value = serde_json::from_str(&response.text().await?)?;
         assert_eq!(answer["id"], id);
+        // The answer has been read whole, so its connection is back in the
+        // pool; only now does the upstream close it.
+        upstream.close.notify_one();
+        tokio::time::timeout(OK_TIMEOUT, upstream.closed.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("upstream gone"))?;
     }
     println!(
-        "3 requests, each connection closed by the upstream after its answer: {} connections",
-        accepted.load(Ordering::SeqCst)
+        "3 requests, each pooled connection closed by the upstream before the next: {} connections",
+        upstream.accepted.load(Ordering::SeqCst)
     );
-    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 3);
     drained(&guard).await?;
-    task.abort();
+    upstream.task.abort();
     Ok(())
 }
 
