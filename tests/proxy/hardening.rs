@@ -428,6 +428,8 @@ enum Silent {
     PartialHead,
     /// One whole request (answered by the proxy itself), then nothing.
     KeptAlive,
+    /// One whole request, 500 ms idle, then half of the next request head.
+    PartialHeadAfterRequest,
     /// A POST whose body trickles one byte per 600 ms (twice the limit).
     TricklingBody,
 }
@@ -456,7 +458,7 @@ async fn misbehave(addr: &str, kind: Silent, within: Duration) -> anyhow::Result
                 .write_all(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")
                 .await?
         }
-        Silent::KeptAlive => {
+        Silent::KeptAlive | Silent::PartialHeadAfterRequest => {
             // A refused Host: the proxy answers without the upstream.
             stream
                 .write_all(b"GET /mcp HTTP/1.1\r\nHost: evil.example\r\n\r\n")
@@ -484,6 +486,14 @@ async fn misbehave(addr: &str, kind: Silent, within: Duration) -> anyhow::Result
                 .parse()?;
             let mut body = vec![0u8; length];
             stream.read_exact(&mut body).await?;
+            if let Silent::PartialHeadAfterRequest = kind {
+                // Idle past the first head's limit first: the watchdog has
+                // then looked at the idle connection and set its 5s limit.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                stream
+                    .write_all(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: app")
+                    .await?;
+            }
         }
         Silent::TricklingBody => {
             let since = Instant::now();
@@ -578,6 +588,37 @@ async fn silent_and_trickling_clients_are_closed() -> anyhow::Result<()> {
             Outcome::Own
         );
     }
+    Ok(())
+}
+
+/// The watchdog is not woken per request: after a request, the next head's
+/// shorter limit must still hold. With `--header-read-timeout 300ms` and
+/// `--keep-alive-timeout 5s`, half a head sent 500 ms after a whole request
+/// is cut about 300 ms later, while a connection that only stays idle is
+/// kept.
+#[tokio::test]
+async fn a_later_head_gets_its_own_shorter_limit() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &rmcp.base,
+        "--header-read-timeout",
+        SHORT,
+        "--keep-alive-timeout",
+        "5s",
+    ])
+    .await?;
+    let (partial, idle) = tokio::join!(
+        misbehave(&guard.addr, Silent::PartialHeadAfterRequest, OK_TIMEOUT),
+        misbehave(&guard.addr, Silent::KeptAlive, STAYS_OPEN),
+    );
+    let lasted = partial?.context("half a head after a request: not closed")?;
+    println!("half a head after a request: closed after {lasted:?}");
+    assert!(
+        (Duration::from_millis(250)..STAYS_OPEN).contains(&lasted),
+        "half a head after a request: closed after {lasted:?}, not about {SHORT}"
+    );
+    assert_eq!(idle?, None, "an idle connection closed before its 5s limit");
     Ok(())
 }
 

@@ -69,7 +69,8 @@ pub(crate) struct Activity {
     write_blocked: AtomicU64,
     /// A request body timed out: close the connection.
     close: AtomicBool,
-    /// Wakes the watchdog when the state above changes.
+    /// Wakes the watchdog when the connection must close early (a request
+    /// body timed out) or a write to the client got blocked.
     changed: Notify,
 }
 
@@ -108,14 +109,15 @@ impl Activity {
         ActiveRequest(Arc::clone(self))
     }
 
-    /// Bytes arrived from the client.
+    /// Bytes arrived from the client. The watchdog is not woken: the head's
+    /// deadline is at least the shortest limit away, and the watchdog never
+    /// sleeps longer than that (see [`drive`]).
     fn bytes_read(&self) {
         if self.active.load(Ordering::Acquire) == 0
             && self.head_started.load(Ordering::Relaxed) == NONE
             && !self.http2.load(Ordering::Relaxed)
         {
             self.head_started.store(self.now_ms(), Ordering::Relaxed);
-            self.changed.notify_one();
         }
     }
 
@@ -181,14 +183,14 @@ impl fmt::Debug for ActiveRequest {
 }
 
 impl Drop for ActiveRequest {
+    // The watchdog is not woken (as in `Activity::bytes_read`): the idle
+    // deadline starts now, so it is at least the shortest limit away.
     fn drop(&mut self) {
         let activity = &self.0;
         activity
             .idle_since
             .store(activity.now_ms(), Ordering::Relaxed);
-        if activity.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            activity.changed.notify_one();
-        }
+        activity.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -396,6 +398,13 @@ impl AsyncWrite for Watched {
 /// (see [`Limits`]), when a request body timed out, or gracefully when the
 /// process shuts down (`shutdown` turns `true`). `graceful` asks the
 /// connection to finish its requests in progress and close.
+///
+/// The watchdog is not woken for each request: a request ending, or the
+/// first byte of the next head arriving, can only set a deadline at least
+/// the shortest of the header-read and keep-alive limits after it happens,
+/// so the watchdog looks again at its deadline or after that shortest limit,
+/// whichever comes first, and works out the deadline then. Busy connections
+/// thus cost no timer or wake-up per request.
 pub(crate) async fn drive<C, E>(
     connection: C,
     graceful: impl Fn(Pin<&mut C>),
@@ -407,19 +416,63 @@ pub(crate) async fn drive<C, E>(
     C: Future<Output = Result<(), E>>,
     E: fmt::Display,
 {
+    let shortest = [limits.header_read, limits.keep_alive]
+        .into_iter()
+        .flatten()
+        .min();
     let mut connection = std::pin::pin!(connection);
+    let mut stop = std::pin::pin!(shutdown.wait_for(|stop| *stop));
+    let timer = tokio::time::sleep_until(Instant::now());
+    let mut timer = std::pin::pin!(timer);
+    let mut armed: Option<Instant> = None;
     let mut closing = false;
     let mut hard_deadline: Option<Instant> = None;
     loop {
+        let now = Instant::now();
         let mut deadline = if closing {
             hard_deadline.map(|at| (at, "did not close in time"))
         } else {
             activity.deadline(&limits)
         };
-        let send_deadline = activity.send_deadline(&limits);
-        if let Some(send_at) = send_deadline {
+        if let Some(send_at) = activity.send_deadline(&limits) {
             if deadline.is_none_or(|(at, _)| send_at < at) {
                 deadline = Some((send_at, "the client did not read its response in time"));
+            }
+        }
+        if let Some((_, why)) = deadline.filter(|(at, _)| *at <= now) {
+            if activity
+                .send_deadline(&limits)
+                .is_some_and(|send_at| send_at <= now)
+            {
+                // Nothing more can be written to this client: drop the
+                // connection (and with it the upstream request).
+                tracing::debug!(%peer, "dropping connection: {why}");
+                return;
+            }
+            if closing {
+                if activity.active.load(Ordering::Acquire) == 0 {
+                    tracing::debug!(%peer, "closing connection: {why}");
+                    return;
+                }
+                // A request arrived meanwhile; let it finish.
+                hard_deadline = None;
+            } else {
+                tracing::debug!(%peer, "closing connection: {why}");
+                closing = true;
+                graceful(connection.as_mut());
+                hard_deadline = Some(now + CLOSE_BOUND);
+            }
+            continue;
+        }
+        let bound = shortest.filter(|_| !closing).map(|limit| now + limit);
+        let look = match (deadline.map(|(at, _)| at), bound) {
+            (Some(at), Some(bound)) => Some(at.min(bound)),
+            (at, bound) => at.or(bound),
+        };
+        if let Some(look) = look {
+            if armed != Some(look) {
+                timer.as_mut().reset(look);
+                armed = Some(look);
             }
         }
         let changed = activity.changed.notified();
@@ -431,7 +484,7 @@ pub(crate) async fn drive<C, E>(
                 }
                 return;
             }
-            _ = shutdown.wait_for(|stop| *stop), if !closing => {
+            _ = stop.as_mut(), if !closing => {
                 closing = true;
                 graceful(connection.as_mut());
             }
@@ -442,30 +495,8 @@ pub(crate) async fn drive<C, E>(
                     hard_deadline = Some(Instant::now() + CLOSE_BOUND);
                 }
             }
-            () = tokio::time::sleep_until(deadline.map_or_else(Instant::now, |(at, _)| at)), if deadline.is_some() => {
-                let why = deadline.map_or("", |(_, why)| why);
-                if activity
-                    .send_deadline(&limits)
-                    .is_some_and(|at| at <= Instant::now())
-                {
-                    // Nothing more can be written to this client: drop the
-                    // connection (and with it the upstream request).
-                    tracing::debug!(%peer, "dropping connection: {why}");
-                    return;
-                }
-                if closing {
-                    if activity.active.load(Ordering::Acquire) == 0 {
-                        tracing::debug!(%peer, "closing connection: {why}");
-                        return;
-                    }
-                    // A request arrived meanwhile; let it finish.
-                    hard_deadline = None;
-                } else if activity.deadline(&limits).is_some_and(|(at, _)| at <= Instant::now()) {
-                    tracing::debug!(%peer, "closing connection: {why}");
-                    closing = true;
-                    graceful(connection.as_mut());
-                    hard_deadline = Some(Instant::now() + CLOSE_BOUND);
-                }
+            () = timer.as_mut(), if look.is_some() => {
+                armed = None;
             }
         }
     }
