@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Instructions the mcp-id-guard proxy executes per request (issue 12, section 5).
+#
+# Throughput on a shared 2-core machine drifts by about 5 % between windows,
+# more than most single changes to the request path are worth. Instructions
+# counted by valgrind's callgrind do not drift (about 1 % between runs), so
+# this is the measure for one change at a time; benches/proxy_vs_nginx.sh
+# then says what they add up to.
+#
+# Same traffic as benches/proxy_vs_nginx.sh: rmcp 3.11's echo server from
+# tools/loadtest (`--serve`) on loopback, the proxy with its defaults in
+# front, one MCP session, wrk sending `tools/call` of echo with unique ids,
+# every response checked (benches/nginx/echo_call.lua). The proxy runs under
+# callgrind (about 50 times slower), so wrk uses 8 connections. Counting
+# starts after a 2 s warm-up and covers MEASURE_SECONDS of load; startup is
+# not counted. User-space instructions only: the kernel's share (about half
+# of the proxy's CPU time) is not in the count.
+#
+#   benches/proxy_instructions.sh
+#   PROXY_ARGS="--on-duplicate reject" TOP=40 benches/proxy_instructions.sh
+#
+# Environment: MEASURE_SECONDS (6), PROXY_ARGS (extra flags for
+# mcp-id-guard), TOP (how many of the proxy's own functions to list, by
+# inclusive cost per request; 25). Installs valgrind and wrk from Debian when
+# missing (needs root). Loopback only.
+set -euo pipefail
+
+MEASURE_SECONDS=${MEASURE_SECONDS:-6}
+PROXY_ARGS=${PROXY_ARGS:-}
+TOP=${TOP:-25}
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+
+if ! command -v valgrind >/dev/null || ! command -v wrk >/dev/null; then
+    echo "installing valgrind and wrk from Debian" >&2
+    apt-get update -qq
+    apt-get install -y -qq valgrind wrk >/dev/null
+fi
+
+echo "building mcp-id-guard (release, with line tables) and the echo server" >&2
+export CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
+cargo build --release --quiet --features cli --bin mcp-id-guard
+cargo build --release --quiet -p mcp-id-guard-loadtest
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+proxy_bin="$target_dir/release/mcp-id-guard"
+echo_bin="$target_dir/release/loadtest"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits (at most 60 s: callgrind starts slowly) until the port accepts.
+wait_for_port() {
+    local port=$1 name=$2
+    for _ in $(seq 600); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "$name did not listen on 127.0.0.1:$port within 60 s" >&2
+    exit 1
+}
+
+upstream_port=$(free_port)
+proxy_port=$(free_port)
+"$echo_bin" --serve "127.0.0.1:$upstream_port" >"$work/upstream.log" 2>&1 &
+pids+=($!)
+wait_for_port "$upstream_port" "the echo server"
+
+# shellcheck disable=SC2086 # PROXY_ARGS is a word list
+valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
+    "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
+    --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
+proxy_pid=$!
+pids+=("$proxy_pid")
+wait_for_port "$proxy_port" "mcp-id-guard under callgrind"
+
+url="http://127.0.0.1:$proxy_port/mcp"
+headers=$(curl -sS --max-time 30 -D - -o /dev/null "$url" \
+    -H 'Content-Type: application/json' \
+    -H 'Accept: application/json, text/event-stream' \
+    -H 'Mcp-Protocol-Version: 2025-06-18' \
+    --data '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"proxy_instructions","version":"0"}}}')
+session=$(printf '%s\n' "$headers" | tr -d '\r' | awk -F': ' 'tolower($1) == "mcp-session-id" { print $2 }')
+if [ -z "$session" ]; then
+    echo "initialize gave no session id" >&2
+    exit 1
+fi
+curl -sS --max-time 30 -o /dev/null "$url" \
+    -H 'Content-Type: application/json' \
+    -H 'Accept: application/json, text/event-stream' \
+    -H 'Mcp-Protocol-Version: 2025-06-18' \
+    -H "Mcp-Session-Id: $session" \
+    --data '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+
+load() {
+    MCP_SESSION_ID="$session" wrk -t1 -c8 -d"$1s" --timeout 10s \
+        -s benches/nginx/echo_call.lua "$url" | grep '^RESULT'
+}
+load 2 >/dev/null
+callgrind_control --zero "$proxy_pid" >/dev/null 2>&1
+result=$(load "$MEASURE_SECONDS")
+callgrind_control --dump "$proxy_pid" >/dev/null 2>&1
+kill "$proxy_pid"
+wait "$proxy_pid" 2>/dev/null || true
+
+requests=$(printf '%s\n' "$result" | sed 's/.*requests=\([0-9]*\).*/\1/')
+bad=$(printf '%s\n' "$result" | sed 's/.* bad=\([0-9]*\).*/\1/')
+if [ "$bad" != 0 ] || [ "$requests" = 0 ]; then
+    echo "the load run failed: $result" >&2
+    exit 1
+fi
+# The dump taken after the warm-up is part 1.
+annotated=$(callgrind_annotate --threshold=100 --inclusive=yes "$work/callgrind.out.1" 2>/dev/null)
+total=$(printf '%s\n' "$annotated" | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
+echo "requests: $requests, instructions per request: $((total / requests))"
+echo
+echo "the proxy's own functions, instructions per request (inclusive):"
+printf '%s\n' "$annotated" \
+    | awk -v n="$requests" -v top="$TOP" '
+        /\/src\/.*mcp_id_guard::/ && $1 ~ /^[0-9,]+$/ && shown < top {
+            cost = $1; gsub(",", "", cost)
+            name = $0; sub(/^.*mcp_id_guard::/, "mcp_id_guard::", name); sub(/ \[.*$/, "", name)
+            if (!(name in seen)) { seen[name] = 1; shown++; printf "%8d  %s\n", cost / n, name }
+        }'
