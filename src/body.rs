@@ -298,12 +298,13 @@ impl<B: Body> ResponseBody<B> {
             .as_ref()
             .map(Registration::awaited_keys)
             .unwrap_or_default();
-        let is_json = has_media_type(&parts.headers, "application/json");
-        let is_sse = has_media_type(&parts.headers, "text/event-stream");
+        // The media type is read only when the body may be rewritten: most
+        // answers (unique ids under Remap) pass as they are.
+        let is_sse = || has_media_type(&parts.headers, "text/event-stream");
         let restoring = restoring.or_else(|| {
             // Watching needs the rewriter even when nothing is restored.
             let table = registration.as_ref()?.table();
-            (is_sse && !awaited.is_empty()).then(|| Restoring {
+            (!awaited.is_empty() && is_sse()).then(|| Restoring {
                 table: Arc::clone(table),
                 max_id: usize::MAX,
             })
@@ -311,7 +312,8 @@ impl<B: Body> ResponseBody<B> {
         let Some(Restoring { table, max_id }) = restoring else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
-        let stream = if is_json {
+        let is_sse = is_sse();
+        let stream = if has_media_type(&parts.headers, "application/json") {
             Stream::Json {
                 restorer: Restorer::new(max_id, false),
                 offset: 0,
