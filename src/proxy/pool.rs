@@ -21,7 +21,7 @@ use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -97,6 +97,11 @@ impl Connection {
     /// Whether a next request can go on this connection.
     fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
         self.drive(cx);
+        self.is_open()
+    }
+
+    /// Whether the connection was open and ready when last driven.
+    fn is_open(&self) -> bool {
         self.driver.is_some() && self.sender.is_ready()
     }
 }
@@ -189,9 +194,9 @@ impl Pool {
     /// An idle connection (`true`), or a new one once a permit is free; at
     /// most `wait` for either.
     async fn checkout(&self) -> Result<(Connection, bool), Failure> {
-        let deadline = Instant::now() + self.wait;
+        let mut deadline = None;
         loop {
-            if let Some(connection) = poll_fn(|cx| Poll::Ready(self.take_idle(cx))).await {
+            if let Some(connection) = self.take_idle() {
                 return Ok((connection, true));
             }
             let Some(permits) = &self.permits else {
@@ -216,9 +221,10 @@ impl Pool {
             // put back in between is not missed.
             let mut returned = pin!(self.returned.notified());
             returned.as_mut().enable();
-            if let Some(connection) = poll_fn(|cx| Poll::Ready(self.take_idle(cx))).await {
+            if let Some(connection) = self.take_idle() {
                 return Ok((connection, true));
             }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.wait);
             tokio::select! {
                 permit = Arc::clone(permits).acquire_owned() => {
                     // The semaphore is never closed.
@@ -241,16 +247,15 @@ impl Pool {
         })
     }
 
-    /// The most recently used idle connection that is still open and not
-    /// expired; the others it meets are closed.
-    fn take_idle(&self, cx: &mut Context<'_>) -> Option<Connection> {
+    /// The most recently used idle connection that was open when it came
+    /// back and has not expired; the others it meets are closed. One the
+    /// upstream closed meanwhile is found out by [`Pool::send`], which drives
+    /// it before sending and then takes another: driving it here as well
+    /// would cost every request a second pass through hyper.
+    fn take_idle(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(Idle {
-            mut connection,
-            since,
-        }) = idle.pop()
-        {
-            if since.elapsed() < self.idle_timeout && connection.reusable(cx) {
+        while let Some(Idle { connection, since }) = idle.pop() {
+            if since.elapsed() < self.idle_timeout && connection.is_open() {
                 return Some(connection);
             }
         }
