@@ -149,7 +149,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -556,12 +555,6 @@ impl Proxy {
             (body.map_err(Into::into).boxed_unsync(), None)
         };
 
-        let client_host = parts.headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
-        });
         let client_ip = parts
             .extensions
             .get::<ClientAddr>()
@@ -569,7 +562,7 @@ impl Proxy {
         headers::prepare_request(
             &mut parts.headers,
             this.upstream.host(),
-            client_host,
+            parts.uri.authority(),
             client_ip,
             this.preserve_host,
         );
