@@ -149,7 +149,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -566,11 +566,11 @@ impl Proxy {
             client_ip,
             this.preserve_host,
         );
-        let uri = this.upstream.join(parts.uri.path_and_query());
         // HTTP/1.1 requests name their target in origin form.
-        parts.uri = uri
-            .path_and_query()
-            .map_or_else(Uri::default, |target| Uri::from(target.clone()));
+        parts.uri = this.upstream.target(std::mem::take(&mut parts.uri));
+        // For log lines, which name the whole upstream URL.
+        let target = parts.uri.clone();
+        let uri = this.upstream.url(&target);
         parts.version = Version::HTTP_11;
         let method = parts.method.clone();
 
