@@ -1,5 +1,6 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1) and the `X-Forwarded-*` headers.
 
+use std::cell::Cell;
 use std::net::IpAddr;
 
 use http::header::{HeaderName, HeaderValue, CONNECTION, EXPECT, HOST, TE, TRAILER, UPGRADE};
@@ -209,9 +210,28 @@ fn append_forwarded_for(headers: &mut HeaderMap, ip: IpAddr) {
 }
 
 /// An address as a header value, as `ip.to_string()` spells it.
+///
+/// Consecutive requests on a thread mostly come from one client (on
+/// loopback, always), so the last value written is kept per thread and
+/// shared (a reference count) instead of written and allocated again.
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::from_bytes(IpText::of(ip).as_bytes())
-        .expect("an IP address is written in ASCII digits, letters, '.' and ':'")
+    thread_local! {
+        static LAST: Cell<Option<(IpAddr, HeaderValue)>> = const { Cell::new(None) };
+    }
+    let write = |ip: IpAddr| {
+        HeaderValue::from_bytes(IpText::of(ip).as_bytes())
+            .expect("an IP address is written in ASCII digits, letters, '.' and ':'")
+    };
+    LAST.try_with(|last| {
+        let value = match last.take() {
+            Some((cached, value)) if cached == ip => value,
+            _ => write(ip),
+        };
+        last.set(Some((ip, value.clone())));
+        value
+    })
+    // The thread is ending.
+    .unwrap_or_else(|_| write(ip))
 }
 
 /// An IP address written out on the stack, as its `Display` writes it: the
@@ -447,7 +467,7 @@ mod matches_model {
     use http::HeaderMap;
     use proptest::prelude::*;
 
-    use super::{bit, model, IpText, Seen, HOP_BY_HOP};
+    use super::{bit, ip_value, model, IpText, Seen, HOP_BY_HOP};
 
     /// Names the edits care about, in several spellings, and some they do not.
     const NAMES: &[&str] = &[
@@ -590,6 +610,16 @@ mod matches_model {
                 let written = ip.to_string();
                 prop_assert_eq!(text.as_bytes(), written.as_bytes());
             }
+        }
+    }
+
+    #[test]
+    fn the_kept_address_is_the_one_asked_for() {
+        let a = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let b = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        let c = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        for ip in [a, a, b, b, a, c, a, c, c] {
+            assert_eq!(ip_value(ip), ip.to_string().as_str());
         }
     }
 
