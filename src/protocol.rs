@@ -28,7 +28,8 @@ pub(crate) fn is_sessionless_revision(version: &[u8]) -> bool {
 }
 
 /// Whether `headers` declare `media` as the content type (parameters and case
-/// ignored). A value that is not visible ASCII declares nothing.
+/// ignored). A value that is not visible ASCII declares nothing. `media` is a
+/// bare media type such as `application/json` (no parameters, no spaces).
 pub(crate) fn has_media_type(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get(CONTENT_TYPE)
@@ -40,6 +41,12 @@ pub(crate) fn has_media_type(headers: &HeaderMap, media: &str) -> bool {
 /// `HeaderValue::to_str` checks) only once the media type matched: most
 /// values are compared and refused after a few bytes.
 fn is_media_type(value: &[u8], media: &str) -> bool {
+    debug_assert!(
+        media
+            .bytes()
+            .all(|byte| byte.is_ascii_graphic() && byte != b';'),
+        "{media:?} is not a bare media type"
+    );
     let media_bytes = media.as_bytes();
     // The usual values: exactly the media type (which is text, without
     // parameters or spaces), or one that starts with another letter.
