@@ -223,9 +223,13 @@ fn port(digits: &[u8]) -> Option<u16> {
 }
 
 fn is_loopback_host(host: &str) -> bool {
-    LOOPBACK_HOSTS
-        .iter()
-        .any(|name| name.eq_ignore_ascii_case(host))
+    // The length picks the one name to compare (`localhost` and `127.0.0.1`
+    // share theirs; only letters have a case).
+    match host.len() {
+        9 => host == LOOPBACK_HOSTS[1] || host.eq_ignore_ascii_case(LOOPBACK_HOSTS[0]),
+        5 => host == LOOPBACK_HOSTS[2],
+        _ => false,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -554,6 +558,12 @@ mod tests {
             text in "\\[?[a-zA-Z0-9:._\\-@ \\]\\[é]{0,8}(:[0-9+\\- a:]{0,7})?",
         ) {
             proptest::prop_assert_eq!(split_host_port(&text), model_split(&text));
+        }
+
+        #[test]
+        fn loopback_names_match_the_model(host in "(?i)localhost|127\\.0\\.0\\.1|\\[::1\\]|[a-z0-9.:\\[\\]]{0,10}") {
+            let model = LOOPBACK_HOSTS.iter().any(|name| name.eq_ignore_ascii_case(&host));
+            proptest::prop_assert_eq!(is_loopback_host(&host), model);
         }
 
         #[test]
