@@ -176,9 +176,7 @@ fn split_host_port(text: &str) -> Option<(&str, Option<u16>)> {
     // Every request's `Host` comes here: one pass over the bytes, the port
     // read as its digits go by.
     let bytes = text.as_bytes();
-    let colon = bytes
-        .iter()
-        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+    let colon = bytes.iter().position(|&b| !HOST_BYTES[usize::from(b)]);
     let Some(colon) = colon else {
         return (!text.is_empty()).then_some((text, None));
     };
@@ -188,6 +186,19 @@ fn split_host_port(text: &str) -> Option<(&str, Option<u16>)> {
     let port = port(&bytes[colon + 1..])?;
     Some((&text[..colon], Some(port)))
 }
+
+/// The bytes of a registered name or IPv4 address: letters, digits, `-`,
+/// `.` and `_` (a table: one load per byte instead of four comparisons).
+static HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_';
+        byte += 1;
+    }
+    table
+};
 
 /// `[v6]` or `[v6]:port`.
 fn split_bracketed(text: &str) -> Option<(&str, Option<u16>)> {
