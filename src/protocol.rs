@@ -27,23 +27,128 @@ pub(crate) fn is_sessionless_revision(version: &[u8]) -> bool {
     shaped && date >= FIRST_SESSIONLESS_REVISION.as_bytes()
 }
 
-/// The media type of a `Content-Type` value, without parameters.
-pub(crate) fn media_type(value: &str) -> &str {
-    value.split(';').next().unwrap_or_default().trim()
-}
-
 /// Whether `headers` declare `media` as the content type (parameters and case
-/// ignored).
+/// ignored). A value that is not visible ASCII declares nothing. `media` is a
+/// bare media type such as `application/json` (no parameters, no spaces).
 pub(crate) fn has_media_type(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| media_type(value).eq_ignore_ascii_case(media))
+        .is_some_and(|value| is_media_type(value.as_bytes(), media))
+}
+
+/// Whether a `Content-Type` value's media type, without parameters, is
+/// `media`. Works on the bytes and checks that they are text (what
+/// `HeaderValue::to_str` checks) only once the media type matched: most
+/// values are compared and refused after a few bytes.
+fn is_media_type(value: &[u8], media: &str) -> bool {
+    debug_assert!(
+        media
+            .bytes()
+            .all(|byte| byte.is_ascii_graphic() && byte != b';'),
+        "{media:?} is not a bare media type"
+    );
+    let media_bytes = media.as_bytes();
+    // The usual values: exactly the media type (which is text, without
+    // parameters or spaces), or one that starts with another letter.
+    if value == media_bytes {
+        return true;
+    }
+    match (value.first(), media_bytes.first()) {
+        (Some(b' ' | b'\t'), _) | (_, None) => {}
+        (Some(first), Some(expected)) if first.eq_ignore_ascii_case(expected) => {}
+        _ => return false,
+    }
+    let end = value
+        .iter()
+        .position(|&byte| byte == b';')
+        .unwrap_or(value.len());
+    // Text header values hold no whitespace but spaces and tabs, which
+    // `trim_ascii` trims as `str::trim` would.
+    value[..end].trim_ascii().eq_ignore_ascii_case(media_bytes)
+        && value
+            .iter()
+            .all(|&byte| byte == b'\t' || (0x20..0x7f).contains(&byte))
 }
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// How the media type was read first: the value as text, split, trimmed.
+    fn model(headers: &HeaderMap, media: &str) -> bool {
+        headers
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| {
+                value
+                    .split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .eq_ignore_ascii_case(media)
+            })
+    }
+
+    fn value() -> impl Strategy<Value = Vec<u8>> {
+        let pieces = prop_oneof![
+            Just(&b"application/json"[..]),
+            Just(&b"Application/JSON"[..]),
+            Just(&b"text/event-stream"[..]),
+            Just(&b"application/jsonx"[..]),
+            Just(&b" "[..]),
+            Just(&b"\t"[..]),
+            Just(&b";"[..]),
+            Just(&b"charset=utf-8"[..]),
+            Just(&b"\xe9"[..]),
+            Just(&b"\x7f"[..]),
+            Just(&b"\x0c"[..]),
+            Just(&b"a"[..]),
+        ];
+        prop::collection::vec(pieces, 0..5).prop_map(|pieces| pieces.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn media_types_match_the_model(value in value(), media in 0..4usize) {
+            let media = ["application/json", "text/event-stream", "a", ""][media];
+            let mut headers = HeaderMap::new();
+            // Values `HeaderValue` refuses cannot reach the check.
+            if let Ok(value) = HeaderValue::from_bytes(&value) {
+                headers.insert(CONTENT_TYPE, value);
+            }
+            prop_assert_eq!(has_media_type(&headers, media), model(&headers, media));
+        }
+    }
+
+    #[test]
+    fn media_types() {
+        let with = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            headers
+        };
+        let json = "application/json";
+        assert!(has_media_type(&with("application/json"), json));
+        assert!(has_media_type(
+            &with(" Application/JSON ; charset=utf-8"),
+            json
+        ));
+        assert!(has_media_type(&with("application/json\t;"), json));
+        assert!(!has_media_type(&with("application/json-seq"), json));
+        assert!(!has_media_type(&with("text/event-stream"), json));
+        assert!(!has_media_type(&HeaderMap::new(), json));
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_bytes(b"application/json; x=\xe9").unwrap(),
+        );
+        assert!(!has_media_type(&headers, json));
+    }
 
     #[test]
     fn revisions() {

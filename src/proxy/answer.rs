@@ -2,9 +2,10 @@
 //! and `400` for a body that could not be read): JSON-RPC errors carrying
 //! the ids of the request, and the log lines that go with them.
 
-use http::{Method, Response, StatusCode, Uri};
+use http::{Method, Response, StatusCode};
 
 use super::body::ProxyBody;
+use super::upstream::Url;
 use super::{Shared, UpstreamFailure, INTERNAL_ERROR};
 use crate::envelope::{peek, Peeked};
 use crate::reply;
@@ -18,7 +19,7 @@ impl Shared {
         failure: UpstreamFailure,
         message: &str,
         error: &(dyn std::error::Error + 'static),
-        (method, uri): (&Method, &Uri),
+        (method, uri): (&Method, &Url<'_>),
         ids: &ErrorIds,
     ) -> Response<ProxyBody> {
         if let Some(suppressed) = self.warnings.ready(failure) {

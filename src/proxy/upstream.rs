@@ -30,6 +30,19 @@ impl fmt::Display for InvalidUpstream {
 
 impl std::error::Error for InvalidUpstream {}
 
+/// The URL a request goes to, written out when displayed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Url<'a> {
+    authority: &'a Authority,
+    target: &'a Uri,
+}
+
+impl fmt::Display for Url<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.target)
+    }
+}
+
 /// A parsed `http://host[:port][/prefix]` base.
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {
@@ -91,21 +104,39 @@ impl Upstream {
         })
     }
 
-    /// The URI to send a request for `path_and_query` to: the prefix, then the
-    /// request's path and query as the client sent them.
-    pub(crate) fn join(&self, path_and_query: Option<&PathAndQuery>) -> Uri {
-        let tail = path_and_query.map_or("/", PathAndQuery::as_str);
+    /// The request target (origin form) to send a request for `uri` to: the
+    /// prefix, then the request's path and query as the client sent them.
+    pub(crate) fn target(&self, uri: Uri) -> Uri {
+        let tail = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        if self.prefix.is_empty() && tail.starts_with('/') {
+            // The target is the request's own: reused, not parsed again.
+            if uri.scheme().is_none() && uri.authority().is_none() {
+                return uri;
+            }
+            return uri
+                .path_and_query()
+                .cloned()
+                .map_or_else(Uri::default, Uri::from);
+        }
         // `OPTIONS *` and other forms without a leading slash get one.
         let slash = if tail.starts_with('/') { "" } else { "/" };
-        let joined = format!("{}{slash}{tail}", self.prefix);
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.authority.clone())
-            .path_and_query(joined)
-            .build()
-            // The prefix came from a valid URI and the tail from a valid
-            // request target; their concatenation is a valid path.
-            .unwrap_or_else(|_| self.base())
+        let mut joined = String::with_capacity(self.prefix.len() + slash.len() + tail.len());
+        joined.push_str(&self.prefix);
+        joined.push_str(slash);
+        joined.push_str(tail);
+        // The prefix came from a valid URI and the tail from a valid
+        // request target; their concatenation is a valid path. Were it not,
+        // the upstream's root.
+        PathAndQuery::try_from(joined).map_or_else(|_| Uri::from_static("/"), Uri::from)
+    }
+
+    /// The whole URL a request goes to, for log lines: `target` is what
+    /// [`target`](Self::target) gave. Written out only if a line is.
+    pub(crate) fn url<'a>(&'a self, target: &'a Uri) -> Url<'a> {
+        Url {
+            authority: &self.authority,
+            target,
+        }
     }
 
     /// The upstream's root, where connections go.
@@ -133,8 +164,27 @@ mod tests {
 
     fn join(base: &str, target: &str) -> String {
         let upstream = Upstream::parse(base).unwrap();
-        let target: PathAndQuery = target.parse().unwrap();
-        upstream.join(Some(&target)).to_string()
+        let sent = upstream.target(target.parse().unwrap());
+        assert!(sent.scheme().is_none() && sent.authority().is_none());
+        let url = upstream.url(&sent).to_string();
+        assert_eq!(url, model_join(&upstream, target), "{base} {target}");
+        url
+    }
+
+    /// The target as it was first built: a formatted string, parsed into an
+    /// absolute URI.
+    fn model_join(upstream: &Upstream, target: &str) -> String {
+        let uri: Uri = target.parse().unwrap();
+        let tail = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let slash = if tail.starts_with('/') { "" } else { "/" };
+        let joined = format!("{}{slash}{tail}", upstream.prefix);
+        Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(upstream.authority.clone())
+            .path_and_query(joined)
+            .build()
+            .unwrap_or_else(|_| upstream.base())
+            .to_string()
     }
 
     #[test]
@@ -151,8 +201,26 @@ mod tests {
         assert_eq!(join("http://h:9/", "/"), "http://h:9/");
         assert_eq!(join("http://h:9/mcp", "/"), "http://h:9/mcp/");
         assert_eq!(join("http://h", "/a?b=c&d"), "http://h/a?b=c&d");
-        let upstream = Upstream::parse("http://h:9/p").unwrap();
-        assert_eq!(upstream.join(None).to_string(), "http://h:9/p/");
+        assert_eq!(join("http://h:9/p", "*"), "http://h:9/p/*");
+        assert_eq!(join("http://h:9", "*"), "http://h:9/*");
+        // Absolute-form targets (and HTTP/2 requests) carry an authority.
+        assert_eq!(join("http://h:9", "http://a.example/x?y"), "http://h:9/x?y");
+        assert_eq!(join("http://h:9", "http://a.example"), "http://h:9/");
+        assert_eq!(join("http://h:9/p", "http://a.example/x"), "http://h:9/p/x");
+        // An origin-form target under an empty prefix goes on as it is.
+        let upstream = Upstream::parse("http://h:9").unwrap();
+        let uri: Uri = "/mcp?x=1".parse().unwrap();
+        assert_eq!(upstream.target(uri.clone()), uri);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn targets_match_the_model(
+            base in "http://h:9(/[a-z]{0,3}){0,2}/?",
+            target in "\\*|/[a-z/%.]{0,6}(\\?[a-z=&/?]{0,6})?|http://a\\.example(:8)?(/[a-z]{0,3})?(\\?[a-z]{0,3})?|a\\.example:8",
+        ) {
+            join(&base, &target);
+        }
     }
 
     #[test]
