@@ -58,9 +58,11 @@ struct KeyPrefix {
 
 impl KeyPrefix {
     fn push(&mut self, part: &[u8]) {
-        let room = self.bytes.len().saturating_sub(self.len);
-        let take = part.len().min(room);
-        self.bytes[self.len..self.len + take].copy_from_slice(&part[..take]);
+        // A key comes in several parts when a chunk or an escape cuts it;
+        // once past the buffer, the rest is only counted.
+        let start = self.len.min(self.bytes.len());
+        let take = part.len().min(self.bytes.len() - start);
+        self.bytes[start..start + take].copy_from_slice(&part[..take]);
         // Past the buffer the key is too long to be an envelope key.
         self.len += part.len();
     }
@@ -464,7 +466,7 @@ mod tests {
 
     #[test]
     fn reports_keys_and_values_whatever_the_chunking() {
-        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3 } "#;
+        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3, "long_key_past_the_prefix":0, "long\u0020key\"with\\escapes":1, "methods":2 } "#;
         let whole = scan_in(text, text.len()).unwrap();
         for cut in 1..text.len() {
             assert_eq!(scan_in(text, cut).unwrap(), whole, "cut {cut}");
@@ -474,12 +476,23 @@ mod tests {
             .filter_map(|event| match event {
                 Event::Key { token, name, .. } => {
                     assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
+                    assert_ne!(*name, KeyName::Method);
                     Some(&text[token.clone()])
                 }
                 _ => None,
             })
             .collect();
-        assert_eq!(keys, [&b"\"id\""[..], b"\"params\"", b"\"n\""]);
+        assert_eq!(
+            keys,
+            [
+                &b"\"id\""[..],
+                b"\"params\"",
+                b"\"n\"",
+                b"\"long_key_past_the_prefix\"",
+                br#""long\u0020key\"with\\escapes""#,
+                b"\"methods\"",
+            ]
+        );
         let values: Vec<&[u8]> = whole
             .windows(2)
             .filter_map(|pair| match pair {
@@ -489,7 +502,14 @@ mod tests {
             .collect();
         assert_eq!(
             values,
-            [&br#""a\"}b""#[..], br#"{"x":[1,{"y":"}"}]}"#, b"-1.5e3"]
+            [
+                &br#""a\"}b""#[..],
+                br#"{"x":[1,{"y":"}"}]}"#,
+                b"-1.5e3",
+                b"0",
+                b"1",
+                b"2"
+            ]
         );
     }
 
