@@ -81,6 +81,32 @@ impl KeyPrefix {
     }
 }
 
+/// Where the scanner reports what it finds, event by event.
+pub(crate) trait Sink {
+    /// The next event, in input order.
+    fn event(&mut self, event: Event);
+}
+
+impl Sink for Vec<Event> {
+    fn event(&mut self, event: Event) {
+        self.push(event);
+    }
+}
+
+/// A sink that notes whether anything reached it: [`Scanner::feed_some`]
+/// stops at the first event.
+struct Noting<'s, S: ?Sized> {
+    sink: &'s mut S,
+    reported: bool,
+}
+
+impl<S: Sink + ?Sized> Sink for Noting<'_, S> {
+    fn event(&mut self, event: Event) {
+        self.reported = true;
+        self.sink.event(event);
+    }
+}
+
 /// The text is not JSON the scanner can follow (at this offset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Malformed(pub(crate) usize);
@@ -193,9 +219,17 @@ impl Scanner {
         self.offset
     }
 
-    /// Reads the next chunk of the text, appending what it finds to `events`.
-    pub(crate) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) -> Result<(), Malformed> {
-        self.feed_until(chunk, events, false).map(|_| ())
+    /// Reads the next chunk of the text, reporting what it finds to `sink`.
+    pub(crate) fn feed_into<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        sink: &mut S,
+    ) -> Result<(), Malformed> {
+        let mut sink = Noting {
+            sink,
+            reported: false,
+        };
+        self.feed_until(chunk, &mut sink, false).map(|_| ())
     }
 
     /// Reads `chunk` until it has found at least one event; returns how many
@@ -206,20 +240,23 @@ impl Scanner {
         chunk: &[u8],
         events: &mut Vec<Event>,
     ) -> Result<usize, Malformed> {
-        self.feed_until(chunk, events, true)
+        let mut sink = Noting {
+            sink: events,
+            reported: false,
+        };
+        self.feed_until(chunk, &mut sink, true)
     }
 
-    fn feed_until(
+    fn feed_until<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        events: &mut Vec<Event>,
+        events: &mut Noting<'_, S>,
         stop_at_event: bool,
     ) -> Result<usize, Malformed> {
         let base = self.offset;
-        let found = events.len();
         let mut at = 0;
         while at < chunk.len() {
-            if stop_at_event && events.len() > found {
+            if stop_at_event && events.reported {
                 self.offset = base + at;
                 return Ok(at);
             }
@@ -246,7 +283,7 @@ impl Scanner {
 
     /// Ends the text: a scalar still being read ends here. An error if the
     /// top-level value is not complete.
-    pub(crate) fn finish(&mut self, events: &mut Vec<Event>) -> Result<(), Malformed> {
+    pub(crate) fn finish<S: Sink + ?Sized>(&mut self, events: &mut S) -> Result<(), Malformed> {
         if let Token::Scalar { role } = self.token {
             self.end_token(role, self.offset, events);
         }
@@ -257,12 +294,12 @@ impl Scanner {
     }
 
     /// Reads structure (between tokens) at `chunk[at]`; returns where to go on.
-    fn structure(
+    fn structure<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
         at: usize,
         base: usize,
-        events: &mut Vec<Event>,
+        events: &mut S,
     ) -> Result<usize, Malformed> {
         let byte = chunk[at];
         if is_whitespace(byte) {
@@ -272,7 +309,7 @@ impl Scanner {
         let malformed = Err(Malformed(here));
         match (self.step, byte) {
             (Step::Top, b'{') => {
-                events.push(Event::MessageStart(here));
+                events.event(Event::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::Top, b'[') => {
@@ -282,7 +319,7 @@ impl Scanner {
             (Step::Top, _) => self.start_value(Role::Top, byte, here),
             (Step::BatchFirst, b']') | (Step::BatchNext, b']') => self.step = Step::Done,
             (Step::BatchFirst | Step::BatchElement, b'{') => {
-                events.push(Event::MessageStart(here));
+                events.event(Event::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::BatchFirst | Step::BatchElement, b']' | b',' | b':' | b'}') => return malformed,
@@ -292,7 +329,7 @@ impl Scanner {
             }
             (Step::BatchNext, b',') => self.step = Step::BatchElement,
             (Step::KeyFirst, b'}') | (Step::AfterValue, b'}') => {
-                events.push(Event::MessageEnd(here + 1));
+                events.event(Event::MessageEnd(here + 1));
                 self.step = if self.batch {
                     Step::BatchNext
                 } else {
@@ -312,7 +349,7 @@ impl Scanner {
             (Step::Colon, b':') => self.step = Step::Value,
             (Step::Value, b',' | b':' | b'}' | b']') => return malformed,
             (Step::Value, _) => {
-                events.push(Event::ValueStart(here));
+                events.event(Event::ValueStart(here));
                 self.step = Step::AfterValue;
                 self.start_value(Role::Value, byte, here);
             }
@@ -347,7 +384,13 @@ impl Scanner {
     }
 
     /// Reads inside a string token; returns where to go on.
-    fn string(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+    fn string<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        at: usize,
+        base: usize,
+        events: &mut S,
+    ) -> usize {
         let Token::String {
             role,
             start,
@@ -376,7 +419,7 @@ impl Scanner {
             Some(found) => {
                 let end = base + at + found + 1;
                 if role == Role::Key {
-                    events.push(Event::Key {
+                    events.event(Event::Key {
                         token: start..end,
                         escaped: *escaped,
                         name: self.key.name(*escaped),
@@ -391,7 +434,13 @@ impl Scanner {
     }
 
     /// Reads inside a nested object or array; returns where to go on.
-    fn nested(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+    fn nested<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        at: usize,
+        base: usize,
+        events: &mut S,
+    ) -> usize {
         let Token::Nested {
             role,
             open,
@@ -440,11 +489,11 @@ impl Scanner {
     }
 
     /// A value (or element) token ended just before `end`.
-    fn end_token(&mut self, role: Role, end: usize, events: &mut Vec<Event>) {
+    fn end_token<S: Sink + ?Sized>(&mut self, role: Role, end: usize, events: &mut S) {
         self.token = Token::None;
         match role {
-            Role::Value => events.push(Event::ValueEnd(end)),
-            Role::Element => events.push(Event::OtherElement),
+            Role::Value => events.event(Event::ValueEnd(end)),
+            Role::Element => events.event(Event::OtherElement),
             Role::Key | Role::Top => {}
         }
     }
@@ -458,7 +507,7 @@ mod tests {
         let mut scanner = Scanner::default();
         let mut events = Vec::new();
         for piece in text.chunks(cut.max(1)) {
-            scanner.feed(piece, &mut events)?;
+            scanner.feed_into(piece, &mut events)?;
         }
         scanner.finish(&mut events)?;
         Ok(events)
