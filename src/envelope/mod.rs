@@ -162,7 +162,7 @@ pub(crate) fn utf8_bom(body: &[u8]) -> usize {
 }
 
 /// The method whose `params.requestId` names a request to cancel.
-const CANCELLED: &str = "notifications/cancelled";
+const CANCELLED: &[u8] = b"notifications/cancelled";
 
 /// Reads a body (see the module docs).
 pub(crate) fn read(input: &[u8]) -> Reading {
@@ -195,10 +195,11 @@ pub(crate) fn read(input: &[u8]) -> Reading {
 const FEW_KEYS: usize = 8;
 
 /// The decoded keys of one message so far, to refuse a key seen twice.
+/// Keys are compared as the UTF-8 bytes of their decoded text.
 struct Keys<'a> {
-    few: [Cow<'a, str>; FEW_KEYS],
+    few: [Cow<'a, [u8]>; FEW_KEYS],
     len: usize,
-    many: Option<HashSet<Cow<'a, str>>>,
+    many: Option<HashSet<Cow<'a, [u8]>>>,
 }
 
 impl<'a> Keys<'a> {
@@ -216,7 +217,7 @@ impl<'a> Keys<'a> {
     }
 
     /// Adds a key; `false` when the message already had it.
-    fn insert(&mut self, key: Cow<'a, str>) -> bool {
+    fn insert(&mut self, key: Cow<'a, [u8]>) -> bool {
         if self.len < FEW_KEYS {
             if self.few[..self.len].contains(&key) {
                 return false;
@@ -291,7 +292,7 @@ impl<'a, const N: usize> Members<'a, N> {
         value: Range<usize>,
     ) -> Result<(), Unreadable> {
         let key = key_text(&self.input[key], escaped)?;
-        if let Some(slot) = self.wanted.iter().position(|name| *name == key) {
+        if let Some(slot) = self.wanted.iter().position(|name| name.as_bytes() == &*key) {
             self.found[slot] = Some(value);
         }
         if !self.keys.insert(key) {
@@ -312,16 +313,25 @@ impl<'a, const N: usize> Members<'a, N> {
     }
 }
 
-/// A key's decoded text.
-fn key_text(token: &[u8], escaped: bool) -> Result<Cow<'_, str>, Unreadable> {
+/// A key's decoded text, as UTF-8 bytes.
+fn key_text(token: &[u8], escaped: bool) -> Result<Cow<'_, [u8]>, Unreadable> {
     if escaped {
         return serde_json::from_slice::<String>(token)
-            .map(Cow::Owned)
+            .map(|text| Cow::Owned(text.into_bytes()))
             .map_err(|_| Unreadable::Malformed);
     }
-    std::str::from_utf8(&token[1..token.len() - 1])
-        .map(Cow::Borrowed)
-        .map_err(|_| Unreadable::Malformed)
+    let text = &token[1..token.len() - 1];
+    if is_utf8(text) {
+        Ok(Cow::Borrowed(text))
+    } else {
+        Err(Unreadable::Malformed)
+    }
+}
+
+/// Whether `bytes` are UTF-8; most texts the guard reads are ASCII, which
+/// is cheaper to tell.
+fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
 }
 
 /// Reads a body's messages as the scanner finds them. The first message the
@@ -368,12 +378,31 @@ impl Sink for Body<'_> {
     }
 }
 
-/// A JSON string token's decoded text, as serde_json reads it.
-fn string_text(token: &[u8]) -> Option<Cow<'_, str>> {
+/// A JSON string token's decoded text as UTF-8 bytes, when serde_json reads
+/// it (`None`: it refuses the token).
+fn string_text(token: &[u8]) -> Option<Cow<'_, [u8]>> {
     if token.first() != Some(&b'"') {
         return None;
     }
-    serde_json::from_slice::<Cow<'_, str>>(token).ok()
+    // Written without escapes, the text is the bytes between the quotes,
+    // which serde_json takes when they hold no control character and are
+    // UTF-8. Anything else is left to serde_json.
+    if let Some(text) = plain_string(token) {
+        return is_utf8(text).then_some(Cow::Borrowed(text));
+    }
+    serde_json::from_slice::<String>(token)
+        .ok()
+        .map(|text| Cow::Owned(text.into_bytes()))
+}
+
+/// The bytes between the quotes of a string token `"..."` that holds no
+/// quote, backslash or control character inside them.
+fn plain_string(token: &[u8]) -> Option<&[u8]> {
+    let text = token.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let plain = text
+        .iter()
+        .all(|&byte| byte >= 0x20 && byte != b'"' && byte != b'\\');
+    plain.then_some(text)
 }
 
 /// Whether the token is an id servers agree on.
@@ -568,6 +597,57 @@ mod tests {
             single(r#"{"method":"notifications/cancelled","params":{"requestId":null}}"#).cancels,
             None
         );
+    }
+
+    /// Every string token of up to 4 symbols from an alphabet of escapes,
+    /// control characters, non-ASCII and invalid UTF-8: the shortcut for
+    /// strings without escapes reads what serde_json reads, and refuses what
+    /// it refuses.
+    #[test]
+    fn plain_strings_read_as_serde_reads_them() {
+        let alphabet: [&[u8]; 17] = [
+            b"a",
+            b" ",
+            b"\"",
+            b"\\",
+            b"u",
+            b"0",
+            b"/",
+            b"\x00",
+            b"\x1f",
+            b"\x7f",
+            b"\xc3\xa9",
+            b"\xc3",
+            b"\xa9",
+            b"\xff",
+            b"\xed\xa0\x80",
+            b"\xf0\x9f\x98\x80",
+            b"\\u00e9",
+        ];
+        let mut texts: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut last = texts.clone();
+        for _ in 0..4 {
+            last = last
+                .iter()
+                .flat_map(|text| {
+                    alphabet
+                        .iter()
+                        .map(move |symbol| [&text[..], symbol].concat())
+                })
+                .collect();
+            texts.extend(last.iter().cloned());
+        }
+        let mut plain = 0;
+        for text in &texts {
+            let token = [&b"\""[..], text, b"\""].concat();
+            let serde = serde_json::from_slice::<String>(&token).ok();
+            let ours = string_text(&token).map(Cow::into_owned);
+            assert_eq!(ours, serde.map(String::into_bytes), "{token:?}");
+            assert_eq!(is_utf8(text), std::str::from_utf8(text).is_ok(), "{text:?}");
+            plain += usize::from(plain_string(&token).is_some());
+        }
+        // Both readings were compared.
+        assert!(plain > 10_000 && texts.len() - plain > 10_000, "{plain}");
     }
 
     #[test]
