@@ -2,8 +2,9 @@
 //! one JSON text (a message, or a batch of them) byte by byte, in as many
 //! chunks as it arrives in, and reports where each message's top-level keys
 //! and values sit. It never parses a value: strings are skipped with memchr
-//! over quotes and backslashes, nested objects and arrays by counting their
-//! own brackets outside strings, scalars up to the next delimiter.
+//! over quotes and backslashes (the first few bytes looked at one by one:
+//! most strings are short), nested objects and arrays by counting their own
+//! brackets outside strings, scalars up to the next delimiter.
 //!
 //! Counting only `{}` inside an object (or only `[]` inside an array) finds
 //! the right end in every well-formed text. A malformed one is either caught
@@ -201,6 +202,36 @@ impl Default for Scanner {
 /// JSON whitespace (RFC 8259 §2): every parser the guard fronts agrees on it.
 pub(crate) fn is_whitespace(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Bytes looked at one by one before memchr takes over: most keys and
+/// scalar strings end within them, and there memchr's setup costs more than
+/// the search.
+const SHORT: usize = 16;
+
+/// The first position of `a` or `b` in `haystack`, as `memchr2` finds it.
+fn find2(a: u8, b: u8, haystack: &[u8]) -> Option<usize> {
+    let head = haystack.len().min(SHORT);
+    match haystack[..head]
+        .iter()
+        .position(|&byte| byte == a || byte == b)
+    {
+        Some(found) => Some(found),
+        None => memchr::memchr2(a, b, &haystack[head..]).map(|found| head + found),
+    }
+}
+
+/// The first position of `a`, `b` or `c` in `haystack`, as `memchr3` finds
+/// it.
+fn find3(a: u8, b: u8, c: u8, haystack: &[u8]) -> Option<usize> {
+    let head = haystack.len().min(SHORT);
+    match haystack[..head]
+        .iter()
+        .position(|&byte| byte == a || byte == b || byte == c)
+    {
+        Some(found) => Some(found),
+        None => memchr::memchr3(a, b, c, &haystack[head..]).map(|found| head + found),
+    }
 }
 
 fn is_delimiter(byte: u8) -> bool {
@@ -404,7 +435,7 @@ impl Scanner {
             *escape = false;
             return at + 1;
         }
-        let found = memchr::memchr2(b'"', b'\\', &chunk[at..]);
+        let found = find2(b'"', b'\\', &chunk[at..]);
         if role == Role::Key {
             let end = found.map_or(chunk.len(), |found| at + found);
             self.key.push(&chunk[at..end]);
@@ -457,7 +488,7 @@ impl Scanner {
                 *escape = false;
                 return at + 1;
             }
-            return match memchr::memchr2(b'"', b'\\', &chunk[at..]) {
+            return match find2(b'"', b'\\', &chunk[at..]) {
                 None => chunk.len(),
                 Some(found) => {
                     if chunk[at + found] == b'\\' {
@@ -469,7 +500,7 @@ impl Scanner {
                 }
             };
         }
-        match memchr::memchr3(b'"', open, close, &chunk[at..]) {
+        match find3(b'"', open, close, &chunk[at..]) {
             None => chunk.len(),
             Some(found) => {
                 let byte = chunk[at + found];
@@ -560,6 +591,39 @@ mod tests {
                 b"2"
             ]
         );
+    }
+
+    /// The searches that look at the first bytes themselves find what
+    /// memchr finds: in every haystack up to 3 * SHORT long with the sought
+    /// bytes at any one or two places, or nowhere.
+    #[test]
+    fn short_searches_find_what_memchr_finds() {
+        let mut haystacks = Vec::new();
+        for len in 0..=3 * SHORT {
+            haystacks.push(vec![b'x'; len]);
+            for first in 0..len {
+                for (one, two) in [(b'"', b'\\'), (b'\\', b'"'), (b'{', b'}'), (b'}', b'"')] {
+                    let mut haystack = vec![b'x'; len];
+                    haystack[first] = one;
+                    haystacks.push(haystack.clone());
+                    for second in first + 1..len {
+                        let mut haystack = haystack.clone();
+                        haystack[second] = two;
+                        haystacks.push(haystack);
+                    }
+                }
+            }
+        }
+        for haystack in &haystacks {
+            assert_eq!(
+                find2(b'"', b'\\', haystack),
+                memchr::memchr2(b'"', b'\\', haystack)
+            );
+            assert_eq!(
+                find3(b'"', b'{', b'}', haystack),
+                memchr::memchr3(b'"', b'{', b'}', haystack)
+            );
+        }
     }
 
     #[test]
