@@ -347,6 +347,9 @@ struct Body<'a> {
 }
 
 impl Sink for Body<'_> {
+    // Keys are decoded and compared in full.
+    const NAMES: bool = false;
+
     fn event(&mut self, event: Event) {
         if self.refused.is_some() {
             return;
@@ -477,6 +480,8 @@ struct Object<'a, const N: usize> {
 }
 
 impl<const N: usize> Sink for Object<'_, N> {
+    const NAMES: bool = false;
+
     fn event(&mut self, event: Event) {
         match event {
             Event::MessageStart(_) => self.members.start(),

@@ -84,6 +84,11 @@ impl KeyPrefix {
 
 /// Where the scanner reports what it finds, event by event.
 pub(crate) trait Sink {
+    /// Whether the sink reads the `name` of [`Event::Key`]; when it does
+    /// not, the scanner spares the work and names every key
+    /// [`KeyName::Other`].
+    const NAMES: bool = true;
+
     /// The next event, in input order.
     fn event(&mut self, event: Event);
 }
@@ -102,6 +107,8 @@ struct Noting<'s, S: ?Sized> {
 }
 
 impl<S: Sink + ?Sized> Sink for Noting<'_, S> {
+    const NAMES: bool = S::NAMES;
+
     fn event(&mut self, event: Event) {
         self.reported = true;
         self.sink.event(event);
@@ -436,7 +443,7 @@ impl Scanner {
             return at + 1;
         }
         let found = find2(b'"', b'\\', &chunk[at..]);
-        if role == Role::Key {
+        if role == Role::Key && S::NAMES {
             let end = found.map_or(chunk.len(), |found| at + found);
             self.key.push(&chunk[at..end]);
         }
@@ -453,7 +460,11 @@ impl Scanner {
                     events.event(Event::Key {
                         token: start..end,
                         escaped: *escaped,
-                        name: self.key.name(*escaped),
+                        name: if S::NAMES {
+                            self.key.name(*escaped)
+                        } else {
+                            KeyName::Other
+                        },
                     });
                     self.token = Token::None;
                 } else {
@@ -464,11 +475,12 @@ impl Scanner {
         }
     }
 
-    /// Reads inside a nested object or array; returns where to go on.
+    /// Reads inside a nested object or array, to its end or the chunk's;
+    /// returns where to go on.
     fn nested<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        at: usize,
+        mut at: usize,
         base: usize,
         events: &mut S,
     ) -> usize {
@@ -476,47 +488,57 @@ impl Scanner {
             role,
             open,
             close,
-            ref mut depth,
-            ref mut in_string,
-            ref mut escape,
+            mut depth,
+            mut in_string,
+            mut escape,
         } = self.token
         else {
             unreachable!("called only inside a nested value");
         };
-        if *in_string {
-            if *escape {
-                *escape = false;
-                return at + 1;
-            }
-            return match find2(b'"', b'\\', &chunk[at..]) {
-                None => chunk.len(),
-                Some(found) => {
-                    if chunk[at + found] == b'\\' {
-                        *escape = true;
-                    } else {
-                        *in_string = false;
-                    }
-                    at + found + 1
+        while at < chunk.len() {
+            if in_string {
+                if escape {
+                    escape = false;
+                    at += 1;
+                    continue;
                 }
-            };
-        }
-        match find3(b'"', open, close, &chunk[at..]) {
-            None => chunk.len(),
-            Some(found) => {
-                let byte = chunk[at + found];
-                if byte == b'"' {
-                    *in_string = true;
-                } else if byte == open {
-                    *depth += 1;
+                let Some(found) = find2(b'"', b'\\', &chunk[at..]) else {
+                    break;
+                };
+                if chunk[at + found] == b'\\' {
+                    escape = true;
                 } else {
-                    *depth -= 1;
-                    if *depth == 0 {
-                        self.end_token(role, base + at + found + 1, events);
-                    }
+                    in_string = false;
                 }
-                at + found + 1
+                at += found + 1;
+                continue;
+            }
+            let Some(found) = find3(b'"', open, close, &chunk[at..]) else {
+                break;
+            };
+            let byte = chunk[at + found];
+            at += found + 1;
+            if byte == b'"' {
+                in_string = true;
+            } else if byte == open {
+                depth += 1;
+            } else {
+                depth -= 1;
+                if depth == 0 {
+                    self.end_token(role, base + at, events);
+                    return at;
+                }
             }
         }
+        self.token = Token::Nested {
+            role,
+            open,
+            close,
+            depth,
+            in_string,
+            escape,
+        };
+        chunk.len()
     }
 
     /// A value (or element) token ended just before `end`.
