@@ -197,15 +197,18 @@ const FEW_KEYS: usize = 8;
 /// The decoded keys of one message so far, to refuse a key seen twice.
 /// Keys are compared as the UTF-8 bytes of their decoded text.
 struct Keys<'a> {
-    few: [Cow<'a, [u8]>; FEW_KEYS],
+    /// The first keys, while each was written plainly (its bytes are its
+    /// text).
+    few: [&'a [u8]; FEW_KEYS],
     len: usize,
+    /// Every key, once one was escaped or there are more than `FEW_KEYS`.
     many: Option<HashSet<Cow<'a, [u8]>>>,
 }
 
 impl<'a> Keys<'a> {
     fn new() -> Self {
         Self {
-            few: Default::default(),
+            few: [&[]; FEW_KEYS],
             len: 0,
             many: None,
         }
@@ -218,26 +221,30 @@ impl<'a> Keys<'a> {
 
     /// Adds a key; `false` when the message already had it.
     fn insert(&mut self, key: Cow<'a, [u8]>) -> bool {
-        if self.len < FEW_KEYS {
-            if self.few[..self.len].contains(&key) {
-                return false;
+        if let (None, Cow::Borrowed(plain)) = (&self.many, &key) {
+            if self.len < FEW_KEYS {
+                if self.few[..self.len].contains(plain) {
+                    return false;
+                }
+                self.few[self.len] = plain;
+                self.len += 1;
+                return true;
             }
-            self.few[self.len] = key;
-            self.len += 1;
-            return true;
         }
+        let few = &self.few[..self.len];
         let many = self
             .many
-            .get_or_insert_with(|| self.few.iter_mut().map(std::mem::take).collect());
+            .get_or_insert_with(|| few.iter().copied().map(Cow::Borrowed).collect());
         many.insert(key)
     }
 }
 
 /// One message's members, as the scanner reports them: decodes every key,
-/// refuses a key seen twice, and finds the values of the `wanted` keys.
+/// refuses a key seen twice, and finds the values of the wanted keys.
 struct Members<'a, const N: usize> {
     input: &'a [u8],
-    wanted: [&'static str; N],
+    /// Where a wanted key's value goes in `found`.
+    slot: fn(&[u8]) -> Option<usize>,
     found: [Option<Range<usize>>; N],
     keys: Keys<'a>,
     /// The last key's token, and whether it holds an escape.
@@ -248,10 +255,10 @@ struct Members<'a, const N: usize> {
 }
 
 impl<'a, const N: usize> Members<'a, N> {
-    fn new(input: &'a [u8], wanted: [&'static str; N]) -> Self {
+    fn new(input: &'a [u8], slot: fn(&[u8]) -> Option<usize>) -> Self {
         Self {
             input,
-            wanted,
+            slot,
             found: std::array::from_fn(|_| None),
             keys: Keys::new(),
             key: None,
@@ -285,6 +292,9 @@ impl<'a, const N: usize> Members<'a, N> {
         }
     }
 
+    // Out of line: the sink is called for every event, most of which only
+    // note an offset.
+    #[inline(never)]
     fn member(
         &mut self,
         key: Range<usize>,
@@ -292,7 +302,7 @@ impl<'a, const N: usize> Members<'a, N> {
         value: Range<usize>,
     ) -> Result<(), Unreadable> {
         let key = key_text(&self.input[key], escaped)?;
-        if let Some(slot) = self.wanted.iter().position(|name| name.as_bytes() == &*key) {
+        if let Some(slot) = (self.slot)(&key) {
             self.found[slot] = Some(value);
         }
         if !self.keys.insert(key) {
@@ -301,7 +311,7 @@ impl<'a, const N: usize> Members<'a, N> {
         Ok(())
     }
 
-    /// The message closed: the values of the wanted keys, in `wanted` order.
+    /// The message closed: the values of the wanted keys, by slot.
     fn end(&mut self) -> Result<[Option<Range<usize>>; N], Unreadable> {
         match self.refused.take() {
             Some(why) => Err(why),
@@ -350,29 +360,42 @@ impl Sink for Body<'_> {
     // Keys are decoded and compared in full.
     const NAMES: bool = false;
 
+    #[inline(always)]
     fn event(&mut self, event: Event) {
         if self.refused.is_some() {
             return;
         }
-        let message = match event {
-            Event::MessageStart(_) => return self.members.start(),
-            Event::MessageEnd(_) => match self
-                .members
-                .end()
-                .and_then(|found| classify(self.members.input, found))
-            {
-                Ok(message) => message,
-                Err(why) => return self.refused = Some(why),
-            },
-            Event::OtherElement => Message {
+        match event {
+            Event::MessageStart(_) => self.members.start(),
+            Event::MessageEnd(_) => self.message_end(),
+            Event::OtherElement => self.push(Message {
                 kind: Kind::Other,
                 id: None,
                 cancels: None,
-            },
+            }),
             Event::Key { .. } | Event::ValueStart(_) | Event::ValueEnd(_) => {
-                return self.members.event(event)
+                self.members.event(event)
             }
-        };
+        }
+    }
+}
+
+impl Body<'_> {
+    // Out of line, as `Members::member`: the sink is called for every
+    // event, most of which only note an offset.
+    #[inline(never)]
+    fn message_end(&mut self) {
+        match self
+            .members
+            .end()
+            .and_then(|found| classify(self.members.input, found))
+        {
+            Ok(message) => self.push(message),
+            Err(why) => self.refused = Some(why),
+        }
+    }
+
+    fn push(&mut self, message: Message) {
         if self.batch {
             self.messages.push(message);
         } else {
@@ -420,7 +443,7 @@ fn check_id(token: &[u8]) -> Result<(), Unreadable> {
 /// Reads a JSON text whose first byte is `{` or `[` (`batch`).
 fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
     let mut body = Body {
-        members: Members::new(input, ["id", "method", "params", "result", "error"]),
+        members: Members::new(input, envelope_slot),
         batch,
         single: None,
         messages: Vec::new(),
@@ -439,6 +462,18 @@ fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
         return Ok(Peeked::Batch(body.messages));
     }
     body.single.map(Peeked::Single).ok_or(Unreadable::Malformed)
+}
+
+/// Where [`classify`] wants an envelope key's value.
+fn envelope_slot(key: &[u8]) -> Option<usize> {
+    match key {
+        b"id" => Some(0),
+        b"method" => Some(1),
+        b"params" => Some(2),
+        b"result" => Some(3),
+        b"error" => Some(4),
+        _ => None,
+    }
 }
 
 fn classify(
@@ -506,7 +541,7 @@ fn cancelled_request(
 ) -> Result<Option<Range<usize>>, Unreadable> {
     let inner = &input[params.clone()];
     let mut object = Object {
-        members: Members::new(inner, ["requestId"]),
+        members: Members::new(inner, |key| (key == b"requestId").then_some(0)),
         found: None,
     };
     let mut scanner = Scanner::default();
