@@ -81,15 +81,21 @@ pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
 fn number_key(raw: &str) -> Option<Cow<'_, str>> {
     // Most ids are small plain integers, already written the one way: their
     // key is their text, with no digits to collect.
-    let digits = raw.strip_prefix('-').unwrap_or(raw).as_bytes();
-    if !digits.is_empty()
-        && digits.len() <= MAX_FRACTION_DIGITS
-        && digits.iter().all(u8::is_ascii_digit)
-        && (digits[0] != b'0' || raw == "0")
-    {
+    if is_plain_integer(raw.as_bytes()) {
         return Some(Cow::Borrowed(raw));
     }
     number_value_key(raw)
+}
+
+/// Whether an id's JSON text is an integer written the one way its key is
+/// (no leading zero, no `-0`) with at most 15 digits: its own key, so
+/// [`key_of`] accepts it.
+pub(crate) fn is_plain_integer(raw: &[u8]) -> bool {
+    let digits = raw.strip_prefix(b"-").unwrap_or(raw);
+    !digits.is_empty()
+        && digits.len() <= MAX_FRACTION_DIGITS
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || raw == b"0")
 }
 
 /// [`number_key`] for any spelling of a number.
@@ -304,6 +310,9 @@ mod tests {
         texts.extend(["-0", "00", "01", "-01", "0.0", "1e0", "-", ""].map(String::from));
         for text in &texts {
             assert_eq!(number_key(text), number_value_key(text), "{text:?}");
+            if is_plain_integer(text.as_bytes()) {
+                assert_eq!(key_of(text).as_deref(), Some(text.as_str()), "{text:?}");
+            }
         }
     }
 
