@@ -423,7 +423,7 @@ fn string_text(token: &[u8]) -> Option<Cow<'_, [u8]>> {
 
 /// The bytes between the quotes of a string token `"..."` that holds no
 /// quote, backslash or control character inside them.
-fn plain_string(token: &[u8]) -> Option<&[u8]> {
+pub(crate) fn plain_string(token: &[u8]) -> Option<&[u8]> {
     let text = token.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
     let plain = text
         .iter()
