@@ -23,7 +23,7 @@ pub(crate) enum Event {
     MessageStart(usize),
     /// A key of the current message: its string token, quotes included,
     /// whether it holds a backslash escape, and which envelope key it is when
-    /// written plainly.
+    /// written plainly (for a sink that reads names: [`Sink::NAMES`]).
     Key {
         token: Range<usize>,
         escaped: bool,
