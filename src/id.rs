@@ -68,6 +68,11 @@ const MAX_FRACTION_DIGITS: usize = 15;
 /// else (`true`, an object, `NaN`, ...).
 pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
     match raw.as_bytes().first()? {
+        // A string written without escapes is its own text: no decoding,
+        // no allocation (see `string_text` in the envelope reader).
+        b'"' if crate::envelope::plain_string(raw.as_bytes()).is_some() => {
+            Some(Cow::Borrowed(&raw[1..raw.len() - 1]))
+        }
         b'"' => serde_json::from_str::<Cow<'_, str>>(raw).ok(),
         b'-' | b'0'..=b'9' => number_key(raw),
         _ => None,
@@ -81,15 +86,21 @@ pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
 fn number_key(raw: &str) -> Option<Cow<'_, str>> {
     // Most ids are small plain integers, already written the one way: their
     // key is their text, with no digits to collect.
-    let digits = raw.strip_prefix('-').unwrap_or(raw).as_bytes();
-    if !digits.is_empty()
-        && digits.len() <= MAX_FRACTION_DIGITS
-        && digits.iter().all(u8::is_ascii_digit)
-        && (digits[0] != b'0' || raw == "0")
-    {
+    if is_plain_integer(raw.as_bytes()) {
         return Some(Cow::Borrowed(raw));
     }
     number_value_key(raw)
+}
+
+/// Whether an id's JSON text is an integer written the one way its key is
+/// (no leading zero, no `-0`) with at most 15 digits: its own key, so
+/// [`key_of`] accepts it.
+pub(crate) fn is_plain_integer(raw: &[u8]) -> bool {
+    let digits = raw.strip_prefix(b"-").unwrap_or(raw);
+    !digits.is_empty()
+        && digits.len() <= MAX_FRACTION_DIGITS
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || raw == b"0")
 }
 
 /// [`number_key`] for any spelling of a number.
@@ -304,6 +315,38 @@ mod tests {
         texts.extend(["-0", "00", "01", "-01", "0.0", "1e0", "-", ""].map(String::from));
         for text in &texts {
             assert_eq!(number_key(text), number_value_key(text), "{text:?}");
+            if is_plain_integer(text.as_bytes()) {
+                assert_eq!(key_of(text).as_deref(), Some(text.as_str()), "{text:?}");
+            }
+        }
+    }
+
+    /// String ids without escapes take the shortcut to the key serde_json
+    /// reads, and others (escapes, control characters, stray quotes, text
+    /// after the string) are read by serde_json.
+    #[test]
+    fn plain_strings_take_the_shortcut_to_the_same_key() {
+        let parts = [
+            "a", " ", "\"", "\\", "u", "0", "\u{0}", "\u{1f}", "\u{7f}", "é", "😀", "\\u00e9",
+            "\\ud800",
+        ];
+        let mut insides = vec![String::new()];
+        for _ in 0..3 {
+            let longer: Vec<String> = insides
+                .iter()
+                .flat_map(|inside| parts.iter().map(move |part| format!("{inside}{part}")))
+                .collect();
+            insides.extend(longer);
+        }
+        for inside in &insides {
+            for raw in [
+                format!("\"{inside}\""),
+                format!("\"{inside}\" "),
+                format!("\"{inside}"),
+            ] {
+                let serde = serde_json::from_str::<String>(&raw).ok();
+                assert_eq!(key_of(&raw).map(Cow::into_owned), serde, "{raw:?}");
+            }
         }
     }
 

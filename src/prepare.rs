@@ -153,8 +153,7 @@ pub(crate) fn prepare<B>(
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
-    let (id_ranges, ids): (Vec<Range<usize>>, Vec<&str>) = peeked.request_ids(&body).unzip();
-    let cancellations: Vec<(Range<usize>, &str)> = peeked.cancelled_ids(&body).collect();
+    let (id_ranges, ids) = Few::collect(peeked.request_ids(&body)).unzip();
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
@@ -224,7 +223,7 @@ pub(crate) fn prepare<B>(
             routes,
         }) => {
             let mut remapped = false;
-            for ((id, range), route) in ids.iter().zip(&id_ranges).zip(routes) {
+            for ((id, range), route) in ids.iter().zip(id_ranges.iter()).zip(routes) {
                 if let Route::Remapped {
                     server_id,
                     duplicate,
@@ -249,7 +248,7 @@ pub(crate) fn prepare<B>(
         }
     };
 
-    for (range, request_id) in cancellations {
+    for (range, request_id) in peeked.cancelled_ids(&body) {
         let Some(target) = table.cancel(session, request_id) else {
             continue;
         };
@@ -281,6 +280,50 @@ pub(crate) fn prepare<B>(
             registration,
             restore,
         },
+    }
+}
+
+/// A body's requests: a list that keeps a single item off the heap, as most
+/// bodies hold one request.
+enum Few<T> {
+    One([T; 1]),
+    Many(Vec<T>),
+}
+
+impl<T> Few<T> {
+    fn collect(mut items: impl Iterator<Item = T>) -> Self {
+        let Some(first) = items.next() else {
+            return Few::Many(Vec::new());
+        };
+        let Some(second) = items.next() else {
+            return Few::One([first]);
+        };
+        let mut many = vec![first, second];
+        many.extend(items);
+        Few::Many(many)
+    }
+}
+
+impl<A, B> Few<(A, B)> {
+    fn unzip(self) -> (Few<A>, Few<B>) {
+        match self {
+            Few::One([(a, b)]) => (Few::One([a]), Few::One([b])),
+            Few::Many(many) => {
+                let (a, b) = many.into_iter().unzip();
+                (Few::Many(a), Few::Many(b))
+            }
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::One(one) => one,
+            Few::Many(many) => many,
+        }
     }
 }
 
@@ -340,6 +383,16 @@ fn loggable(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_keeps_every_item_in_order() {
+        for count in 0..5 {
+            let items = (0..count).map(|n| (n, n * 10));
+            let (left, right) = Few::collect(items.clone()).unzip();
+            let (want_left, want_right): (Vec<_>, Vec<_>) = items.unzip();
+            assert_eq!((&*left, &*right), (&*want_left, &*want_right));
+        }
+    }
 
     #[test]
     fn loggable_cuts_at_char_boundaries() {

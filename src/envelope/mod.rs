@@ -35,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
 
-use scan::{is_whitespace, Event, Scanner};
+use scan::{is_whitespace, Event, Scanner, Sink};
 
 /// What one JSON-RPC message in a body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +162,7 @@ pub(crate) fn utf8_bom(body: &[u8]) -> usize {
 }
 
 /// The method whose `params.requestId` names a request to cancel.
-const CANCELLED: &str = "notifications/cancelled";
+const CANCELLED: &[u8] = b"notifications/cancelled";
 
 /// Reads a body (see the module docs).
 pub(crate) fn read(input: &[u8]) -> Reading {
@@ -184,111 +184,259 @@ pub(crate) fn read(input: &[u8]) -> Reading {
     if !matches!(first, Some(b'{' | b'[')) {
         return Reading::NotJsonRpc;
     }
-    match read_messages(input) {
+    match read_messages(input, first == Some(b'[')) {
         Ok(peeked) => Reading::Read(peeked),
         Err(unreadable) => Reading::Unreadable(unreadable),
     }
 }
 
-/// One member of a message: its key token and value range.
-#[derive(Debug, Clone)]
-struct Member {
-    key: Range<usize>,
-    escaped: bool,
-    value: Range<usize>,
+/// At most this many keys of a message are compared pairwise; past them
+/// (a client chooses how many keys it sends) a set keeps the cost linear.
+const FEW_KEYS: usize = 8;
+
+/// The decoded keys of one message so far, to refuse a key seen twice.
+/// Keys are compared as the UTF-8 bytes of their decoded text.
+struct Keys<'a> {
+    /// The first keys, while each was written plainly (its bytes are its
+    /// text).
+    few: [&'a [u8]; FEW_KEYS],
+    len: usize,
+    /// Every key, once one was escaped or there are more than `FEW_KEYS`.
+    many: Option<HashSet<Cow<'a, [u8]>>>,
 }
 
-/// The members of each message of a JSON text, in order; `None` entries are
-/// batch elements that are not objects.
-type Messages = Vec<Option<Vec<Member>>>;
+impl<'a> Keys<'a> {
+    fn new() -> Self {
+        Self {
+            few: [&[]; FEW_KEYS],
+            len: 0,
+            many: None,
+        }
+    }
 
-/// Whether a JSON text is a batch, and its [`Messages`].
-fn members(input: &[u8]) -> Result<(bool, Messages), Unreadable> {
-    let mut scanner = Scanner::default();
-    let mut events = Vec::new();
-    scanner
-        .feed(input, &mut events)
-        .and_then(|()| scanner.finish(&mut events))
-        .map_err(|_| Unreadable::Malformed)?;
-    let mut messages = Vec::new();
-    let mut current: Option<Vec<Member>> = None;
-    let mut key: Option<(Range<usize>, bool)> = None;
-    let mut value_start = 0;
-    for event in events {
+    fn clear(&mut self) {
+        self.len = 0;
+        self.many = None;
+    }
+
+    /// Adds a key; `false` when the message already had it.
+    fn insert(&mut self, key: Cow<'a, [u8]>) -> bool {
+        if let (None, Cow::Borrowed(plain)) = (&self.many, &key) {
+            if self.len < FEW_KEYS {
+                if self.few[..self.len].contains(plain) {
+                    return false;
+                }
+                self.few[self.len] = plain;
+                self.len += 1;
+                return true;
+            }
+        }
+        let few = &self.few[..self.len];
+        let many = self
+            .many
+            .get_or_insert_with(|| few.iter().copied().map(Cow::Borrowed).collect());
+        many.insert(key)
+    }
+}
+
+/// One message's members, as the scanner reports them: decodes every key,
+/// refuses a key seen twice, and finds the values of the wanted keys.
+struct Members<'a, const N: usize> {
+    input: &'a [u8],
+    /// Where a wanted key's value goes in `found`.
+    slot: fn(&[u8]) -> Option<usize>,
+    found: [Option<Range<usize>>; N],
+    keys: Keys<'a>,
+    /// The last key's token, and whether it holds an escape.
+    key: Option<(Range<usize>, bool)>,
+    value_start: usize,
+    /// The first member that refused the message.
+    refused: Option<Unreadable>,
+}
+
+impl<'a, const N: usize> Members<'a, N> {
+    fn new(input: &'a [u8], slot: fn(&[u8]) -> Option<usize>) -> Self {
+        Self {
+            input,
+            slot,
+            found: std::array::from_fn(|_| None),
+            keys: Keys::new(),
+            key: None,
+            value_start: 0,
+            refused: None,
+        }
+    }
+
+    /// A message opens.
+    fn start(&mut self) {
+        self.found = std::array::from_fn(|_| None);
+        self.keys.clear();
+        self.key = None;
+        self.refused = None;
+    }
+
+    /// A key or value event of the message.
+    fn event(&mut self, event: Event) {
         match event {
-            Event::MessageStart(_) => current = Some(Vec::new()),
-            Event::Key { token, escaped, .. } => key = Some((token, escaped)),
-            Event::ValueStart(at) => value_start = at,
+            Event::Key { token, escaped, .. } => self.key = Some((token, escaped)),
+            Event::ValueStart(at) => self.value_start = at,
             Event::ValueEnd(end) => {
-                if let (Some(members), Some((key, escaped))) = (current.as_mut(), key.take()) {
-                    members.push(Member {
-                        key,
-                        escaped,
-                        value: value_start..end,
-                    });
+                if let Some((key, escaped)) = self.key.take() {
+                    if self.refused.is_none() {
+                        let value = self.value_start..end;
+                        self.refused = self.member(key, escaped, value).err();
+                    }
                 }
             }
-            Event::MessageEnd(_) => messages.push(current.take()),
-            Event::OtherElement => messages.push(None),
+            Event::MessageStart(_) | Event::MessageEnd(_) | Event::OtherElement => {}
         }
     }
-    Ok((scanner.is_batch(), messages))
-}
 
-/// A key's decoded text.
-fn key_text<'a>(input: &'a [u8], member: &Member) -> Result<Cow<'a, str>, Unreadable> {
-    let token = &input[member.key.clone()];
-    if member.escaped {
-        return serde_json::from_slice::<String>(token)
-            .map(Cow::Owned)
-            .map_err(|_| Unreadable::Malformed);
-    }
-    std::str::from_utf8(&token[1..token.len() - 1])
-        .map(Cow::Borrowed)
-        .map_err(|_| Unreadable::Malformed)
-}
-
-/// The message's members by decoded key, refusing a key seen twice. Returns
-/// the value ranges of the keys in `wanted`, in that order.
-fn envelope<const N: usize>(
-    input: &[u8],
-    members: &[Member],
-    wanted: [&str; N],
-) -> Result<[Option<Range<usize>>; N], Unreadable> {
-    let mut found: [Option<Range<usize>>; N] = std::array::from_fn(|_| None);
-    // Most messages have a handful of keys: compare them pairwise; many keys
-    // (which a client chooses) go through a set, so the cost stays linear.
-    let mut seen: Vec<Cow<'_, str>> = Vec::with_capacity(members.len().min(8));
-    let mut many: HashSet<Cow<'_, str>> = HashSet::new();
-    for member in members {
-        let key = key_text(input, member)?;
-        if let Some(slot) = wanted.iter().position(|name| *name == key) {
-            found[slot] = Some(member.value.clone());
+    // Out of line: the sink is called for every event, most of which only
+    // note an offset.
+    #[inline(never)]
+    fn member(
+        &mut self,
+        key: Range<usize>,
+        escaped: bool,
+        value: Range<usize>,
+    ) -> Result<(), Unreadable> {
+        let key = key_text(&self.input[key], escaped)?;
+        if let Some(slot) = (self.slot)(&key) {
+            self.found[slot] = Some(value);
         }
-        let fresh = if members.len() <= 8 {
-            let fresh = !seen.contains(&key);
-            seen.push(key);
-            fresh
-        } else {
-            many.insert(key)
-        };
-        if !fresh {
+        if !self.keys.insert(key) {
             return Err(Unreadable::DuplicateKey);
         }
+        Ok(())
     }
-    Ok(found)
+
+    /// The message closed: the values of the wanted keys, by slot.
+    fn end(&mut self) -> Result<[Option<Range<usize>>; N], Unreadable> {
+        match self.refused.take() {
+            Some(why) => Err(why),
+            None => Ok(std::mem::replace(
+                &mut self.found,
+                std::array::from_fn(|_| None),
+            )),
+        }
+    }
 }
 
-/// A JSON string token's decoded text.
-fn string_text(token: &[u8]) -> Option<Cow<'_, str>> {
+/// A key's decoded text, as UTF-8 bytes.
+fn key_text(token: &[u8], escaped: bool) -> Result<Cow<'_, [u8]>, Unreadable> {
+    if escaped {
+        return serde_json::from_slice::<String>(token)
+            .map(|text| Cow::Owned(text.into_bytes()))
+            .map_err(|_| Unreadable::Malformed);
+    }
+    let text = &token[1..token.len() - 1];
+    if is_utf8(text) {
+        Ok(Cow::Borrowed(text))
+    } else {
+        Err(Unreadable::Malformed)
+    }
+}
+
+/// Whether `bytes` are UTF-8; most texts the guard reads are ASCII, which
+/// is cheaper to tell.
+fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
+}
+
+/// Reads a body's messages as the scanner finds them. The first message the
+/// guard refuses decides the answer, unless the scanner refuses the text.
+struct Body<'a> {
+    members: Members<'a, 5>,
+    batch: bool,
+    /// The message of a body that is no batch.
+    single: Option<Message>,
+    /// A batch's messages.
+    messages: Vec<Message>,
+    refused: Option<Unreadable>,
+}
+
+impl Sink for Body<'_> {
+    // Keys are decoded and compared in full.
+    const NAMES: bool = false;
+
+    #[inline(always)]
+    fn event(&mut self, event: Event) {
+        if self.refused.is_some() {
+            return;
+        }
+        match event {
+            Event::MessageStart(_) => self.members.start(),
+            Event::MessageEnd(_) => self.message_end(),
+            Event::OtherElement => self.push(Message {
+                kind: Kind::Other,
+                id: None,
+                cancels: None,
+            }),
+            Event::Key { .. } | Event::ValueStart(_) | Event::ValueEnd(_) => {
+                self.members.event(event)
+            }
+        }
+    }
+}
+
+impl Body<'_> {
+    // Out of line, as `Members::member`: the sink is called for every
+    // event, most of which only note an offset.
+    #[inline(never)]
+    fn message_end(&mut self) {
+        match self
+            .members
+            .end()
+            .and_then(|found| classify(self.members.input, found))
+        {
+            Ok(message) => self.push(message),
+            Err(why) => self.refused = Some(why),
+        }
+    }
+
+    fn push(&mut self, message: Message) {
+        if self.batch {
+            self.messages.push(message);
+        } else {
+            self.single = Some(message);
+        }
+    }
+}
+
+/// A JSON string token's decoded text as UTF-8 bytes, when serde_json reads
+/// it (`None`: it refuses the token).
+fn string_text(token: &[u8]) -> Option<Cow<'_, [u8]>> {
     if token.first() != Some(&b'"') {
         return None;
     }
-    serde_json::from_slice::<Cow<'_, str>>(token).ok()
+    // Written without escapes, the text is the bytes between the quotes,
+    // which serde_json takes when they hold no control character and are
+    // UTF-8. Anything else is left to serde_json.
+    if let Some(text) = plain_string(token) {
+        return is_utf8(text).then_some(Cow::Borrowed(text));
+    }
+    serde_json::from_slice::<String>(token)
+        .ok()
+        .map(|text| Cow::Owned(text.into_bytes()))
+}
+
+/// The bytes between the quotes of a string token `"..."` that holds no
+/// quote, backslash or control character inside them.
+pub(crate) fn plain_string(token: &[u8]) -> Option<&[u8]> {
+    let text = token.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let plain = text
+        .iter()
+        .all(|&byte| byte >= 0x20 && byte != b'"' && byte != b'\\');
+    plain.then_some(text)
 }
 
 /// Whether the token is an id servers agree on.
 fn check_id(token: &[u8]) -> Result<(), Unreadable> {
+    // The most common id, without from_utf8: its key is its text.
+    if crate::id::is_plain_integer(token) {
+        return Ok(());
+    }
     std::str::from_utf8(token)
         .ok()
         .and_then(crate::id::key_of)
@@ -296,31 +444,46 @@ fn check_id(token: &[u8]) -> Result<(), Unreadable> {
         .ok_or(Unreadable::Id)
 }
 
-fn read_messages(input: &[u8]) -> Result<Peeked, Unreadable> {
-    let (batch, messages) = members(input)?;
-    let mut read = Vec::with_capacity(messages.len());
-    for message in messages {
-        read.push(match message {
-            Some(members) => classify(input, &members)?,
-            None => Message {
-                kind: Kind::Other,
-                id: None,
-                cancels: None,
-            },
-        });
+/// Reads a JSON text whose first byte is `{` or `[` (`batch`).
+fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
+    let mut body = Body {
+        members: Members::new(input, envelope_slot),
+        batch,
+        single: None,
+        messages: Vec::new(),
+        refused: None,
+    };
+    let mut scanner = Scanner::default();
+    scanner
+        .feed_into(input, &mut body)
+        .and_then(|()| scanner.finish(&mut body))
+        .map_err(|_| Unreadable::Malformed)?;
+    debug_assert_eq!(scanner.is_batch(), batch);
+    if let Some(why) = body.refused {
+        return Err(why);
     }
     if batch {
-        return Ok(Peeked::Batch(read));
+        return Ok(Peeked::Batch(body.messages));
     }
-    read.pop().map(Peeked::Single).ok_or(Unreadable::Malformed)
+    body.single.map(Peeked::Single).ok_or(Unreadable::Malformed)
 }
 
-fn classify(input: &[u8], members: &[Member]) -> Result<Message, Unreadable> {
-    let [id, method, params, result, error] = envelope(
-        input,
-        members,
-        ["id", "method", "params", "result", "error"],
-    )?;
+/// Where [`classify`] wants an envelope key's value.
+fn envelope_slot(key: &[u8]) -> Option<usize> {
+    match key {
+        b"id" => Some(0),
+        b"method" => Some(1),
+        b"params" => Some(2),
+        b"result" => Some(3),
+        b"error" => Some(4),
+        _ => None,
+    }
+}
+
+fn classify(
+    input: &[u8],
+    [id, method, params, result, error]: [Option<Range<usize>>; 5],
+) -> Result<Message, Unreadable> {
     let id = id.filter(|range| &input[range.clone()] != b"null");
     let method = match method {
         Some(range) if input[range.start] == b'"' => {
@@ -349,6 +512,31 @@ fn classify(input: &[u8], members: &[Member]) -> Result<Message, Unreadable> {
     Ok(Message { kind, id, cancels })
 }
 
+/// Reads the members of the one object a JSON text holds.
+struct Object<'a, const N: usize> {
+    members: Members<'a, N>,
+    found: Option<Result<[Option<Range<usize>>; N], Unreadable>>,
+}
+
+impl<const N: usize> Sink for Object<'_, N> {
+    const NAMES: bool = false;
+
+    fn event(&mut self, event: Event) {
+        match event {
+            Event::MessageStart(_) => self.members.start(),
+            Event::MessageEnd(_) => {
+                if self.found.is_none() {
+                    self.found = Some(self.members.end());
+                }
+            }
+            Event::OtherElement => {}
+            Event::Key { .. } | Event::ValueStart(_) | Event::ValueEnd(_) => {
+                self.members.event(event)
+            }
+        }
+    }
+}
+
 /// The `requestId` in a cancellation's `params` object (at `params` in
 /// `input`), in `input` coordinates.
 fn cancelled_request(
@@ -356,11 +544,19 @@ fn cancelled_request(
     params: Range<usize>,
 ) -> Result<Option<Range<usize>>, Unreadable> {
     let inner = &input[params.clone()];
-    let (_, messages) = members(inner)?;
-    let Some(Some(members)) = messages.first() else {
+    let mut object = Object {
+        members: Members::new(inner, |key| (key == b"requestId").then_some(0)),
+        found: None,
+    };
+    let mut scanner = Scanner::default();
+    scanner
+        .feed_into(inner, &mut object)
+        .and_then(|()| scanner.finish(&mut object))
+        .map_err(|_| Unreadable::Malformed)?;
+    let Some(found) = object.found else {
         return Ok(None);
     };
-    let [request_id] = envelope(inner, members, ["requestId"])?;
+    let [request_id] = found?;
     let Some(request_id) = request_id.filter(|range| &inner[range.clone()] != b"null") else {
         return Ok(None);
     };
@@ -447,6 +643,57 @@ mod tests {
         );
     }
 
+    /// Every string token of up to 4 symbols from an alphabet of escapes,
+    /// control characters, non-ASCII and invalid UTF-8: the shortcut for
+    /// strings without escapes reads what serde_json reads, and refuses what
+    /// it refuses.
+    #[test]
+    fn plain_strings_read_as_serde_reads_them() {
+        let alphabet: [&[u8]; 17] = [
+            b"a",
+            b" ",
+            b"\"",
+            b"\\",
+            b"u",
+            b"0",
+            b"/",
+            b"\x00",
+            b"\x1f",
+            b"\x7f",
+            b"\xc3\xa9",
+            b"\xc3",
+            b"\xa9",
+            b"\xff",
+            b"\xed\xa0\x80",
+            b"\xf0\x9f\x98\x80",
+            b"\\u00e9",
+        ];
+        let mut texts: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut last = texts.clone();
+        for _ in 0..4 {
+            last = last
+                .iter()
+                .flat_map(|text| {
+                    alphabet
+                        .iter()
+                        .map(move |symbol| [&text[..], symbol].concat())
+                })
+                .collect();
+            texts.extend(last.iter().cloned());
+        }
+        let mut plain = 0;
+        for text in &texts {
+            let token = [&b"\""[..], text, b"\""].concat();
+            let serde = serde_json::from_slice::<String>(&token).ok();
+            let ours = string_text(&token).map(Cow::into_owned);
+            assert_eq!(ours, serde.map(String::into_bytes), "{token:?}");
+            assert_eq!(is_utf8(text), std::str::from_utf8(text).is_ok(), "{text:?}");
+            plain += usize::from(plain_string(&token).is_some());
+        }
+        // Both readings were compared.
+        assert!(plain > 10_000 && texts.len() - plain > 10_000, "{plain}");
+    }
+
     #[test]
     fn reading_like_the_servers() {
         let refused = |body: &[u8]| match read(body) {
@@ -489,6 +736,29 @@ mod tests {
             refused(br#"{"id":1,"method":"m""#),
             Some(Unreadable::Malformed)
         );
+        // Past the keys compared pairwise, a set finds the repeat (plain or
+        // escaped), in any message of a batch.
+        let keys = |count: usize, last: &str| {
+            let mut body = String::from(r#"[{"id":1,"method":"m"},{"id":2,"method":"m""#);
+            for n in 0..count {
+                body.push_str(&format!(r#","k{n}":{n}"#));
+            }
+            body.push_str(&format!(r#",{last}:0}}]"#));
+            body
+        };
+        for count in [5, 6, 7, 8, 20] {
+            assert!(matches!(
+                read(keys(count, r#""z""#).as_bytes()),
+                Reading::Read(_)
+            ));
+            for repeat in [r#""k0""#, r#""\u006b4""#, r#""method""#, r#""\u0069d""#] {
+                assert_eq!(
+                    refused(keys(count, repeat).as_bytes()),
+                    Some(Unreadable::DuplicateKey),
+                    "{count} {repeat}"
+                );
+            }
+        }
         assert_eq!(refused(b"\xFF\xFE{\x00}\x00"), Some(Unreadable::NotUtf8));
         assert_eq!(refused(b"{\x00\x00\x00"), Some(Unreadable::NotUtf8));
         assert_eq!(refused(b"\xEF\xBB\xBF{}"), Some(Unreadable::Malformed));

@@ -2,8 +2,9 @@
 //! one JSON text (a message, or a batch of them) byte by byte, in as many
 //! chunks as it arrives in, and reports where each message's top-level keys
 //! and values sit. It never parses a value: strings are skipped with memchr
-//! over quotes and backslashes, nested objects and arrays by counting their
-//! own brackets outside strings, scalars up to the next delimiter.
+//! over quotes and backslashes (the first few bytes looked at one by one:
+//! most strings are short), nested objects and arrays by counting their own
+//! brackets outside strings, scalars up to the next delimiter.
 //!
 //! Counting only `{}` inside an object (or only `[]` inside an array) finds
 //! the right end in every well-formed text. A malformed one is either caught
@@ -22,7 +23,7 @@ pub(crate) enum Event {
     MessageStart(usize),
     /// A key of the current message: its string token, quotes included,
     /// whether it holds a backslash escape, and which envelope key it is when
-    /// written plainly.
+    /// written plainly (for a sink that reads names: [`Sink::NAMES`]).
     Key {
         token: Range<usize>,
         escaped: bool,
@@ -58,9 +59,11 @@ struct KeyPrefix {
 
 impl KeyPrefix {
     fn push(&mut self, part: &[u8]) {
-        let room = self.bytes.len().saturating_sub(self.len);
-        let take = part.len().min(room);
-        self.bytes[self.len..self.len + take].copy_from_slice(&part[..take]);
+        // A key comes in several parts when a chunk or an escape cuts it;
+        // once past the buffer, the rest is only counted.
+        let start = self.len.min(self.bytes.len());
+        let take = part.len().min(self.bytes.len() - start);
+        self.bytes[start..start + take].copy_from_slice(&part[..take]);
         // Past the buffer the key is too long to be an envelope key.
         self.len += part.len();
     }
@@ -76,6 +79,39 @@ impl KeyPrefix {
             b"error" => KeyName::Error,
             _ => KeyName::Other,
         }
+    }
+}
+
+/// Where the scanner reports what it finds, event by event.
+pub(crate) trait Sink {
+    /// Whether the sink reads the `name` of [`Event::Key`]; when it does
+    /// not, the scanner spares the work and names every key
+    /// [`KeyName::Other`].
+    const NAMES: bool = true;
+
+    /// The next event, in input order.
+    fn event(&mut self, event: Event);
+}
+
+impl Sink for Vec<Event> {
+    fn event(&mut self, event: Event) {
+        self.push(event);
+    }
+}
+
+/// A sink that notes whether anything reached it: [`Scanner::feed_some`]
+/// stops at the first event.
+struct Noting<'s, S: ?Sized> {
+    sink: &'s mut S,
+    reported: bool,
+}
+
+impl<S: Sink + ?Sized> Sink for Noting<'_, S> {
+    const NAMES: bool = S::NAMES;
+
+    fn event(&mut self, event: Event) {
+        self.reported = true;
+        self.sink.event(event);
     }
 }
 
@@ -175,6 +211,36 @@ pub(crate) fn is_whitespace(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
 
+/// Bytes looked at one by one before memchr takes over: most keys and
+/// scalar strings end within them, and there memchr's setup costs more than
+/// the search.
+const SHORT: usize = 16;
+
+/// The first position of `a` or `b` in `haystack`, as `memchr2` finds it.
+fn find2(a: u8, b: u8, haystack: &[u8]) -> Option<usize> {
+    let head = haystack.len().min(SHORT);
+    match haystack[..head]
+        .iter()
+        .position(|&byte| byte == a || byte == b)
+    {
+        Some(found) => Some(found),
+        None => memchr::memchr2(a, b, &haystack[head..]).map(|found| head + found),
+    }
+}
+
+/// The first position of `a`, `b` or `c` in `haystack`, as `memchr3` finds
+/// it.
+fn find3(a: u8, b: u8, c: u8, haystack: &[u8]) -> Option<usize> {
+    let head = haystack.len().min(SHORT);
+    match haystack[..head]
+        .iter()
+        .position(|&byte| byte == a || byte == b || byte == c)
+    {
+        Some(found) => Some(found),
+        None => memchr::memchr3(a, b, c, &haystack[head..]).map(|found| head + found),
+    }
+}
+
 fn is_delimiter(byte: u8) -> bool {
     is_whitespace(byte) || matches!(byte, b',' | b':' | b'{' | b'}' | b'[' | b']' | b'"')
 }
@@ -191,9 +257,17 @@ impl Scanner {
         self.offset
     }
 
-    /// Reads the next chunk of the text, appending what it finds to `events`.
-    pub(crate) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) -> Result<(), Malformed> {
-        self.feed_until(chunk, events, false).map(|_| ())
+    /// Reads the next chunk of the text, reporting what it finds to `sink`.
+    pub(crate) fn feed_into<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        sink: &mut S,
+    ) -> Result<(), Malformed> {
+        let mut sink = Noting {
+            sink,
+            reported: false,
+        };
+        self.feed_until(chunk, &mut sink, false).map(|_| ())
     }
 
     /// Reads `chunk` until it has found at least one event; returns how many
@@ -204,20 +278,23 @@ impl Scanner {
         chunk: &[u8],
         events: &mut Vec<Event>,
     ) -> Result<usize, Malformed> {
-        self.feed_until(chunk, events, true)
+        let mut sink = Noting {
+            sink: events,
+            reported: false,
+        };
+        self.feed_until(chunk, &mut sink, true)
     }
 
-    fn feed_until(
+    fn feed_until<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        events: &mut Vec<Event>,
+        events: &mut Noting<'_, S>,
         stop_at_event: bool,
     ) -> Result<usize, Malformed> {
         let base = self.offset;
-        let found = events.len();
         let mut at = 0;
         while at < chunk.len() {
-            if stop_at_event && events.len() > found {
+            if stop_at_event && events.reported {
                 self.offset = base + at;
                 return Ok(at);
             }
@@ -244,7 +321,7 @@ impl Scanner {
 
     /// Ends the text: a scalar still being read ends here. An error if the
     /// top-level value is not complete.
-    pub(crate) fn finish(&mut self, events: &mut Vec<Event>) -> Result<(), Malformed> {
+    pub(crate) fn finish<S: Sink + ?Sized>(&mut self, events: &mut S) -> Result<(), Malformed> {
         if let Token::Scalar { role } = self.token {
             self.end_token(role, self.offset, events);
         }
@@ -255,12 +332,12 @@ impl Scanner {
     }
 
     /// Reads structure (between tokens) at `chunk[at]`; returns where to go on.
-    fn structure(
+    fn structure<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
         at: usize,
         base: usize,
-        events: &mut Vec<Event>,
+        events: &mut S,
     ) -> Result<usize, Malformed> {
         let byte = chunk[at];
         if is_whitespace(byte) {
@@ -270,7 +347,7 @@ impl Scanner {
         let malformed = Err(Malformed(here));
         match (self.step, byte) {
             (Step::Top, b'{') => {
-                events.push(Event::MessageStart(here));
+                events.event(Event::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::Top, b'[') => {
@@ -280,7 +357,7 @@ impl Scanner {
             (Step::Top, _) => self.start_value(Role::Top, byte, here),
             (Step::BatchFirst, b']') | (Step::BatchNext, b']') => self.step = Step::Done,
             (Step::BatchFirst | Step::BatchElement, b'{') => {
-                events.push(Event::MessageStart(here));
+                events.event(Event::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::BatchFirst | Step::BatchElement, b']' | b',' | b':' | b'}') => return malformed,
@@ -290,7 +367,7 @@ impl Scanner {
             }
             (Step::BatchNext, b',') => self.step = Step::BatchElement,
             (Step::KeyFirst, b'}') | (Step::AfterValue, b'}') => {
-                events.push(Event::MessageEnd(here + 1));
+                events.event(Event::MessageEnd(here + 1));
                 self.step = if self.batch {
                     Step::BatchNext
                 } else {
@@ -310,7 +387,7 @@ impl Scanner {
             (Step::Colon, b':') => self.step = Step::Value,
             (Step::Value, b',' | b':' | b'}' | b']') => return malformed,
             (Step::Value, _) => {
-                events.push(Event::ValueStart(here));
+                events.event(Event::ValueStart(here));
                 self.step = Step::AfterValue;
                 self.start_value(Role::Value, byte, here);
             }
@@ -345,7 +422,13 @@ impl Scanner {
     }
 
     /// Reads inside a string token; returns where to go on.
-    fn string(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+    fn string<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        at: usize,
+        base: usize,
+        events: &mut S,
+    ) -> usize {
         let Token::String {
             role,
             start,
@@ -359,8 +442,8 @@ impl Scanner {
             *escape = false;
             return at + 1;
         }
-        let found = memchr::memchr2(b'"', b'\\', &chunk[at..]);
-        if role == Role::Key {
+        let found = find2(b'"', b'\\', &chunk[at..]);
+        if role == Role::Key && S::NAMES {
             let end = found.map_or(chunk.len(), |found| at + found);
             self.key.push(&chunk[at..end]);
         }
@@ -374,10 +457,14 @@ impl Scanner {
             Some(found) => {
                 let end = base + at + found + 1;
                 if role == Role::Key {
-                    events.push(Event::Key {
+                    events.event(Event::Key {
                         token: start..end,
                         escaped: *escaped,
-                        name: self.key.name(*escaped),
+                        name: if S::NAMES {
+                            self.key.name(*escaped)
+                        } else {
+                            KeyName::Other
+                        },
                     });
                     self.token = Token::None;
                 } else {
@@ -388,61 +475,78 @@ impl Scanner {
         }
     }
 
-    /// Reads inside a nested object or array; returns where to go on.
-    fn nested(&mut self, chunk: &[u8], at: usize, base: usize, events: &mut Vec<Event>) -> usize {
+    /// Reads inside a nested object or array, to its end or the chunk's;
+    /// returns where to go on.
+    fn nested<S: Sink + ?Sized>(
+        &mut self,
+        chunk: &[u8],
+        mut at: usize,
+        base: usize,
+        events: &mut S,
+    ) -> usize {
         let Token::Nested {
             role,
             open,
             close,
-            ref mut depth,
-            ref mut in_string,
-            ref mut escape,
+            mut depth,
+            mut in_string,
+            mut escape,
         } = self.token
         else {
             unreachable!("called only inside a nested value");
         };
-        if *in_string {
-            if *escape {
-                *escape = false;
-                return at + 1;
-            }
-            return match memchr::memchr2(b'"', b'\\', &chunk[at..]) {
-                None => chunk.len(),
-                Some(found) => {
-                    if chunk[at + found] == b'\\' {
-                        *escape = true;
-                    } else {
-                        *in_string = false;
-                    }
-                    at + found + 1
+        while at < chunk.len() {
+            if in_string {
+                if escape {
+                    escape = false;
+                    at += 1;
+                    continue;
                 }
-            };
-        }
-        match memchr::memchr3(b'"', open, close, &chunk[at..]) {
-            None => chunk.len(),
-            Some(found) => {
-                let byte = chunk[at + found];
-                if byte == b'"' {
-                    *in_string = true;
-                } else if byte == open {
-                    *depth += 1;
+                let Some(found) = find2(b'"', b'\\', &chunk[at..]) else {
+                    break;
+                };
+                if chunk[at + found] == b'\\' {
+                    escape = true;
                 } else {
-                    *depth -= 1;
-                    if *depth == 0 {
-                        self.end_token(role, base + at + found + 1, events);
-                    }
+                    in_string = false;
                 }
-                at + found + 1
+                at += found + 1;
+                continue;
+            }
+            let Some(found) = find3(b'"', open, close, &chunk[at..]) else {
+                break;
+            };
+            let byte = chunk[at + found];
+            at += found + 1;
+            if byte == b'"' {
+                in_string = true;
+            } else if byte == open {
+                depth += 1;
+            } else {
+                depth -= 1;
+                if depth == 0 {
+                    self.end_token(role, base + at, events);
+                    return at;
+                }
             }
         }
+        self.token = Token::Nested {
+            role,
+            open,
+            close,
+            depth,
+            in_string,
+            escape,
+        };
+        chunk.len()
     }
 
     /// A value (or element) token ended just before `end`.
-    fn end_token(&mut self, role: Role, end: usize, events: &mut Vec<Event>) {
+    fn end_token<S: Sink + ?Sized>(&mut self, role: Role, end: usize, events: &mut S) {
         self.token = Token::None;
         match role {
-            Role::Value => events.push(Event::ValueEnd(end)),
-            Role::Element => events.push(Event::OtherElement),
+            Role::Value => events.event(Event::ValueEnd(end)),
+            Role::Element => events.event(Event::OtherElement),
             Role::Key | Role::Top => {}
         }
     }
@@ -456,7 +560,7 @@ mod tests {
         let mut scanner = Scanner::default();
         let mut events = Vec::new();
         for piece in text.chunks(cut.max(1)) {
-            scanner.feed(piece, &mut events)?;
+            scanner.feed_into(piece, &mut events)?;
         }
         scanner.finish(&mut events)?;
         Ok(events)
@@ -464,7 +568,7 @@ mod tests {
 
     #[test]
     fn reports_keys_and_values_whatever_the_chunking() {
-        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3 } "#;
+        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3, "long_key_past_the_prefix":0, "long\u0020key\"with\\escapes":1, "methods":2 } "#;
         let whole = scan_in(text, text.len()).unwrap();
         for cut in 1..text.len() {
             assert_eq!(scan_in(text, cut).unwrap(), whole, "cut {cut}");
@@ -474,12 +578,23 @@ mod tests {
             .filter_map(|event| match event {
                 Event::Key { token, name, .. } => {
                     assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
+                    assert_ne!(*name, KeyName::Method);
                     Some(&text[token.clone()])
                 }
                 _ => None,
             })
             .collect();
-        assert_eq!(keys, [&b"\"id\""[..], b"\"params\"", b"\"n\""]);
+        assert_eq!(
+            keys,
+            [
+                &b"\"id\""[..],
+                b"\"params\"",
+                b"\"n\"",
+                b"\"long_key_past_the_prefix\"",
+                br#""long\u0020key\"with\\escapes""#,
+                b"\"methods\"",
+            ]
+        );
         let values: Vec<&[u8]> = whole
             .windows(2)
             .filter_map(|pair| match pair {
@@ -489,8 +604,48 @@ mod tests {
             .collect();
         assert_eq!(
             values,
-            [&br#""a\"}b""#[..], br#"{"x":[1,{"y":"}"}]}"#, b"-1.5e3"]
+            [
+                &br#""a\"}b""#[..],
+                br#"{"x":[1,{"y":"}"}]}"#,
+                b"-1.5e3",
+                b"0",
+                b"1",
+                b"2"
+            ]
         );
+    }
+
+    /// The searches that look at the first bytes themselves find what
+    /// memchr finds: in every haystack up to 3 * SHORT long with the sought
+    /// bytes at any one or two places, or nowhere.
+    #[test]
+    fn short_searches_find_what_memchr_finds() {
+        let mut haystacks = Vec::new();
+        for len in 0..=3 * SHORT {
+            haystacks.push(vec![b'x'; len]);
+            for first in 0..len {
+                for (one, two) in [(b'"', b'\\'), (b'\\', b'"'), (b'{', b'}'), (b'}', b'"')] {
+                    let mut haystack = vec![b'x'; len];
+                    haystack[first] = one;
+                    haystacks.push(haystack.clone());
+                    for second in first + 1..len {
+                        let mut haystack = haystack.clone();
+                        haystack[second] = two;
+                        haystacks.push(haystack);
+                    }
+                }
+            }
+        }
+        for haystack in &haystacks {
+            assert_eq!(
+                find2(b'"', b'\\', haystack),
+                memchr::memchr2(b'"', b'\\', haystack)
+            );
+            assert_eq!(
+                find3(b'"', b'{', b'}', haystack),
+                memchr::memchr3(b'"', b'{', b'}', haystack)
+            );
+        }
     }
 
     #[test]

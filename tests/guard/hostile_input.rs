@@ -311,6 +311,17 @@ fn single_rows() -> Vec<Row> {
             passed: 1,
         },
         Row {
+            name: "a key escaped past its 8th byte: read, tracked, body untouched",
+            layer: limited(),
+            request: post(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{},"_meta_long\u0041":1}"#,
+            ),
+            status: StatusCode::OK,
+            want: Want::Exact(answer_text("1")),
+            inner: Inner::Identical,
+            passed: 1,
+        },
+        Row {
             name: "a lone surrogate escape as id: Python keeps it, serde refuses it: refused",
             layer: limited(),
             request: post(request_text(r#""\ud800""#)),
