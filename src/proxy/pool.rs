@@ -21,7 +21,7 @@ use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::Context;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -155,7 +155,15 @@ impl Pool {
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         loop {
             let (mut connection, reused) = self.checkout().await?;
+            // A connection back from the pool is ready: it was driven when
+            // its last answer ended. Should the upstream have closed it
+            // since, the drive below finds out before writing, and hyper
+            // gives the request back unsent. A new connection is driven
+            // until hyper takes requests on it.
             let ready = poll_fn(|cx| {
+                if connection.sender.is_ready() {
+                    return Poll::Ready(Ok(()));
+                }
                 connection.drive(cx);
                 connection.sender.poll_ready(cx)
             })
