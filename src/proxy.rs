@@ -6,7 +6,7 @@
 //! back. Wrapped in the guard, it is the whole proxy:
 //!
 //! ```
-//! use http_body_util::{BodyExt, Full};
+//! use http_body_util::BodyExt;
 //! use mcp_id_guard::proxy::Proxy;
 //! use mcp_id_guard::IdGuardLayer;
 //! use tower::ServiceExt;
@@ -149,25 +149,26 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
 
-use crate::body::Accumulated;
-use crate::protocol::has_media_type;
 use crate::reply;
 
 mod answer;
 mod body;
 mod capped;
 mod headers;
+mod peek;
 mod pool;
 mod rebinding;
 mod upstream;
 mod warnings;
+
+use peek::{is_peekable, read_whole};
 
 pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
@@ -183,10 +184,6 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// JSON-RPC "Internal error", the code of the proxy's `502` answers.
 const INTERNAL_ERROR: i32 = -32603;
-
-/// The largest request body the proxy reads whole to learn its JSON-RPC id
-/// (the guard's default body limit).
-const PEEK_LIMIT: u64 = 4 * 1024 * 1024;
 
 /// The default upstream connect timeout.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -647,181 +644,6 @@ impl Proxy {
                 (&method, &uri),
                 &ErrorIds::sent(read.as_deref()),
             ),
-        }
-    }
-}
-
-/// Whether the proxy reads a request's body whole before forwarding it, to
-/// have its JSON-RPC id for a `502`: a JSON POST of known length within
-/// [`PEEK_LIMIT`].
-fn is_peekable<B: Body>(parts: &http::request::Parts, body: &B) -> bool {
-    parts.method == Method::POST
-        && has_media_type(&parts.headers, "application/json")
-        && body
-            .size_hint()
-            .upper()
-            .is_some_and(|upper| upper <= PEEK_LIMIT)
-}
-
-/// Reads a body whole; returns it again (trailers included) and its bytes,
-/// from which an error answer reads the ids it carries.
-///
-/// What `Limited::new(body, PEEK_LIMIT).collect()` does, frame by frame and
-/// with the same errors (as text), without its queue of chunks: a body the guard has
-/// already read comes as one chunk, which is kept as it is.
-async fn read_whole<B>(body: B) -> Result<(OutBody, Bytes), BoxError>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut read = Accumulated::default();
-    let mut trailers: Option<http::HeaderMap> = None;
-    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-        match frame.map_err(Into::into)?.into_data() {
-            Ok(data) => {
-                if data.len() > PEEK_LIMIT as usize - read.len() {
-                    return Err(TooLong.into());
-                }
-                if !data.is_empty() {
-                    read.push(data);
-                }
-            }
-            Err(frame) => {
-                if let Ok(more) = frame.into_trailers() {
-                    match &mut trailers {
-                        Some(trailers) => trailers.extend(more),
-                        None => trailers = Some(more),
-                    }
-                }
-            }
-        }
-    }
-    let bytes = read.into_bytes();
-    let body = Full::new(bytes.clone()).map_err(|never| match never {});
-    let body = match trailers {
-        Some(trailers) => body
-            .with_trailers(async move { Some(Ok(trailers)) })
-            .boxed_unsync(),
-        None => body.boxed_unsync(),
-    };
-    Ok((body, bytes))
-}
-
-/// A body longer than its size hint promised, past [`PEEK_LIMIT`]; worded
-/// as `http_body_util::LengthLimitError` (which cannot be built outside its
-/// crate).
-#[derive(Debug)]
-struct TooLong;
-
-impl fmt::Display for TooLong {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("length limit exceeded")
-    }
-}
-
-impl std::error::Error for TooLong {}
-
-#[cfg(test)]
-mod tests {
-    use http::{HeaderMap, HeaderValue};
-    use http_body::Frame;
-    use http_body_util::{BodyExt, Limited, StreamBody};
-    use proptest::prelude::*;
-
-    use super::*;
-
-    #[derive(Debug, Clone)]
-    enum Part {
-        Data(Vec<u8>),
-        Trailers(Vec<(&'static str, &'static str)>),
-        Fails,
-    }
-
-    fn body(parts: &[Part]) -> impl Body<Data = Bytes, Error = BoxError> + Send + 'static {
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
-            .iter()
-            .map(|part| match part {
-                Part::Data(data) => Ok(Frame::data(Bytes::from(data.clone()))),
-                Part::Trailers(pairs) => {
-                    let mut trailers = HeaderMap::new();
-                    for (name, value) in pairs {
-                        trailers.append(*name, HeaderValue::from_static(value));
-                    }
-                    Ok(Frame::trailers(trailers))
-                }
-                Part::Fails => Err("the client went away".into()),
-            })
-            .collect();
-        StreamBody::new(futures::stream::iter(frames))
-    }
-
-    /// What the proxy did before: `Limited` and `collect`.
-    async fn model(parts: &[Part]) -> Result<(Bytes, Option<HeaderMap>), String> {
-        let collected = Limited::new(body(parts), PEEK_LIMIT as usize)
-            .collect()
-            .await
-            .map_err(|error| error.to_string())?;
-        let trailers = collected.trailers().cloned();
-        Ok((collected.to_bytes(), trailers))
-    }
-
-    async fn fast(parts: &[Part]) -> Result<(Bytes, Option<HeaderMap>), String> {
-        let (body, bytes) = read_whole(body(parts))
-            .await
-            .map_err(|error| error.to_string())?;
-        // What goes upstream is what was read, trailers included.
-        let sent = body.collect().await.unwrap();
-        let trailers = sent.trailers().cloned();
-        assert_eq!(sent.to_bytes(), bytes);
-        Ok((bytes, trailers))
-    }
-
-    fn part() -> impl Strategy<Value = Part> {
-        prop_oneof![
-            8 => prop::collection::vec(any::<u8>(), 0..6).prop_map(Part::Data),
-            2 => prop::sample::subsequence(vec![("x-a", "1"), ("x-b", "2"), ("x-a", "3")], 0..3)
-                .prop_map(Part::Trailers),
-            1 => Just(Part::Fails),
-        ]
-    }
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-    }
-
-    proptest! {
-        #[test]
-        fn read_whole_matches_collect(parts in prop::collection::vec(part(), 0..6)) {
-            let runtime = runtime();
-            prop_assert_eq!(runtime.block_on(fast(&parts)), runtime.block_on(model(&parts)));
-        }
-    }
-
-    #[test]
-    fn read_whole_keeps_the_limit() {
-        let runtime = runtime();
-        let limit = PEEK_LIMIT as usize;
-        for sizes in [
-            vec![limit],
-            vec![limit + 1],
-            vec![limit - 1, 1],
-            vec![limit - 1, 2],
-            vec![1, limit],
-            vec![0, limit, 0],
-        ] {
-            let parts: Vec<Part> = sizes
-                .iter()
-                .map(|size| Part::Data(vec![b'x'; *size]))
-                .collect();
-            let (fast, model) = (
-                runtime.block_on(fast(&parts)),
-                runtime.block_on(model(&parts)),
-            );
-            assert_eq!(fast.is_ok(), model.is_ok(), "{sizes:?}");
-            assert_eq!(fast, model, "{sizes:?}");
         }
     }
 }

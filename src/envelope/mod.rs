@@ -35,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
 
-use scan::{is_whitespace, Event, Scanner, Sink};
+use scan::{is_whitespace, plain_string, Event, Scanner, Sink};
 
 /// What one JSON-RPC message in a body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,16 +419,6 @@ fn string_text(token: &[u8]) -> Option<Cow<'_, [u8]>> {
     serde_json::from_slice::<String>(token)
         .ok()
         .map(|text| Cow::Owned(text.into_bytes()))
-}
-
-/// The bytes between the quotes of a string token `"..."` that holds no
-/// quote, backslash or control character inside them.
-pub(crate) fn plain_string(token: &[u8]) -> Option<&[u8]> {
-    let text = token.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
-    let plain = text
-        .iter()
-        .all(|&byte| byte >= 0x20 && byte != b'"' && byte != b'\\');
-    plain.then_some(text)
 }
 
 /// Whether the token is an id servers agree on.

@@ -241,6 +241,16 @@ fn find3(a: u8, b: u8, c: u8, haystack: &[u8]) -> Option<usize> {
     }
 }
 
+/// The bytes between the quotes of a string token `"..."` that holds no
+/// quote, backslash or control character inside them.
+pub(crate) fn plain_string(token: &[u8]) -> Option<&[u8]> {
+    let text = token.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let plain = text
+        .iter()
+        .all(|&byte| byte >= 0x20 && byte != b'"' && byte != b'\\');
+    plain.then_some(text)
+}
+
 fn is_delimiter(byte: u8) -> bool {
     is_whitespace(byte) || matches!(byte, b',' | b':' | b'{' | b'}' | b'[' | b']' | b'"')
 }
