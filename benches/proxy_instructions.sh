@@ -38,45 +38,12 @@ if ! command -v valgrind >/dev/null || ! command -v wrk >/dev/null; then
     apt-get install -y -qq valgrind wrk >/dev/null
 fi
 
+# shellcheck source=benches/common.sh
+. benches/common.sh
+
 echo "building mcp-id-guard (release, with line tables) and the echo server" >&2
 export CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
-cargo build --release --quiet --features cli --bin mcp-id-guard
-cargo build --release --quiet -p mcp-id-guard-loadtest
-target_dir=$(cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-proxy_bin="$target_dir/release/mcp-id-guard"
-echo_bin="$target_dir/release/loadtest"
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Waits (at most 60 s: callgrind starts slowly) until the port accepts.
-wait_for_port() {
-    local port=$1 name=$2
-    for _ in $(seq 600); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "$name did not listen on 127.0.0.1:$port within 60 s" >&2
-    exit 1
-}
+build
 
 upstream_port=$(free_port)
 proxy_port=$(free_port)
@@ -90,25 +57,10 @@ valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
     --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
 proxy_pid=$!
 pids+=("$proxy_pid")
-wait_for_port "$proxy_port" "mcp-id-guard under callgrind"
+wait_for_port "$proxy_port" "mcp-id-guard under callgrind" 60
 
 url="http://127.0.0.1:$proxy_port/mcp"
-headers=$(curl -sS --max-time 30 -D - -o /dev/null "$url" \
-    -H 'Content-Type: application/json' \
-    -H 'Accept: application/json, text/event-stream' \
-    -H 'Mcp-Protocol-Version: 2025-06-18' \
-    --data '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"proxy_instructions","version":"0"}}}')
-session=$(printf '%s\n' "$headers" | tr -d '\r' | awk -F': ' 'tolower($1) == "mcp-session-id" { print $2 }')
-if [ -z "$session" ]; then
-    echo "initialize gave no session id" >&2
-    exit 1
-fi
-curl -sS --max-time 30 -o /dev/null "$url" \
-    -H 'Content-Type: application/json' \
-    -H 'Accept: application/json, text/event-stream' \
-    -H 'Mcp-Protocol-Version: 2025-06-18' \
-    -H "Mcp-Session-Id: $session" \
-    --data '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+session=$(open_session "$url")
 
 load() {
     MCP_SESSION_ID="$session" wrk -t1 -c8 -d"$1s" --timeout 10s \

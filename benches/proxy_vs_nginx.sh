@@ -36,45 +36,11 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
         || apt-get install -y -qq nginx wrk >/dev/null
 fi
 
+# shellcheck source=benches/common.sh
+. benches/common.sh
+
 echo "building mcp-id-guard and the echo server (release)" >&2
-cargo build --release --quiet --features cli --bin mcp-id-guard
-cargo build --release --quiet -p mcp-id-guard-loadtest
-target_dir=$(cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-proxy_bin="$target_dir/release/mcp-id-guard"
-echo_bin="$target_dir/release/loadtest"
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# A free loopback port, chosen by the kernel.
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Waits (at most 10 s) until something accepts connections on the port.
-wait_for_port() {
-    local port=$1 name=$2
-    for _ in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "$name did not listen on 127.0.0.1:$port within 10 s" >&2
-    exit 1
-}
+build
 
 upstream_port=$(free_port)
 nginx_port=$(free_port)
@@ -97,33 +63,6 @@ env $PROXY_ENV "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
     --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for_port "$proxy_port" "mcp-id-guard"
-
-# initialize and notifications/initialized through one front; prints the
-# session id.
-open_session() {
-    local url=$1 headers session status
-    headers=$(curl -sS --max-time 10 -D - -o /dev/null "$url" \
-        -H 'Content-Type: application/json' \
-        -H 'Accept: application/json, text/event-stream' \
-        -H 'Mcp-Protocol-Version: 2025-06-18' \
-        --data '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"proxy_vs_nginx","version":"0"}}}')
-    session=$(printf '%s\n' "$headers" | tr -d '\r' | awk -F': ' 'tolower($1) == "mcp-session-id" { print $2 }')
-    if [ -z "$session" ]; then
-        echo "initialize through $url gave no session id" >&2
-        exit 1
-    fi
-    status=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' "$url" \
-        -H 'Content-Type: application/json' \
-        -H 'Accept: application/json, text/event-stream' \
-        -H 'Mcp-Protocol-Version: 2025-06-18' \
-        -H "Mcp-Session-Id: $session" \
-        --data '{"jsonrpc":"2.0","method":"notifications/initialized"}')
-    if [ "$status" != 202 ]; then
-        echo "notifications/initialized through $url: $status" >&2
-        exit 1
-    fi
-    printf '%s' "$session"
-}
 
 declare -A url session
 url[nginx]="http://127.0.0.1:$nginx_port/mcp"

@@ -434,6 +434,16 @@ fn check_id(token: &[u8]) -> Result<(), Unreadable> {
         .ok_or(Unreadable::Id)
 }
 
+/// Scans a whole JSON text into `sink`; returns whether it is a batch.
+fn scan_whole(input: &[u8], sink: &mut impl Sink) -> Result<bool, Unreadable> {
+    let mut scanner = Scanner::default();
+    scanner
+        .feed_into(input, sink)
+        .and_then(|()| scanner.finish(sink))
+        .map_err(|_| Unreadable::Malformed)?;
+    Ok(scanner.is_batch())
+}
+
 /// Reads a JSON text whose first byte is `{` or `[` (`batch`).
 fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
     let mut body = Body {
@@ -443,12 +453,8 @@ fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
         messages: Vec::new(),
         refused: None,
     };
-    let mut scanner = Scanner::default();
-    scanner
-        .feed_into(input, &mut body)
-        .and_then(|()| scanner.finish(&mut body))
-        .map_err(|_| Unreadable::Malformed)?;
-    debug_assert_eq!(scanner.is_batch(), batch);
+    let scanned_batch = scan_whole(input, &mut body)?;
+    debug_assert_eq!(scanned_batch, batch);
     if let Some(why) = body.refused {
         return Err(why);
     }
@@ -538,11 +544,7 @@ fn cancelled_request(
         members: Members::new(inner, |key| (key == b"requestId").then_some(0)),
         found: None,
     };
-    let mut scanner = Scanner::default();
-    scanner
-        .feed_into(inner, &mut object)
-        .and_then(|()| scanner.finish(&mut object))
-        .map_err(|_| Unreadable::Malformed)?;
+    scan_whole(inner, &mut object)?;
     let Some(found) = object.found else {
         return Ok(None);
     };
