@@ -6,7 +6,7 @@
 //! back. Wrapped in the guard, it is the whole proxy:
 //!
 //! ```
-//! use http_body_util::BodyExt;
+//! use http_body_util::{BodyExt, Full};
 //! use mcp_id_guard::proxy::Proxy;
 //! use mcp_id_guard::IdGuardLayer;
 //! use tower::ServiceExt;
