@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower_layer::Layer;
 
-use crate::support::server::{dead_port, serve_proxy, serve_service, Served};
+use crate::support::server::{refused_port, serve_proxy, serve_service, Served};
 use crate::support::sse::first_event;
 use crate::support::wait::drained;
 use crate::support::OK_TIMEOUT;
@@ -61,7 +61,8 @@ fn assert_bad_gateway(error: &Value, id: Value) {
 #[tokio::test]
 async fn upstream_down_answers_502_with_the_request_id() -> anyhow::Result<()> {
     let guard = IdGuardLayer::new();
-    let proxy = serve_proxy(&format!("http://127.0.0.1:{}/mcp", dead_port()), &guard).await?;
+    let refused = refused_port();
+    let proxy = serve_proxy(&format!("http://127.0.0.1:{}/mcp", refused.port), &guard).await?;
     let url = format!("http://{}/mcp", proxy.addr);
 
     let started = Instant::now();

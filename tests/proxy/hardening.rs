@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::support::client::Session;
 use crate::support::process::{Guard, BIN};
 use crate::support::proxy::{duplicate_while_held, Outcome};
-use crate::support::server::{dead_port, serve_service, upstream, Served};
+use crate::support::server::{refused_port, serve_service, upstream, Served};
 use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 use anyhow::Context as _;
 use serde_json::{json, Value};
@@ -1194,7 +1194,8 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
 /// (with the count on the next line), not once per request.
 #[tokio::test]
 async fn a_down_upstream_is_reported_not_flooded() -> anyhow::Result<()> {
-    let dead = format!("http://127.0.0.1:{}", dead_port());
+    let refused = refused_port();
+    let dead = format!("http://127.0.0.1:{}", refused.port);
     let guard = Guard::start(&["--upstream", &dead, "--admin-listen", "127.0.0.1:0"]).await?;
     let admin = admin_base(&guard).await?;
     assert_eq!(get(&format!("{admin}/readyz")).await?.0, 503);

@@ -656,10 +656,36 @@ pub async fn serve_with(setup: Setup) -> anyhow::Result<McpServer> {
     })
 }
 
-/// A loopback port nothing listens on (bound, then released).
+/// A free loopback port (bound, then released), for a server the test
+/// starts on it.
 pub fn dead_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr").port()
+}
+
+/// A loopback port whose connections are refused for as long as this lives:
+/// it stays bound without listening. A port bound and then released (see
+/// [`dead_port`]) can be taken meanwhile by another test's listener, or be
+/// picked as a connection's own source port and connect to itself; this one
+/// cannot.
+#[allow(dead_code)] // Not every test binary that includes the harness uses it.
+pub struct RefusedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+/// See [`RefusedPort`].
+#[allow(dead_code)]
+pub fn refused_port() -> RefusedPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let port = socket.local_addr().expect("addr").port();
+    RefusedPort {
+        _socket: socket,
+        port,
+    }
 }
 
 // Only the proxy tests use these; the other binaries compile the harness whole.
