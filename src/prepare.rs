@@ -18,7 +18,7 @@ use crate::edit::{splice, Edit};
 use crate::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
 use crate::protocol::MCP_SESSION_ID;
 use crate::reply;
-use crate::table::{Admission, Registration, Route, Table, Waiter};
+use crate::table::{Admission, InlineVec, Registration, Route, Table, Waiter};
 
 /// What to do with a tracked POST once its body is read. Returned by value and
 /// consumed at once, so the variants' size difference does not matter.
@@ -153,7 +153,7 @@ pub(crate) fn prepare<B>(
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
-    let (id_ranges, ids) = Few::collect(peeked.request_ids(&body)).unzip();
+    let (id_ranges, ids) = InlineVec::collect(peeked.request_ids(&body)).unzip();
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
@@ -283,50 +283,6 @@ pub(crate) fn prepare<B>(
     }
 }
 
-/// A body's requests: a list that keeps a single item off the heap, as most
-/// bodies hold one request.
-enum Few<T> {
-    One([T; 1]),
-    Many(Vec<T>),
-}
-
-impl<T> Few<T> {
-    fn collect(mut items: impl Iterator<Item = T>) -> Self {
-        let Some(first) = items.next() else {
-            return Few::Many(Vec::new());
-        };
-        let Some(second) = items.next() else {
-            return Few::One([first]);
-        };
-        let mut many = vec![first, second];
-        many.extend(items);
-        Few::Many(many)
-    }
-}
-
-impl<A, B> Few<(A, B)> {
-    fn unzip(self) -> (Few<A>, Few<B>) {
-        match self {
-            Few::One([(a, b)]) => (Few::One([a]), Few::One([b])),
-            Few::Many(many) => {
-                let (a, b) = many.into_iter().unzip();
-                (Few::Many(a), Few::Many(b))
-            }
-        }
-    }
-}
-
-impl<T> std::ops::Deref for Few<T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        match self {
-            Few::One(one) => one,
-            Few::Many(many) => many,
-        }
-    }
-}
-
 /// The guard's answer to a POST in a session whose id is over
 /// `max_session_id_bytes` (the table counted the requests it refused itself).
 fn session_refused<B>(
@@ -383,16 +339,6 @@ fn loggable(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn few_keeps_every_item_in_order() {
-        for count in 0..5 {
-            let items = (0..count).map(|n| (n, n * 10));
-            let (left, right) = Few::collect(items.clone()).unzip();
-            let (want_left, want_right): (Vec<_>, Vec<_>) = items.unzip();
-            assert_eq!((&*left, &*right), (&*want_left, &*want_right));
-        }
-    }
 
     #[test]
     fn loggable_cuts_at_char_boundaries() {

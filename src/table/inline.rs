@@ -1,8 +1,6 @@
 //! Containers that keep their usual single element (or short bytes) inline,
 //! so that the common request allocates nothing.
 
-use std::ops::Index;
-
 /// Collision keys up to this many bytes are stored inline in their slot.
 pub(super) const INLINE_KEY: usize = 22;
 
@@ -53,79 +51,104 @@ impl<const N: usize> InlineBytes<N> {
     }
 }
 
-/// A sequence whose first element is stored inline. Nearly always there is
+/// A sequence whose single element is stored inline. Nearly always there is
 /// exactly one (a POST carries one request, an id is in flight once), and
-/// that case then costs no allocation.
+/// that case then costs no allocation. It reads as a slice.
 #[derive(Debug)]
-pub(crate) struct InlineVec<T> {
-    /// `None` only when the sequence is empty.
-    pub(super) first: Option<T>,
-    pub(super) rest: Vec<T>,
+pub(crate) enum InlineVec<T> {
+    One([T; 1]),
+    /// Empty, or more than one (or one left after removals).
+    Many(Vec<T>),
 }
 
 impl<T> Default for InlineVec<T> {
     fn default() -> Self {
-        Self {
-            first: None,
-            rest: Vec::new(),
-        }
+        Self::Many(Vec::new())
     }
 }
 
 impl<T> InlineVec<T> {
     pub(super) fn with_capacity(capacity: usize) -> Self {
-        Self {
-            first: None,
-            rest: Vec::with_capacity(capacity.saturating_sub(1)),
-        }
-    }
-
-    pub(super) fn push(&mut self, value: T) {
-        if self.first.is_none() {
-            self.first = Some(value);
+        // Room for one is the inline slot.
+        Self::Many(if capacity > 1 {
+            Vec::with_capacity(capacity)
         } else {
-            self.rest.push(value);
-        }
+            Vec::new()
+        })
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.first.iter().chain(&self.rest)
-    }
-
-    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.first.iter_mut().chain(&mut self.rest)
-    }
-
-    pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        match index {
-            0 => self.first.as_mut(),
-            _ => self.rest.get_mut(index - 1),
+    pub(crate) fn push(&mut self, value: T) {
+        match self {
+            Self::Many(many) if many.is_empty() && many.capacity() == 0 => {
+                *self = Self::One([value]);
+            }
+            Self::Many(many) => many.push(value),
+            Self::One(_) => {
+                let Self::One([first]) = std::mem::take(self) else {
+                    unreachable!("matched One");
+                };
+                *self = Self::Many(vec![first, value]);
+            }
         }
     }
 
     /// Removes the element at `index`, keeping the order of the others.
     pub(super) fn remove(&mut self, index: usize) {
-        if index > 0 {
-            self.rest.remove(index - 1);
-        } else if self.rest.is_empty() {
-            self.first = None;
-        } else {
-            self.first = Some(self.rest.remove(0));
+        match self {
+            Self::One(_) => {
+                assert_eq!(index, 0, "index out of bounds");
+                *self = Self::default();
+            }
+            Self::Many(many) => {
+                many.remove(index);
+            }
+        }
+    }
+
+    /// Collects `items`, keeping a single one inline.
+    pub(crate) fn collect(items: impl IntoIterator<Item = T>) -> Self {
+        let mut items = items.into_iter();
+        let Some(first) = items.next() else {
+            return Self::default();
+        };
+        let Some(second) = items.next() else {
+            return Self::One([first]);
+        };
+        let mut many = vec![first, second];
+        many.extend(items);
+        Self::Many(many)
+    }
+}
+
+impl<A, B> InlineVec<(A, B)> {
+    /// Splits a sequence of pairs into two, as `Iterator::unzip`.
+    pub(crate) fn unzip(self) -> (InlineVec<A>, InlineVec<B>) {
+        match self {
+            Self::One([(a, b)]) => (InlineVec::One([a]), InlineVec::One([b])),
+            Self::Many(many) => {
+                let (a, b) = many.into_iter().unzip();
+                (InlineVec::Many(a), InlineVec::Many(b))
+            }
         }
     }
 }
 
-impl<T> Index<usize> for InlineVec<T> {
-    type Output = T;
+impl<T> std::ops::Deref for InlineVec<T> {
+    type Target = [T];
 
-    fn index(&self, index: usize) -> &T {
-        match (index, &self.first) {
-            (0, Some(first)) => first,
-            _ => &self.rest[index - 1],
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::One(one) => one,
+            Self::Many(many) => many,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for InlineVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Self::One(one) => one,
+            Self::Many(many) => many,
         }
     }
 }
@@ -135,6 +158,51 @@ impl<T> IntoIterator for InlineVec<T> {
     type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.first.into_iter().chain(self.rest)
+        let (one, many) = match self {
+            Self::One([one]) => (Some(one), Vec::new()),
+            Self::Many(many) => (None, many),
+        };
+        one.into_iter().chain(many)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pushing, removing, collecting and unzipping keep every element in
+    /// order, whether it is held inline or on the heap.
+    #[test]
+    fn inline_vec_behaves_as_a_vec() {
+        for count in 0..5_usize {
+            for capacity in [0, 1, 3] {
+                let mut ours = InlineVec::with_capacity(capacity);
+                let mut model = Vec::new();
+                for n in 0..count {
+                    ours.push(n);
+                    model.push(n);
+                    assert_eq!(&*ours, &model[..]);
+                }
+                for index in [count / 2, 0] {
+                    if index < model.len() {
+                        ours.remove(index);
+                        model.remove(index);
+                        assert_eq!(&*ours, &model[..]);
+                    }
+                }
+                ours.push(9);
+                model.push(9);
+                assert_eq!(ours.into_iter().collect::<Vec<_>>(), model);
+            }
+            let pairs = (0..count).map(|n| (n, n * 10));
+            let (left, right) = InlineVec::collect(pairs.clone()).unzip();
+            let (want_left, want_right): (Vec<_>, Vec<_>) = pairs.unzip();
+            assert_eq!((&*left, &*right), (&*want_left, &*want_right));
+            assert_eq!(
+                matches!(InlineVec::collect(0..count), InlineVec::One(_)),
+                count == 1,
+                "a single element is kept inline"
+            );
+        }
     }
 }
