@@ -11,19 +11,19 @@
 //! the socket), and closes the connection when its deadline passes.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 /// "No time recorded".
@@ -70,8 +70,10 @@ pub(crate) struct Activity {
     /// A request body timed out: close the connection.
     close: AtomicBool,
     /// Wakes the watchdog when the connection must close early (a request
-    /// body timed out) or a write to the client got blocked.
-    changed: Notify,
+    /// body timed out) or a write to the client got blocked. A waker, not a
+    /// `Notify`: the watchdog looks at the flags themselves, and registering
+    /// a waker is cheap enough for every time the connection is polled.
+    watchdog: AtomicWaker,
 }
 
 impl Activity {
@@ -85,7 +87,7 @@ impl Activity {
             served: AtomicBool::new(false),
             http2: AtomicBool::new(false),
             close: AtomicBool::new(false),
-            changed: Notify::new(),
+            watchdog: AtomicWaker::new(),
         })
     }
 
@@ -126,7 +128,7 @@ impl Activity {
     fn write_blocked(&self) {
         if self.write_blocked.load(Ordering::Relaxed) == NONE {
             self.write_blocked.store(self.now_ms(), Ordering::Relaxed);
-            self.changed.notify_one();
+            self.watchdog.wake();
         }
     }
 
@@ -145,7 +147,7 @@ impl Activity {
 
     fn request_close(&self) {
         self.close.store(true, Ordering::Relaxed);
-        self.changed.notify_one();
+        self.watchdog.wake();
     }
 
     /// When the connection must close if nothing changes, and why; `None`
@@ -421,14 +423,23 @@ pub(crate) async fn drive<C, E>(
         .flatten()
         .min();
     let mut connection = std::pin::pin!(connection);
+    // Whether shutdown was signalled is looked at through a copy of the
+    // receiver: `stop` holds the original.
+    let mut signalled = shutdown.clone();
     let mut stop = std::pin::pin!(shutdown.wait_for(|stop| *stop));
     let timer = tokio::time::sleep_until(Instant::now());
     let mut timer = std::pin::pin!(timer);
     let mut armed: Option<Instant> = None;
     let mut closing = false;
     let mut hard_deadline: Option<Instant> = None;
+    // The task's waker that `stop` and `timer` hold; `None`: they must be
+    // polled to register one.
+    let mut registered: Option<Waker> = None;
+    // `timer` was reset since it was last polled.
+    let mut timer_reset = true;
     loop {
         let now = Instant::now();
+        let blocked = activity.write_blocked.load(Ordering::Relaxed);
         let mut deadline = if closing {
             hard_deadline.map(|at| (at, "did not close in time"))
         } else {
@@ -473,31 +484,81 @@ pub(crate) async fn drive<C, E>(
             if armed != Some(look) {
                 timer.as_mut().reset(look);
                 armed = Some(look);
+                timer_reset = true;
             }
         }
-        let changed = activity.changed.notified();
-        tokio::select! {
-            biased;
-            result = connection.as_mut() => {
+        // The connection is polled each time one of its sockets is ready,
+        // several times per request: the watchdog's own sources are polled
+        // again only when a cheap look says one may have fired, or when the
+        // task's waker changed (they hold the old one). The flags that
+        // `watchdog` wakes for are read after registering, so no wake-up is
+        // lost between the two.
+        let event = poll_fn(|cx| {
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Event::Ended(result));
+            }
+            activity.watchdog.register(cx.waker());
+            if (!closing && activity.close.load(Ordering::Relaxed))
+                || activity.write_blocked.load(Ordering::Relaxed) != blocked
+            {
+                return Poll::Ready(Event::Changed);
+            }
+            let stale = !registered
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(cx.waker()));
+            if stale {
+                registered = Some(cx.waker().clone());
+            }
+            if !closing
+                && (stale || signalled.has_changed().unwrap_or(true))
+                && stop.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Event::Stop);
+            }
+            if !closing {
+                // Looked at: only a later change counts.
+                signalled.mark_unchanged();
+            }
+            if look.is_some() && (stale || timer_reset || timer.is_elapsed()) {
+                timer_reset = false;
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Timer);
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Ended(result) => {
                 if let Err(error) = result {
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
                 return;
             }
-            _ = stop.as_mut(), if !closing => {
+            Event::Stop => {
                 closing = true;
                 graceful(connection.as_mut());
             }
-            () = changed => {
+            Event::Changed => {
                 if !closing && activity.close.load(Ordering::Relaxed) {
                     closing = true;
                     graceful(connection.as_mut());
                     hard_deadline = Some(Instant::now() + CLOSE_BOUND);
                 }
             }
-            () = timer.as_mut(), if look.is_some() => {
-                armed = None;
-            }
+            Event::Timer => armed = None,
         }
     }
+}
+
+/// What ended one wait of the watchdog.
+enum Event<E> {
+    /// The connection finished.
+    Ended(Result<(), E>),
+    /// The process shuts down.
+    Stop,
+    /// A request body timed out or a write got blocked.
+    Changed,
+    /// The time to look again came.
+    Timer,
 }
