@@ -154,6 +154,7 @@ use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::reply;
@@ -572,32 +573,11 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let method = parts.method.clone();
 
-        let sent = this.pool.send(Request::from_parts(parts, body));
-        let answered = match this.response_timeout {
-            Some(limit) => match tokio::time::timeout(limit, sent).await {
-                Ok(answered) => answered,
-                Err(_) => {
-                    if let Some(suppressed) = this.warnings.ready(UpstreamFailure::ResponseTimeout)
-                    {
-                        tracing::warn!(
-                            %method,
-                            %uri,
-                            timeout = ?limit,
-                            "upstream sent no response headers in time; answered 504 \
-                             ({suppressed} more since the last such line)"
-                        );
-                    }
-                    return failed(
-                        UpstreamFailure::ResponseTimeout,
-                        StatusCode::GATEWAY_TIMEOUT,
-                        &ErrorIds::sent(read.as_deref()),
-                        INTERNAL_ERROR,
-                        "Gateway Timeout: the upstream MCP server did not answer in time",
-                    );
-                }
-            },
-            None => sent.await,
-        };
+        let deadline = this.response_timeout.map(|limit| Instant::now() + limit);
+        let answered = this
+            .pool
+            .send(Request::from_parts(parts, body), deadline)
+            .await;
         match answered {
             Ok((response, lease)) => {
                 let (mut parts, body) = response.into_parts();
@@ -606,6 +586,24 @@ impl Proxy {
                 let mut body = ProxyBody::upstream(body, lease, this.idle_timeout);
                 body.gather().await;
                 Response::from_parts(parts, body)
+            }
+            Err(Failure::Timeout) => {
+                if let Some(suppressed) = this.warnings.ready(UpstreamFailure::ResponseTimeout) {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        timeout = ?this.response_timeout.unwrap_or_default(),
+                        "upstream sent no response headers in time; answered 504 \
+                         ({suppressed} more since the last such line)"
+                    );
+                }
+                failed(
+                    UpstreamFailure::ResponseTimeout,
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &ErrorIds::sent(read.as_deref()),
+                    INTERNAL_ERROR,
+                    "Gateway Timeout: the upstream MCP server did not answer in time",
+                )
             }
             Err(Failure::Busy(busy)) => {
                 if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {

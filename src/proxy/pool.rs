@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio::time::Instant;
+use tokio::time::{sleep_until, timeout_at, Instant, Sleep};
 use tower_service::Service;
 
 use super::capped::{CappedConnection, UpstreamBusy};
@@ -44,6 +44,8 @@ pub(crate) enum Failure {
     Connect(BoxError),
     /// The connection failed before the answer's head arrived.
     Send(hyper::Error),
+    /// The answer's head did not arrive by the deadline.
+    Timeout,
 }
 
 /// The upstream connections of one [`Proxy`](super::Proxy).
@@ -77,6 +79,11 @@ pub(crate) struct Connection {
     sender: http1::SendRequest<OutBody>,
     /// `None` once it has finished: the connection is closed (or failed).
     driver: Option<Pin<Box<http1::Connection<CappedConnection, OutBody>>>>,
+    /// The deadline of the answer in progress. Kept with the connection
+    /// and moved on for each request: a later deadline only updates the
+    /// registered timer, where a timer per request would be registered in
+    /// the runtime's timer wheel and taken out again every time.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Connection {
@@ -103,6 +110,22 @@ impl Connection {
     /// Whether the connection was open and ready when last driven.
     fn is_open(&self) -> bool {
         self.driver.is_some() && self.sender.is_ready()
+    }
+
+    /// Sets the timer for an answer due by `deadline` (`None`: no limit).
+    fn arm(&mut self, deadline: Option<Instant>) {
+        match (deadline, &mut self.timer) {
+            (Some(deadline), Some(timer)) => timer.as_mut().reset(deadline),
+            (Some(deadline), None) => self.timer = Some(Box::pin(sleep_until(deadline))),
+            (None, _) => self.timer = None,
+        }
+    }
+
+    /// Whether the armed deadline has passed (registering `cx` otherwise).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.timer
+            .as_mut()
+            .is_some_and(|timer| timer.as_mut().poll(cx).is_ready())
     }
 }
 
@@ -146,15 +169,24 @@ impl Pool {
         }
     }
 
-    /// Sends `request` (origin-form URI) and waits for the answer's head,
+    /// Sends `request` (origin-form URI) and waits for the answer's head
+    /// until `deadline` (`None`: no limit; the wait for a connection counts),
     /// driving the connection meanwhile; the connection comes back with the
     /// answer, to be driven while its body is read.
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<OutBody>,
+        deadline: Option<Instant>,
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         loop {
-            let (mut connection, reused) = self.checkout().await?;
+            let (mut connection, reused) = match (self.take_idle(), deadline) {
+                (Some(connection), _) => (connection, true),
+                (None, Some(deadline)) => timeout_at(deadline, self.checkout())
+                    .await
+                    .map_err(|_| Failure::Timeout)??,
+                (None, None) => self.checkout().await?,
+            };
+            connection.arm(deadline);
             // A connection back from the pool is ready: it was driven when
             // its last answer ended. Should the upstream have closed it
             // since, the drive below finds out before writing, and hyper
@@ -165,23 +197,38 @@ impl Pool {
                     return Poll::Ready(Ok(()));
                 }
                 connection.drive(cx);
-                connection.sender.poll_ready(cx)
+                if let Poll::Ready(ready) = connection.sender.poll_ready(cx) {
+                    return Poll::Ready(ready.map_err(Failure::Send));
+                }
+                if connection.expired(cx) {
+                    return Poll::Ready(Err(Failure::Timeout));
+                }
+                Poll::Pending
             })
             .await;
-            if let Err(error) = ready {
+            if let Err(failure) = ready {
                 // A pooled connection the upstream closed while it was
                 // idle; the request has not left.
-                if reused {
+                if reused && matches!(failure, Failure::Send(_)) {
                     continue;
                 }
-                return Err(Failure::Send(error));
+                return Err(failure);
             }
             let mut sending = pin!(connection.sender.try_send_request(request));
             let answered = poll_fn(|cx| {
                 connection.drive(cx);
-                sending.as_mut().poll(cx)
+                if let Poll::Ready(answered) = sending.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answered));
+                }
+                if connection.expired(cx) {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
             })
             .await;
+            let Some(answered) = answered else {
+                return Err(Failure::Timeout);
+            };
             match answered {
                 Ok(response) => {
                     let lease = Lease {
@@ -283,6 +330,7 @@ impl Pool {
         Ok(Connection {
             sender,
             driver: Some(Box::pin(driver)),
+            timer: None,
         })
     }
 

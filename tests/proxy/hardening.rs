@@ -628,7 +628,8 @@ async fn a_later_head_gets_its_own_shorter_limit() -> anyhow::Result<()> {
 
 /// A hand-made upstream: `/never` never answers; `/sse-silent` opens an SSE
 /// stream and then sends nothing; `/sse-alive` sends a keep-alive comment
-/// every 100 ms for 1.2 s, then the answer to id 7.
+/// every 100 ms for 1.2 s, then the answer to id 7; `/fast` answers id 7 at
+/// once.
 async fn slow_upstream() -> anyhow::Result<Served> {
     use http_body_util::{combinators::UnsyncBoxBody, BodyExt, StreamBody};
     type Out = UnsyncBoxBody<bytes::Bytes, std::convert::Infallible>;
@@ -649,6 +650,10 @@ async fn slow_upstream() -> anyhow::Result<Served> {
             use futures::StreamExt;
             let response = match request.uri().path() {
                 "/never" => futures::future::pending().await,
+                "/fast" => sse(futures::stream::once(async {
+                    "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n\n"
+                })
+                .boxed()),
                 "/sse-silent" => sse(futures::stream::once(async { ": open\n\n" })
                     .chain(futures::stream::pending())
                     .boxed()),
@@ -776,6 +781,22 @@ async fn upstream_timeouts_spare_live_streams() -> anyhow::Result<()> {
     let body = body.context("no body")?.map_err(anyhow::Error::msg)?;
     assert!(body.contains(r#""id":7,"result""#), "{body}");
     assert!(took >= Duration::from_millis(1200), "{took:?}");
+
+    // A connection back from the pool keeps its timer for the next request:
+    // the deadline is moved on, and still holds.
+    for _ in 0..2 {
+        let (status, body) = call_slow(&format!("{}/fast", on.base), OK_TIMEOUT).await;
+        assert_eq!(status, Some(200));
+        assert!(matches!(body, Some(Ok(_))), "{body:?}");
+    }
+    let started = Instant::now();
+    let (status, body) = call_slow(&format!("{}/never", on.base), OK_TIMEOUT).await;
+    let took = started.elapsed();
+    assert_eq!(status, Some(504), "{body:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     Ok(())
 }
 
