@@ -217,10 +217,10 @@ type OutBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The address of the client that sent a request, as a request extension.
 ///
-/// Insert it into each request's extensions (the `mcp-id-guard` binary does so
-/// for every connection it accepts) and the proxy appends its IP to
-/// `X-Forwarded-For`. Without it, `X-Forwarded-For` goes on as the client sent
-/// it.
+/// Insert it into each request's extensions and the proxy appends its IP to
+/// `X-Forwarded-For`. Without it (and without
+/// [`Proxy::with_client_addr`]), `X-Forwarded-For` goes on as the client
+/// sent it.
 ///
 /// ```
 /// use mcp_id_guard::proxy::ClientAddr;
@@ -295,6 +295,8 @@ pub struct Proxy {
     // every request (and an `Arc` per field would be a shared counter per
     // field for the cores to fight over).
     shared: Arc<Shared>,
+    /// Where requests without a [`ClientAddr`] come from.
+    client: Option<SocketAddr>,
 }
 
 /// What every clone of a [`Proxy`] shares.
@@ -342,6 +344,24 @@ impl Proxy {
     /// The upstream base URL, normalised (without a trailing slash).
     pub fn upstream(&self) -> &str {
         self.shared.upstream.as_str()
+    }
+
+    /// This proxy (sharing its pool) for the requests of one client
+    /// connection: those without a [`ClientAddr`] extension are taken to
+    /// come from `addr`. A server that serves each connection with a clone
+    /// of its own (as `hyper`'s `serve_connection` does) spares every
+    /// request an extension, whose map is allocated per request.
+    ///
+    /// ```
+    /// # use mcp_id_guard::proxy::Proxy;
+    /// let proxy = Proxy::builder().build("http://127.0.0.1:8000").unwrap();
+    /// let for_one_client = proxy.with_client_addr("127.0.0.1:50000".parse().unwrap());
+    /// # drop(for_one_client);
+    /// ```
+    #[must_use]
+    pub fn with_client_addr(mut self, addr: SocketAddr) -> Self {
+        self.client = Some(addr);
+        self
     }
 }
 
@@ -473,6 +493,7 @@ impl ProxyBuilder {
             self.pool_idle_timeout,
         ));
         Ok(Proxy {
+            client: None,
             shared: Arc::new(Shared {
                 pool,
                 upstream,
@@ -557,7 +578,9 @@ impl Proxy {
         let client_ip = parts
             .extensions
             .get::<ClientAddr>()
-            .map(|ClientAddr(addr)| addr.ip());
+            .map(|ClientAddr(addr)| addr)
+            .or(self.client.as_ref())
+            .map(SocketAddr::ip);
         headers::prepare_request(
             &mut parts.headers,
             this.upstream.host(),

@@ -350,3 +350,28 @@ async fn h2c_client_authority_becomes_x_forwarded_host() -> anyhow::Result<()> {
     assert_eq!(header(&seen.headers, "x-forwarded-for"), Some("127.0.0.1"));
     Ok(())
 }
+
+/// The binary names each connection's client in `X-Forwarded-For` (after
+/// what earlier proxies put there) without a request extension: its proxy
+/// is made for the connection.
+#[tokio::test]
+async fn the_binary_names_the_client_in_x_forwarded_for() -> anyhow::Result<()> {
+    let (upstream, mut seen) = recording_upstream().await?;
+    let guard = crate::support::process::Guard::start(&[
+        "--upstream",
+        &format!("http://{}", upstream.addr),
+    ])
+    .await?;
+    let addr: SocketAddr = guard.addr.parse()?;
+    let request = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Forwarded-For: 203.0.113.7\r\nConnection: close\r\n\r\n"
+    );
+    let (status, _) = raw_exchange(addr, &request).await?;
+    assert_eq!(status, 200);
+    let seen = next_seen(&mut seen).await?;
+    assert_eq!(
+        header(&seen.headers, "x-forwarded-for"),
+        Some("203.0.113.7, 127.0.0.1")
+    );
+    Ok(())
+}

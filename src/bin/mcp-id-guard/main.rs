@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use mcp_id_guard::proxy::{ClientAddr, HostPolicy, Proxy, UpstreamFailure};
+use mcp_id_guard::proxy::{HostPolicy, Proxy, UpstreamFailure};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -142,7 +142,6 @@ async fn run(args: Args) -> Result<(), String> {
         .max_session_id_bytes(args.max_session_id_bytes)
         .max_table_bytes(args.max_table_bytes);
     let upstream = proxy.upstream().to_owned();
-    let service = guard.clone().layer(proxy);
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -295,15 +294,16 @@ async fn run(args: Args) -> Result<(), String> {
             tracing::debug!(%error, "could not set TCP_NODELAY");
         }
         let activity = connection::Activity::new();
-        let service = service.clone();
+        // The client's address goes with the connection's service, not with
+        // each request (an extension costs a map per request).
+        let service = guard.layer(proxy.clone().with_client_addr(peer));
         let hosts = hosts.clone();
         let watched = Arc::clone(&activity);
         let body_idle = limits.body_idle;
         let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
             let active = watched.request_started(request.version() == http::Version::HTTP_2);
-            let (mut parts, body) = request.into_parts();
-            parts.extensions.insert(ClientAddr(peer));
+            let (parts, body) = request.into_parts();
             let request = Request::from_parts(
                 parts,
                 connection::TimedBody::new(body, body_idle, Arc::clone(&watched)),
