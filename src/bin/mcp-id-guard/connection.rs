@@ -69,10 +69,12 @@ pub(crate) struct Activity {
     write_blocked: AtomicU64,
     /// A request body timed out: close the connection.
     close: AtomicBool,
-    /// Wakes the watchdog when the connection must close early (a request
-    /// body timed out) or a write to the client got blocked. A waker, not a
-    /// `Notify`: the watchdog looks at the flags themselves, and registering
-    /// a waker is cheap enough for every time the connection is polled.
+    /// How many times the watchdog was woken: the connection must close
+    /// early (a request body timed out) or a write to the client got
+    /// blocked. Counted before each wake-up, so the watchdog, which reads
+    /// the count after registering its waker, misses none, and registers
+    /// again only after one (or when its waker changes).
+    signals: AtomicU64,
     watchdog: AtomicWaker,
 }
 
@@ -87,6 +89,7 @@ impl Activity {
             served: AtomicBool::new(false),
             http2: AtomicBool::new(false),
             close: AtomicBool::new(false),
+            signals: AtomicU64::new(0),
             watchdog: AtomicWaker::new(),
         })
     }
@@ -128,7 +131,7 @@ impl Activity {
     fn write_blocked(&self) {
         if self.write_blocked.load(Ordering::Relaxed) == NONE {
             self.write_blocked.store(self.now_ms(), Ordering::Relaxed);
-            self.watchdog.wake();
+            self.signal();
         }
     }
 
@@ -136,6 +139,11 @@ impl Activity {
         if self.write_blocked.load(Ordering::Relaxed) != NONE {
             self.write_blocked.store(NONE, Ordering::Relaxed);
         }
+    }
+
+    fn signal(&self) {
+        self.signals.fetch_add(1, Ordering::SeqCst);
+        self.watchdog.wake();
     }
 
     /// When a blocked write to the client must have progressed.
@@ -147,7 +155,7 @@ impl Activity {
 
     fn request_close(&self) {
         self.close.store(true, Ordering::Relaxed);
-        self.watchdog.wake();
+        self.signal();
     }
 
     /// When the connection must close if nothing changes, and why; `None`
@@ -439,7 +447,7 @@ pub(crate) async fn drive<C, E>(
     let mut timer_reset = true;
     loop {
         let now = Instant::now();
-        let blocked = activity.write_blocked.load(Ordering::Relaxed);
+        let signals = activity.signals.load(Ordering::SeqCst);
         let mut deadline = if closing {
             hard_deadline.map(|at| (at, "did not close in time"))
         } else {
@@ -490,24 +498,26 @@ pub(crate) async fn drive<C, E>(
         // The connection is polled each time one of its sockets is ready,
         // several times per request: the watchdog's own sources are polled
         // again only when a cheap look says one may have fired, or when the
-        // task's waker changed (they hold the old one). The flags that
-        // `watchdog` wakes for are read after registering, so no wake-up is
-        // lost between the two.
+        // task's waker changed (they hold the old one). Each wait registers
+        // with `watchdog` once (and again for a new waker), then reads the
+        // count of signals (see `Activity::signals`).
+        let mut first = true;
         let event = poll_fn(|cx| {
             if let Poll::Ready(result) = connection.as_mut().poll(cx) {
                 return Poll::Ready(Event::Ended(result));
-            }
-            activity.watchdog.register(cx.waker());
-            if (!closing && activity.close.load(Ordering::Relaxed))
-                || activity.write_blocked.load(Ordering::Relaxed) != blocked
-            {
-                return Poll::Ready(Event::Changed);
             }
             let stale = !registered
                 .as_ref()
                 .is_some_and(|waker| waker.will_wake(cx.waker()));
             if stale {
                 registered = Some(cx.waker().clone());
+            }
+            if first || stale {
+                first = false;
+                activity.watchdog.register(cx.waker());
+            }
+            if activity.signals.load(Ordering::SeqCst) != signals {
+                return Poll::Ready(Event::Changed);
             }
             if !closing
                 && (stale || signalled.has_changed().unwrap_or(true))
