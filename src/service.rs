@@ -127,10 +127,14 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let handling = handling(&request);
+        let session = SessionHeaders::of(request.headers());
+        let handling = handling(request.method(), &session);
         // A tracked POST is refused once its body is read, with its ids.
         if handling != Handling::Read
-            && session_id_too_long(request.headers(), self.config.max_session_id_bytes)
+            && session.is_legacy()
+            && session
+                .id
+                .is_some_and(|id| id.len() > self.config.max_session_id_bytes)
         {
             return ResponseFuture::answered(reply::session_id_too_long(
                 &[],
@@ -142,7 +146,7 @@ where
             // During the restart window the guard reads `initialize`
             // requests, to learn from their answers which sessions start.
             Handling::Untouched
-                if may_start_session(&request)
+                if may_start_session(&request, &session)
                     && self.table.watches_starts(&self.config)
                     && !declared_length_over(request.headers(), self.config.max_body_bytes) =>
             {
@@ -209,37 +213,44 @@ fn declared_length_over(headers: &http::HeaderMap, limit: usize) -> bool {
         .is_some_and(|length| length > limit as u64)
 }
 
-/// A request in a legacy session whose id is longer than the guard accepts.
-fn session_id_too_long(headers: &http::HeaderMap, limit: usize) -> bool {
-    headers
-        .get(&MCP_SESSION_ID)
-        .is_some_and(|session| session.len() > limit)
-        && !headers
-            .get(&MCP_PROTOCOL_VERSION)
-            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
+/// The session headers of a request, each looked up once (a custom
+/// header's name is hashed byte by byte for every lookup).
+struct SessionHeaders<'a> {
+    /// The first `Mcp-Session-Id`.
+    id: Option<&'a http::HeaderValue>,
+    /// `MCP-Protocol-Version` names a revision without sessions.
+    sessionless: bool,
+}
+
+impl<'a> SessionHeaders<'a> {
+    fn of(headers: &'a http::HeaderMap) -> Self {
+        Self {
+            id: headers.get(&MCP_SESSION_ID),
+            sessionless: headers
+                .get(&MCP_PROTOCOL_VERSION)
+                .is_some_and(|version| is_sessionless_revision(version.as_bytes())),
+        }
+    }
+
+    /// The request belongs to a session of a revision that has them.
+    fn is_legacy(&self) -> bool {
+        self.id.is_some() && !self.sessionless
+    }
 }
 
 /// A POST that may be an `initialize` request: JSON, without a session
 /// header, in a revision that has sessions. (Some clients send
 /// `MCP-Protocol-Version` on `initialize` too, so its presence says nothing.)
-fn may_start_session<B>(request: &Request<B>) -> bool {
-    let headers = request.headers();
+fn may_start_session<B>(request: &Request<B>, session: &SessionHeaders<'_>) -> bool {
     request.method() == Method::POST
-        && !headers.contains_key(&MCP_SESSION_ID)
-        && !headers
-            .get(&MCP_PROTOCOL_VERSION)
-            .is_some_and(|version| is_sessionless_revision(version.as_bytes()))
-        && has_media_type(headers, "application/json")
+        && session.id.is_none()
+        && !session.sessionless
+        && has_media_type(request.headers(), "application/json")
 }
 
-fn handling<B>(request: &Request<B>) -> Handling {
-    let headers = request.headers();
-    let in_legacy_session = headers.contains_key(&MCP_SESSION_ID)
-        && !headers
-            .get(&MCP_PROTOCOL_VERSION)
-            .is_some_and(|version| is_sessionless_revision(version.as_bytes()));
-    match *request.method() {
-        _ if !in_legacy_session => Handling::Untouched,
+fn handling(method: &Method, session: &SessionHeaders<'_>) -> Handling {
+    match *method {
+        _ if !session.is_legacy() => Handling::Untouched,
         // Every POST, whatever its `Content-Type`: servers check it loosely
         // (a list such as `application/json, text/plain` passes the Python
         // SDK), so the header cannot tell which bodies a server reads.
@@ -267,7 +278,10 @@ mod tests {
             ("content-type", "Application/JSON; charset=utf-8"),
             ("MCP-Session-Id", "s"),
         ];
-        let of = |method, headers: &[(&str, &str)]| handling(&request(method, headers));
+        let of = |method, headers: &[(&str, &str)]| {
+            let request = request(method, headers);
+            handling(request.method(), &SessionHeaders::of(request.headers()))
+        };
         assert_eq!(of(Method::POST, &json_in_session), Handling::Read);
         assert_eq!(of(Method::GET, &json_in_session), Handling::RestoreStream);
         assert_eq!(of(Method::DELETE, &json_in_session), Handling::Untouched);
