@@ -14,7 +14,7 @@ use tower_service::Service;
 use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::prepare::{prepare, PendingForward, Prepared};
-use crate::protocol::MCP_SESSION_ID;
+use crate::protocol::{RequestHeaders, MCP_SESSION_ID};
 use crate::reply::{body_too_large, body_unreadable, queue_timeout};
 use crate::table::{Registration, Table, Waiter};
 
@@ -82,6 +82,8 @@ struct ReadBody<S> {
     parts: Option<http::request::Parts>,
     buffer: Accumulated,
     trailers: Option<HeaderMap>,
+    /// The request's headers as the service read them.
+    headers: RequestHeaders,
     config: Config,
     table: Arc<Table>,
     /// A POST without a session read only to see whether it is an
@@ -115,10 +117,11 @@ where
     pub(crate) fn reading(
         service: S,
         request: Request<B>,
+        headers: RequestHeaders,
         config: Config,
         table: Arc<Table>,
     ) -> Self {
-        Self::read_first(service, request, config, table, false)
+        Self::read_first(service, request, headers, config, table, false)
     }
 
     /// Reads a POST without a session that may be an `initialize`, then
@@ -126,15 +129,17 @@ where
     pub(crate) fn reading_initialize(
         service: S,
         request: Request<B>,
+        headers: RequestHeaders,
         config: Config,
         table: Arc<Table>,
     ) -> Self {
-        Self::read_first(service, request, config, table, true)
+        Self::read_first(service, request, headers, config, table, true)
     }
 
     fn read_first(
         service: S,
         request: Request<B>,
+        headers: RequestHeaders,
         config: Config,
         table: Arc<Table>,
         watch_start: bool,
@@ -148,6 +153,7 @@ where
                     parts: Some(parts),
                     buffer: Accumulated::default(),
                     trailers: None,
+                    headers,
                     config,
                     table,
                     watch_start,
@@ -192,6 +198,7 @@ where
                                 .then(|| (Arc::clone(&read.table), read.config));
                             match prepare(
                                 parts,
+                                &read.headers,
                                 bytes,
                                 read.trailers.take(),
                                 &read.config,

@@ -6,9 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{
-    HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING,
-};
+use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
@@ -16,7 +14,7 @@ use crate::body::RequestBody;
 use crate::config::Config;
 use crate::edit::{splice, Edit};
 use crate::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
-use crate::protocol::MCP_SESSION_ID;
+use crate::protocol::RequestHeaders;
 use crate::reply;
 use crate::table::{Admission, InlineVec, Registration, Route, Table, Waiter};
 
@@ -96,6 +94,7 @@ impl PendingForward {
 /// request to forward (with remapped ids spliced in) or the guard's answer.
 pub(crate) fn prepare<B>(
     parts: http::request::Parts,
+    headers: &RequestHeaders,
     body: Bytes,
     trailers: Option<HeaderMap>,
     config: &Config,
@@ -109,29 +108,17 @@ pub(crate) fn prepare<B>(
         resized: false,
         queued_id: None,
     };
-    let mut sessions = pending.parts.headers.get_all(&MCP_SESSION_ID).iter();
-    let Some(session) = sessions.next().cloned() else {
+    let Some(session) = &headers.session else {
         return untracked(pending);
     };
     // Servers disagree on which of several headers counts (the first, the
     // last, or all joined): no reading is safe.
-    if sessions.next().is_some() {
+    if headers.several_sessions {
         return Prepared::Answer(reply::several_sessions());
     }
     // A server that inflates request bodies reads a request the guard
     // cannot see in the compressed bytes.
-    let encoded = pending
-        .parts
-        .headers
-        .get_all(CONTENT_ENCODING)
-        .iter()
-        .any(|value| {
-            !value
-                .as_bytes()
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"identity")
-        });
-    if encoded {
+    if headers.encoded {
         return Prepared::Answer(reply::unreadable(Unreadable::Compressed));
     }
     let session_id_too_long = session.len() > config.max_session_id_bytes;

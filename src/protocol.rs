@@ -2,7 +2,7 @@
 //! both read off requests and responses: header names, protocol revisions,
 //! media types.
 
-use http::header::{HeaderName, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::HeaderMap;
 
 /// The session header of the legacy streamable-HTTP revisions (2025-03-26 to
@@ -25,6 +25,59 @@ pub(crate) fn is_sessionless_revision(version: &[u8]) -> bool {
         _ => byte.is_ascii_digit(),
     });
     shaped && date >= FIRST_SESSIONLESS_REVISION.as_bytes()
+}
+
+/// The request headers the guard decides on, read in one pass over the map:
+/// each lookup of a custom header such as `Mcp-Session-Id` hashes its name
+/// byte by byte, and the guard needs five.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RequestHeaders {
+    /// The first `Mcp-Session-Id` (what `HeaderMap::get` returns).
+    pub(crate) session: Option<HeaderValue>,
+    /// There is more than one `Mcp-Session-Id`.
+    pub(crate) several_sessions: bool,
+    /// The first `MCP-Protocol-Version` names a revision without sessions.
+    pub(crate) sessionless: bool,
+    /// The first `Content-Length`, when it is a number.
+    pub(crate) content_length: Option<u64>,
+    /// Some `Content-Encoding` value is not `identity`.
+    pub(crate) encoded: bool,
+}
+
+impl RequestHeaders {
+    pub(crate) fn read(headers: &HeaderMap) -> Self {
+        let mut read = Self::default();
+        let (mut version_seen, mut length_seen) = (false, false);
+        for (name, value) in headers {
+            // Standard names compare by their tag, custom ones by bytes.
+            if name == CONTENT_LENGTH {
+                if !length_seen {
+                    length_seen = true;
+                    read.content_length = value.to_str().ok().and_then(|value| value.parse().ok());
+                }
+            } else if name == CONTENT_ENCODING {
+                read.encoded |= !value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"identity");
+            } else if name == MCP_SESSION_ID {
+                if read.session.is_some() {
+                    read.several_sessions = true;
+                } else {
+                    read.session = Some(value.clone());
+                }
+            } else if name == MCP_PROTOCOL_VERSION && !version_seen {
+                version_seen = true;
+                read.sessionless = is_sessionless_revision(value.as_bytes());
+            }
+        }
+        read
+    }
+
+    /// The request belongs to a session of a revision that has them.
+    pub(crate) fn in_legacy_session(&self) -> bool {
+        self.session.is_some() && !self.sessionless
+    }
 }
 
 /// Whether `headers` declare `media` as the content type (parameters and case
@@ -122,6 +175,69 @@ mod tests {
                 headers.insert(CONTENT_TYPE, value);
             }
             prop_assert_eq!(has_media_type(&headers, media), model(&headers, media));
+        }
+    }
+
+    /// The one pass reads what separate lookups read.
+    fn looked_up(headers: &HeaderMap) -> RequestHeaders {
+        let mut sessions = headers.get_all(&MCP_SESSION_ID).iter();
+        RequestHeaders {
+            session: sessions.next().cloned(),
+            several_sessions: sessions.next().is_some(),
+            sessionless: headers
+                .get(&MCP_PROTOCOL_VERSION)
+                .is_some_and(|version| is_sessionless_revision(version.as_bytes())),
+            content_length: headers
+                .get(CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.parse().ok()),
+            encoded: headers.get_all(CONTENT_ENCODING).iter().any(|value| {
+                !value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"identity")
+            }),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn one_pass_reads_what_lookups_read(
+            fields in proptest::collection::vec(
+                (
+                    prop_oneof![
+                        Just("mcp-session-id"),
+                        Just("mcp-protocol-version"),
+                        Just("content-length"),
+                        Just("content-encoding"),
+                        Just("content-type"),
+                        Just("mcp-session"),
+                        Just("x-other"),
+                    ],
+                    prop_oneof![
+                        Just("s1".to_owned()),
+                        Just("s2".to_owned()),
+                        Just("2025-11-25".to_owned()),
+                        Just("2026-07-28".to_owned()),
+                        Just("identity".to_owned()),
+                        Just(" Identity ".to_owned()),
+                        Just("gzip".to_owned()),
+                        Just("12".to_owned()),
+                        Just("+12".to_owned()),
+                        Just("99999999999999999999".to_owned()),
+                        "[ -~]{0,6}",
+                    ],
+                ),
+                0..8,
+            )
+        ) {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &fields {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    headers.append(HeaderName::from_static(name), value);
+                }
+            }
+            prop_assert_eq!(RequestHeaders::read(&headers), looked_up(&headers));
         }
     }
 

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::{ACCEPT_ENCODING, CONTENT_LENGTH};
+use http::header::ACCEPT_ENCODING;
 use http::{Method, Request, Response};
 use http_body::Body;
 use tower_service::Service;
@@ -10,9 +10,7 @@ use crate::body::{RequestBody, ResponseBody, Restoring};
 use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::layer::IdGuardLayer;
-use crate::protocol::{
-    has_media_type, is_sessionless_revision, MCP_PROTOCOL_VERSION, MCP_SESSION_ID,
-};
+use crate::protocol::{has_media_type, RequestHeaders};
 use crate::reply;
 use crate::stats::Stats;
 use crate::table::Table;
@@ -127,13 +125,14 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let session = SessionHeaders::of(request.headers());
-        let handling = handling(request.method(), &session);
+        let headers = RequestHeaders::read(request.headers());
+        let handling = handling(request.method(), &headers);
         // A tracked POST is refused once its body is read, with its ids.
         if handling != Handling::Read
-            && session.is_legacy()
-            && session
-                .id
+            && headers.in_legacy_session()
+            && headers
+                .session
+                .as_ref()
                 .is_some_and(|id| id.len() > self.config.max_session_id_bytes)
         {
             return ResponseFuture::answered(reply::session_id_too_long(
@@ -146,15 +145,16 @@ where
             // During the restart window the guard reads `initialize`
             // requests, to learn from their answers which sessions start.
             Handling::Untouched
-                if may_start_session(&request, &session)
+                if may_start_session(&request, &headers)
                     && self.table.watches_starts(&self.config)
-                    && !declared_length_over(request.headers(), self.config.max_body_bytes) =>
+                    && !declared_length_over(&headers, self.config.max_body_bytes) =>
             {
                 let clone = self.inner.clone();
                 let readied = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::reading_initialize(
                     readied,
                     request,
+                    headers,
                     self.config,
                     Arc::clone(&self.table),
                 )
@@ -178,7 +178,7 @@ where
             }
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
-                if declared_length_over(request.headers(), limit) {
+                if declared_length_over(&headers, limit) {
                     return ResponseFuture::answered(reply::body_too_large(limit));
                 }
                 // The body must be read before the inner service is called, so
@@ -186,7 +186,13 @@ where
                 // a clone stays here for the next request.
                 let clone = self.inner.clone();
                 let readied = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::reading(readied, request, self.config, Arc::clone(&self.table))
+                ResponseFuture::reading(
+                    readied,
+                    request,
+                    headers,
+                    self.config,
+                    Arc::clone(&self.table),
+                )
             }
         }
     }
@@ -205,52 +211,25 @@ enum Handling {
     Read,
 }
 
-fn declared_length_over(headers: &http::HeaderMap, limit: usize) -> bool {
+fn declared_length_over(headers: &RequestHeaders, limit: usize) -> bool {
     headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok())
+        .content_length
         .is_some_and(|length| length > limit as u64)
-}
-
-/// The session headers of a request, each looked up once (a custom
-/// header's name is hashed byte by byte for every lookup).
-struct SessionHeaders<'a> {
-    /// The first `Mcp-Session-Id`.
-    id: Option<&'a http::HeaderValue>,
-    /// `MCP-Protocol-Version` names a revision without sessions.
-    sessionless: bool,
-}
-
-impl<'a> SessionHeaders<'a> {
-    fn of(headers: &'a http::HeaderMap) -> Self {
-        Self {
-            id: headers.get(&MCP_SESSION_ID),
-            sessionless: headers
-                .get(&MCP_PROTOCOL_VERSION)
-                .is_some_and(|version| is_sessionless_revision(version.as_bytes())),
-        }
-    }
-
-    /// The request belongs to a session of a revision that has them.
-    fn is_legacy(&self) -> bool {
-        self.id.is_some() && !self.sessionless
-    }
 }
 
 /// A POST that may be an `initialize` request: JSON, without a session
 /// header, in a revision that has sessions. (Some clients send
 /// `MCP-Protocol-Version` on `initialize` too, so its presence says nothing.)
-fn may_start_session<B>(request: &Request<B>, session: &SessionHeaders<'_>) -> bool {
+fn may_start_session<B>(request: &Request<B>, headers: &RequestHeaders) -> bool {
     request.method() == Method::POST
-        && session.id.is_none()
-        && !session.sessionless
+        && headers.session.is_none()
+        && !headers.sessionless
         && has_media_type(request.headers(), "application/json")
 }
 
-fn handling(method: &Method, session: &SessionHeaders<'_>) -> Handling {
+fn handling(method: &Method, headers: &RequestHeaders) -> Handling {
     match *method {
-        _ if !session.is_legacy() => Handling::Untouched,
+        _ if !headers.in_legacy_session() => Handling::Untouched,
         // Every POST, whatever its `Content-Type`: servers check it loosely
         // (a list such as `application/json, text/plain` passes the Python
         // SDK), so the header cannot tell which bodies a server reads.
@@ -280,7 +259,7 @@ mod tests {
         ];
         let of = |method, headers: &[(&str, &str)]| {
             let request = request(method, headers);
-            handling(request.method(), &SessionHeaders::of(request.headers()))
+            handling(request.method(), &RequestHeaders::read(request.headers()))
         };
         assert_eq!(of(Method::POST, &json_in_session), Handling::Read);
         assert_eq!(of(Method::GET, &json_in_session), Handling::RestoreStream);
