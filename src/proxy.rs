@@ -152,7 +152,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -212,8 +212,9 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
 /// so a healthy stream never comes near it.
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The body type the upstream client sends.
-type OutBody = UnsyncBoxBody<Bytes, BoxError>;
+/// The body type the upstream client sends: a body read whole (the usual
+/// JSON POST) as it is, anything else boxed.
+type OutBody = Either<Full<Bytes>, UnsyncBoxBody<Bytes, BoxError>>;
 
 /// The address of the client that sent a request, as a request extension.
 ///
@@ -572,7 +573,7 @@ impl Proxy {
                 }
             }
         } else {
-            (body.map_err(Into::into).boxed_unsync(), None)
+            (Either::Right(body.map_err(Into::into).boxed_unsync()), None)
         };
 
         let client_ip = parts

@@ -7,7 +7,7 @@ use std::fmt;
 use bytes::Bytes;
 use http::Method;
 use http_body::Body;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Either, Full};
 
 use super::{BoxError, OutBody};
 use crate::body::Accumulated;
@@ -64,12 +64,14 @@ where
         }
     }
     let bytes = read.into_bytes();
-    let body = Full::new(bytes.clone()).map_err(|never| match never {});
     let body = match trailers {
-        Some(trailers) => body
-            .with_trailers(async move { Some(Ok(trailers)) })
-            .boxed_unsync(),
-        None => body.boxed_unsync(),
+        Some(trailers) => Either::Right(
+            Full::new(bytes.clone())
+                .map_err(|never| match never {})
+                .with_trailers(async move { Some(Ok(trailers)) })
+                .boxed_unsync(),
+        ),
+        None => Either::Left(Full::new(bytes.clone())),
     };
     Ok((body, bytes))
 }
