@@ -67,13 +67,17 @@ struct Upstream {
 
 /// The idle timer of an upstream body. The timer is not reset on every
 /// frame (a busy stream would touch the timer wheel per event): frames only
-/// record the time, and when the timer fires early it is moved to the last
-/// frame plus the limit. It is created the first time the body has to wait,
-/// so an answer that arrives whole never touches the timer wheel.
+/// mark that something came, the time is read when the body next has to
+/// wait (the quiet spell starts then), and when the timer fires early it is
+/// moved to that time plus the limit. It is created the first time the body
+/// has to wait, so an answer that arrives whole never touches the timer
+/// wheel or reads the clock.
 #[derive(Debug)]
 struct Idle {
     limit: Duration,
-    last_frame: Instant,
+    /// When the body started to wait after the last frame it took (or the
+    /// head); `None` until it waits again after taking one.
+    quiet_since: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -93,7 +97,7 @@ impl ProxyBody {
     pub(crate) fn upstream(body: Incoming, lease: Lease, idle_timeout: Option<Duration>) -> Self {
         let idle = idle_timeout.map(|limit| Idle {
             limit,
-            last_frame: Instant::now(),
+            quiet_since: None,
             timer: None,
         });
         Self {
@@ -196,7 +200,7 @@ impl Upstream {
         };
         if took {
             if let Some(idle) = &mut self.idle {
-                idle.last_frame = Instant::now();
+                idle.quiet_since = None;
             }
         }
         polled
@@ -234,14 +238,14 @@ impl Upstream {
         let Some(idle) = &mut self.idle else {
             return Poll::Pending;
         };
-        let timer = idle.timer.get_or_insert_with(|| {
-            Box::pin(tokio::time::sleep_until(idle.last_frame + idle.limit))
-        });
+        let deadline = *idle.quiet_since.get_or_insert_with(Instant::now) + idle.limit;
+        let timer = idle
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         loop {
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            let deadline = idle.last_frame + idle.limit;
             if deadline > Instant::now() {
                 timer.as_mut().reset(deadline);
                 continue;
