@@ -15,7 +15,9 @@
 #
 # Environment: ROUNDS (6), SECONDS_PER_RUN (10), WARMUP_SECONDS (3),
 # CONNECTIONS (32), PROXY_ARGS (extra flags for mcp-id-guard), PROXY_ENV
-# (extra environment for it, e.g. TOKIO_WORKER_THREADS=1). Installs nginx and
+# (extra environment for it, e.g. TOKIO_WORKER_THREADS=1), NGINX_FORWARDED
+# (1: nginx also sends X-Forwarded-For, -Proto and -Host, as mcp-id-guard
+# does, so the upstream gets the same request from both). Installs nginx and
 # wrk from Debian when missing (needs root). Loopback only.
 set -euo pipefail
 
@@ -25,6 +27,7 @@ WARMUP_SECONDS=${WARMUP_SECONDS:-3}
 CONNECTIONS=${CONNECTIONS:-32}
 PROXY_ARGS=${PROXY_ARGS:-}
 PROXY_ENV=${PROXY_ENV:-}
+NGINX_FORWARDED=${NGINX_FORWARDED:-0}
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -51,8 +54,12 @@ pids+=($!)
 wait_for_port "$upstream_port" "the echo server"
 
 mkdir -p "$work/nginx"
+forwarded=""
+if [ "$NGINX_FORWARDED" = 1 ]; then
+    forwarded='proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Host $http_host;'
+fi
 sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@NGINX_PORT@|$nginx_port|g" \
-    -e "s|@UPSTREAM_PORT@|$upstream_port|g" \
+    -e "s|@UPSTREAM_PORT@|$upstream_port|g" -e "s|@FORWARDED@|$forwarded|" \
     benches/nginx/proxy_vs_nginx.conf >"$work/nginx/nginx.conf"
 nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" 2>"$work/nginx/stderr.log" &
 pids+=($!)
@@ -86,7 +93,7 @@ echo "warming up both fronts (${WARMUP_SECONDS} s each)" >&2
 drive nginx "$WARMUP_SECONDS" >/dev/null
 drive proxy "$WARMUP_SECONDS" >/dev/null
 
-echo "nginx $(nginx -v 2>&1 | sed 's|.*/||'), $("$proxy_bin" --version), wrk -t1 -c$CONNECTIONS, ${SECONDS_PER_RUN} s per run, $ROUNDS rounds${PROXY_ARGS:+, proxy args: $PROXY_ARGS}${PROXY_ENV:+, proxy env: $PROXY_ENV}"
+echo "nginx $(nginx -v 2>&1 | sed 's|.*/||'), $("$proxy_bin" --version), wrk -t1 -c$CONNECTIONS, ${SECONDS_PER_RUN} s per run, $ROUNDS rounds${PROXY_ARGS:+, proxy args: $PROXY_ARGS}${PROXY_ENV:+, proxy env: $PROXY_ENV}$([ "$NGINX_FORWARDED" = 1 ] && echo ', nginx sends X-Forwarded-*')"
 printf '%-6s %-6s %10s %9s %9s %6s %7s\n' round front req/s p50_ms p99_ms bad errors
 results="$work/results"
 : >"$results"
