@@ -5,15 +5,16 @@
 # Sets: proxy_bin, echo_bin (after `build`), work (a temporary directory)
 # and pids (processes to stop on exit).
 
-# Builds mcp-id-guard and the echo server in release mode.
+# Builds mcp-id-guard in release mode and the echo server with the
+# `bench-upstream` profile (see Cargo.toml).
 build() {
     cargo build --release --quiet --features cli --bin mcp-id-guard
-    cargo build --release --quiet -p mcp-id-guard-loadtest
+    cargo build --profile bench-upstream --quiet -p mcp-id-guard-loadtest
     local target_dir
     target_dir=$(cargo metadata --format-version 1 --no-deps \
         | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
     proxy_bin="$target_dir/release/mcp-id-guard"
-    echo_bin="$target_dir/release/loadtest"
+    echo_bin="$target_dir/bench-upstream/loadtest"
 }
 
 work=$(mktemp -d)
