@@ -1304,6 +1304,9 @@ async fn flood_upstream() -> anyhow::Result<(
 /// timeout (the old proxy) its upstream stream stays open for as long as the
 /// client keeps the socket; with `--send-timeout 300ms` the connection is
 /// dropped once writes stay blocked that long, and the upstream stream with it.
+/// The other client limits are long (30 s), so the drop within 3 s shows the
+/// watchdog acts on the blocked write itself, not at its next look after the
+/// shortest of those limits.
 #[tokio::test]
 async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
     for (limit, dropped_expected) in [("0", false), ("300ms", true)] {
@@ -1313,6 +1316,10 @@ async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
             &format!("http://{}", upstream.addr),
             "--send-timeout",
             limit,
+            "--header-read-timeout",
+            "30s",
+            "--keep-alive-timeout",
+            "30s",
         ])
         .await?;
         let mut client =
@@ -1336,6 +1343,13 @@ async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
             since.elapsed()
         );
         assert_eq!(ended, dropped_expected, "--send-timeout {limit}");
+        if dropped_expected {
+            assert!(
+                since.elapsed() < Duration::from_secs(3),
+                "{:?}",
+                since.elapsed()
+            );
+        }
         drop(client);
     }
     Ok(())
