@@ -519,15 +519,13 @@ pub(crate) async fn drive<C, E>(
             if activity.signals.load(Ordering::SeqCst) != signals {
                 return Poll::Ready(Event::Changed);
             }
-            if !closing
-                && (stale || signalled.has_changed().unwrap_or(true))
-                && stop.as_mut().poll(cx).is_ready()
-            {
-                return Poll::Ready(Event::Stop);
-            }
-            if !closing {
-                // Looked at: only a later change counts.
+            if !closing && (stale || signalled.has_changed().unwrap_or(true)) {
+                // Marked seen before `stop` reads the value, so a change
+                // that lands after this shows up again at the next look.
                 signalled.mark_unchanged();
+                if stop.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Stop);
+                }
             }
             if look.is_some() && (stale || timer_reset || timer.is_elapsed()) {
                 timer_reset = false;
