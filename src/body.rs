@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
-use http::{HeaderMap, Response};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
+use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
@@ -15,7 +15,8 @@ use pin_project::pin_project;
 use crate::protocol::has_media_type;
 use crate::restore::{Part, Restorer};
 use crate::sse::SseRewriter;
-use crate::table::{Registration, Table};
+use crate::table::{Answer, Registration, Table};
+use crate::unanswered::Unanswered;
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only
@@ -100,14 +101,6 @@ where
     }
 }
 
-/// Ends a registration whose exchange ended normally: the server has answered.
-/// Dropping it any other way marks its ids abandoned.
-fn complete(registration: &mut Option<Registration>) {
-    if let Some(registration) = registration.take() {
-        registration.complete();
-    }
-}
-
 fn note_restored(table: &Table, count: usize) {
     if count > 0 {
         table.note_restored(count);
@@ -121,10 +114,11 @@ fn into_bytes_frame<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
 
 /// The response body of [`IdGuard`](crate::IdGuard).
 ///
-/// It carries the registration of the request's ids and releases it when the
-/// body ends or is dropped, whichever comes first. Responses the guard gives
-/// itself (rejections, 413, 429) use the same type, so the inner body's error
-/// type is kept.
+/// It carries the registration of the request's ids and releases it when
+/// every response it waits for has passed, or when the body ends or is
+/// dropped, whichever comes first. Responses the guard gives itself
+/// (rejections, 413, 429) use the same type, so the inner body's error type
+/// is kept.
 #[pin_project]
 #[derive(Debug)]
 pub struct ResponseBody<B> {
@@ -135,20 +129,21 @@ pub struct ResponseBody<B> {
 #[pin_project(project = ResponseKindProj)]
 #[derive(Debug)]
 enum ResponseKind<B> {
-    /// The inner body, unchanged.
+    /// The inner body, unchanged. A registration held here learns of no
+    /// response: its ids are abandoned when it is dropped.
     Inner {
         #[pin]
         body: B,
         registration: Option<Registration>,
     },
-    /// A body that may carry server-side ids, restored as it streams.
-    Restore {
+    /// A body that is read for responses as it streams, and restored when it
+    /// may carry server-side ids.
+    Read {
         #[pin]
         body: B,
         registration: Option<Registration>,
-        table: Arc<Table>,
-        /// Boxed: the unchanged inner body, the common case, stays small.
-        stream: Box<Stream>,
+        /// Boxed: the unchanged inner body stays small.
+        reading: Box<Reading>,
         /// Restored pieces ready to go on.
         out: VecDeque<Bytes>,
         trailers: Option<HeaderMap>,
@@ -158,22 +153,105 @@ enum ResponseKind<B> {
     Answer { body: Full<Bytes> },
 }
 
-/// What the guard needs to restore client ids in a response.
+/// How the guard reads a response body: for the responses it carries (which
+/// free their ids) and, where it may hold ids the guard issued, to restore
+/// the client's ids in them.
 #[derive(Debug, Clone)]
 pub(crate) struct Restoring {
-    /// Counts what is restored.
+    /// Counts what is restored; frees ids answered on a session's stream.
     pub(crate) table: Arc<Table>,
     /// The longest id a client could have sent (the body limit): a longer
     /// id token is not held back.
     pub(crate) max_id: usize,
+    /// The request carried server-side ids (or the stream may replay
+    /// answers to such requests): restore them.
+    pub(crate) restore: bool,
+    /// A stream of this session that is no request's own (a `GET`): a
+    /// response on it answers a request whose own stream ended early, and
+    /// frees its abandoned id.
+    pub(crate) session: Option<HeaderValue>,
 }
 
-/// How a restored body is framed.
+/// The state of a body being read.
+#[derive(Debug)]
+struct Reading {
+    stream: Stream,
+    /// Client ids may be restored: the length of the body may change.
+    restores: bool,
+    /// What a body only watched would have sent on, dropped.
+    scratch: VecDeque<Bytes>,
+    table: Arc<Table>,
+    session: Option<HeaderValue>,
+}
+
+impl Reading {
+    /// Reads a chunk; appends what can go on to `out`. A body that is only
+    /// watched goes on as it came (the restorer would hand back the same
+    /// bytes, in more pieces and later).
+    fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        if self.restores {
+            return self.stream.push(chunk, out);
+        }
+        match &mut self.stream {
+            Stream::Json {
+                restorer,
+                offset,
+                last,
+            } => {
+                let start = *offset;
+                *offset += chunk.len();
+                let parts = [Part::Json(start..*offset)];
+                restorer.push(&chunk, start, &parts, &mut self.scratch);
+                out.extend(last.replace(chunk));
+            }
+            Stream::Sse(rewriter) => {
+                rewriter.push(chunk.clone(), &mut self.scratch);
+                out.push_back(chunk);
+            }
+        }
+        self.scratch.clear();
+    }
+
+    /// The body ended: whatever is held goes to `out`.
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        if self.restores {
+            return self.stream.finish(out);
+        }
+        if let Stream::Json { last, .. } = &mut self.stream {
+            out.extend(last.take());
+        }
+        self.stream.finish(&mut self.scratch);
+        self.scratch.clear();
+    }
+
+    /// Hands what passed to whoever waits for it: the registration, or the
+    /// table for a session's stream. Returns whether responses are still
+    /// awaited.
+    fn settle(&mut self, registration: &mut Option<Registration>) -> bool {
+        note_restored(&self.table, self.stream.take_restored());
+        let answered = self.stream.take_answered();
+        if let Some(session) = &self.session {
+            for (key, restored) in answered {
+                // Only an id the server knew as the client's own can be
+                // abandoned; a restored one was unique.
+                if !restored {
+                    self.table.answered_elsewhere(session.as_bytes(), &key);
+                }
+            }
+            return false;
+        }
+        registration
+            .as_mut()
+            .is_some_and(|registration| registration.note_answered(answered))
+    }
+}
+
+/// How a read body is framed.
 #[derive(Debug)]
 enum Stream {
-    /// One JSON text (`application/json`). The last restored piece is held
-    /// until the body ends, so the registration is released before the client
-    /// has the whole response and an immediate reuse of the id never collides.
+    /// One JSON text (`application/json`). The last piece is held until the
+    /// body ends, so the registration is released before the client has the
+    /// whole response and an immediate reuse of the id never collides.
     Json {
         restorer: Restorer,
         offset: usize,
@@ -203,6 +281,7 @@ impl Stream {
         }
     }
 
+    /// The body ended: whatever is held goes to `out`.
     fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         match self {
             Stream::Json {
@@ -225,11 +304,10 @@ impl Stream {
         }
     }
 
-    /// Every response the exchange waits for has passed.
-    fn all_answered(&self) -> bool {
+    fn take_answered(&mut self) -> Vec<Answer> {
         match self {
-            Stream::Json { .. } => false,
-            Stream::Sse(rewriter) => rewriter.all_answered(),
+            Stream::Json { restorer, .. } => restorer.take_answered().collect(),
+            Stream::Sse(rewriter) => rewriter.take_answered().collect(),
         }
     }
 }
@@ -248,32 +326,9 @@ impl<B: Default> Default for ResponseBody<B> {
 }
 
 impl<B: Body> ResponseBody<B> {
-    pub(crate) fn inner(body: B, mut registration: Option<Registration>) -> Self {
-        // A body that is empty from the start is never polled.
-        if body.is_end_stream() {
-            complete(&mut registration);
-        }
+    pub(crate) fn inner(body: B, registration: Option<Registration>) -> Self {
         Self {
             kind: ResponseKind::Inner { body, registration },
-        }
-    }
-
-    fn restore(
-        body: B,
-        registration: Option<Registration>,
-        table: Arc<Table>,
-        stream: Stream,
-    ) -> Self {
-        Self {
-            kind: ResponseKind::Restore {
-                body,
-                registration,
-                table,
-                stream: Box::new(stream),
-                out: VecDeque::new(),
-                trailers: None,
-                finished: false,
-            },
         }
     }
 
@@ -283,49 +338,95 @@ impl<B: Body> ResponseBody<B> {
         }
     }
 
-    /// Moves the registration into the response body, choosing how the body is
-    /// rewritten when the request carried a server-side id.
+    /// Moves the registration into the response body, choosing how the body
+    /// is read: for the responses the registration waits for, for a
+    /// session's answers on a stream of its own, and to restore client ids
+    /// where the request carried server-side ones.
     pub(crate) fn wrap(
         response: Response<B>,
-        registration: Option<Registration>,
+        mut registration: Option<Registration>,
         restoring: Option<Restoring>,
     ) -> Response<Self> {
         let (mut parts, body) = response.into_parts();
-        // Under Reject and Queue an event stream is also watched for the
-        // responses, so the ids are free as soon as the client has them, even if
-        // the server keeps the stream open a little longer.
-        let awaited = registration
-            .as_ref()
-            .map(Registration::awaited_keys)
-            .unwrap_or_default();
-        // The media type is read only when the body may be rewritten: most
-        // answers (unique ids under Remap) pass as they are.
-        let is_sse = || has_media_type(&parts.headers, "text/event-stream");
-        let restoring = restoring.or_else(|| {
-            // Watching needs the rewriter even when nothing is restored.
-            let table = registration.as_ref()?.table();
-            (!awaited.is_empty() && is_sse()).then(|| Restoring {
-                table: Arc::clone(table),
-                max_id: usize::MAX,
-            })
+        // An answer given in the server's place is no response from it. A
+        // `4xx` refuses the request as a whole (a body limit, an unknown
+        // session, a duplicate the server itself rejects): nothing runs.
+        let stand_in = parts.extensions.get::<Unanswered>().copied().or_else(|| {
+            parts
+                .status
+                .is_client_error()
+                .then_some(Unanswered::NotSent)
         });
-        let Some(Restoring { table, max_id }) = restoring else {
+        if stand_in == Some(Unanswered::NotSent) {
+            if let Some(registration) = registration.take() {
+                registration.unsent();
+            }
+        }
+        let awaits =
+            stand_in.is_none() && registration.as_ref().is_some_and(Registration::awaits_any);
+        let restores = restoring
+            .as_ref()
+            .is_some_and(|restoring| restoring.restore);
+        let watches_session = stand_in.is_none()
+            && restoring
+                .as_ref()
+                .is_some_and(|restoring| restoring.session.is_some());
+        let watch = awaits || watches_session;
+        // A compressed body cannot be read: nothing in it counts as answered.
+        if !(watch || restores) || parts.headers.contains_key(CONTENT_ENCODING) {
+            return Response::from_parts(parts, Self::inner(body, registration));
+        }
+        let Some((table, max_id, session)) = restoring
+            .map(|restoring| (restoring.table, restoring.max_id, restoring.session))
+            .or_else(|| {
+                let table = Arc::clone(registration.as_ref()?.table());
+                Some((table, usize::MAX, None))
+            })
+        else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
-        let is_sse = is_sse();
         let stream = if has_media_type(&parts.headers, "application/json") {
+            let restorer = Restorer::new(max_id, watch);
             Stream::Json {
-                restorer: Restorer::new(max_id, false),
+                restorer: if restores {
+                    restorer
+                } else {
+                    restorer.without_restoring()
+                },
                 offset: 0,
                 last: None,
             }
-        } else if is_sse {
-            Stream::Sse(SseRewriter::watching(max_id, awaited))
+        } else if has_media_type(&parts.headers, "text/event-stream") {
+            let rewriter = SseRewriter::new(max_id, watch);
+            Stream::Sse(if restores {
+                rewriter
+            } else {
+                rewriter.without_restoring()
+            })
         } else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
-        parts.headers.remove(CONTENT_LENGTH);
-        Response::from_parts(parts, Self::restore(body, registration, table, stream))
+        // Only restoring changes the bytes; a body only watched keeps its
+        // length.
+        if restores {
+            parts.headers.remove(CONTENT_LENGTH);
+        }
+        let reading = Box::new(Reading {
+            stream,
+            restores,
+            scratch: VecDeque::new(),
+            table,
+            session: session.filter(|_| watches_session),
+        });
+        let kind = ResponseKind::Read {
+            body,
+            registration,
+            reading,
+            out: VecDeque::new(),
+            trailers: None,
+            finished: false,
+        };
+        Response::from_parts(parts, Self { kind })
     }
 }
 
@@ -346,18 +447,19 @@ where
                 registration,
             } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
-                // hyper stops polling once `is_end_stream` says so, so the end
-                // is noticed here as well as on `None`.
+                // The exchange is over, and no response was seen in it (hyper
+                // stops polling once `is_end_stream` says so, and says so
+                // after an error too): what the registration holds is
+                // abandoned now rather than when the body is dropped.
                 if frame.is_none() || body.is_end_stream() {
-                    complete(registration);
+                    registration.take();
                 }
                 Poll::Ready(frame.map(|frame| frame.map(into_bytes_frame)))
             }
-            ResponseKindProj::Restore {
+            ResponseKindProj::Read {
                 mut body,
                 registration,
-                table,
-                stream,
+                reading,
                 out,
                 trailers,
                 finished,
@@ -375,22 +477,27 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            stream.push(data.copy_to_bytes(data.remaining()), out);
-                            note_restored(table, stream.take_restored());
-                            // Released before the answer's last bytes go on.
-                            if stream.all_answered() {
-                                complete(registration);
+                            reading.push(data.copy_to_bytes(data.remaining()), out);
+                            // Every awaited response passed: the ids are
+                            // free before the answer's last bytes go on,
+                            // even if the server keeps the stream open.
+                            if !reading.settle(registration) {
+                                registration.take();
                             }
                         }
                         // Trailers come last; held until the held-back bytes are out.
                         Err(frame) => *trailers = frame.into_trailers().ok(),
                     },
+                    // The registration stays: dropped with the body, it
+                    // leaves what was not answered abandoned.
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        stream.finish(out);
-                        note_restored(table, stream.take_restored());
-                        complete(registration);
+                        reading.finish(out);
+                        reading.settle(registration);
+                        // Released before the last pieces go on; what did
+                        // not pass stays abandoned.
+                        registration.take();
                     }
                 }
             },
@@ -403,7 +510,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.is_end_stream(),
-            ResponseKind::Restore {
+            ResponseKind::Read {
                 finished,
                 out,
                 trailers,
@@ -416,8 +523,10 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.size_hint(),
-            // The restored length is known only once rewritten.
-            ResponseKind::Restore { .. } => SizeHint::default(),
+            // A body only watched goes on byte for byte; a restored one's
+            // length is known only once rewritten.
+            ResponseKind::Read { body, reading, .. } if !reading.restores => body.size_hint(),
+            ResponseKind::Read { .. } => SizeHint::default(),
             ResponseKind::Answer { body } => body.size_hint(),
         }
     }

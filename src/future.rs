@@ -64,7 +64,8 @@ where
         #[pin]
         future: S::Future,
         registration: Option<Registration>,
-        /// Restore client ids in the response.
+        /// How to read the response: for the responses the registration
+        /// waits for, and to restore client ids.
         restore: Option<Restoring>,
         /// The request is an `initialize`: record the session its answer
         /// starts in this table.
@@ -210,11 +211,15 @@ where
                                     restore,
                                 } => State::Calling {
                                     future: service.call(request),
-                                    registration,
-                                    restore: restore.then(|| Restoring {
-                                        table: Arc::clone(&read.table),
-                                        max_id: read.config.max_body_bytes,
+                                    restore: (restore || registration.is_some()).then(|| {
+                                        Restoring {
+                                            table: Arc::clone(&read.table),
+                                            max_id: read.config.max_body_bytes,
+                                            restore,
+                                            session: None,
+                                        }
                                     }),
+                                    registration,
                                     starts,
                                 },
                                 Prepared::Queue {
@@ -254,14 +259,17 @@ where
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready(server_id) => {
                         match (service.take(), pending.take(), registration.take()) {
-                            (Some(mut service), Some(pending), Some(registration)) => {
-                                let restore = server_id.is_some().then(|| Restoring {
+                            (Some(mut service), Some(pending), Some(mut registration)) => {
+                                let remapped = server_id.is_some();
+                                let restore = Some(Restoring {
                                     table: Arc::clone(registration.table()),
                                     max_id: *max_id,
+                                    restore: remapped,
+                                    session: None,
                                 });
                                 let future =
                                     service.call(pending.into_request(server_id.as_deref()));
-                                registration.forwarded();
+                                registration.forwarded(remapped);
                                 State::Calling {
                                     future,
                                     registration: Some(registration),

@@ -258,6 +258,7 @@ mod service;
 mod sse;
 mod stats;
 mod table;
+mod unanswered;
 
 pub use body::{RequestBody, ResponseBody};
 pub use config::OnDuplicate;
@@ -265,6 +266,7 @@ pub use future::ResponseFuture;
 pub use layer::IdGuardLayer;
 pub use service::IdGuard;
 pub use stats::Stats;
+pub use unanswered::Unanswered;
 
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]

@@ -52,9 +52,9 @@ pub(crate) struct PendingForward {
 }
 
 impl PendingForward {
-    /// The response will carry server-side ids to restore: ask for it
-    /// uncompressed, so it can be.
-    fn restores_response(&mut self) {
+    /// The response will be read (for the responses that free the ids, and
+    /// to restore server-side ids): ask for it uncompressed, so it can be.
+    fn reads_response(&mut self) {
         self.parts.headers.remove(ACCEPT_ENCODING);
     }
 
@@ -68,7 +68,7 @@ impl PendingForward {
     pub(crate) fn into_request<B>(mut self, server_id: Option<&[u8]>) -> Request<RequestBody<B>> {
         if let (Some(server_id), Some((range, _))) = (server_id, self.queued_id.take()) {
             self.edits.push((range, server_id.to_vec()));
-            self.restores_response();
+            self.reads_response();
         }
         if self.edits.is_empty() && !self.resized {
             return Request::from_parts(
@@ -203,6 +203,7 @@ pub(crate) fn prepare<B>(
             ticket,
         }) => {
             log_duplicate(config, table, session, ids[0], "queued");
+            pending.reads_response();
             (Some(registration), false, Some(ticket))
         }
         Some(Admission::Admitted {
@@ -228,9 +229,7 @@ pub(crate) fn prepare<B>(
                     remapped = true;
                 }
             }
-            if remapped {
-                pending.restores_response();
-            }
+            pending.reads_response();
             (Some(registration), remapped, None)
         }
     };

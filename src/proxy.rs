@@ -158,6 +158,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::reply;
+use crate::Unanswered;
 
 mod answer;
 mod body;
@@ -564,12 +565,14 @@ impl Proxy {
                 Ok((body, bytes)) => (body, Some(bytes)),
                 Err(error) => {
                     tracing::debug!(error = %error, "request body failed while being read");
-                    return local(
+                    let mut response = local(
                         StatusCode::BAD_REQUEST,
                         &ErrorIds::Null,
                         reply::INVALID_REQUEST,
                         reply::UNREADABLE_MESSAGE,
                     );
+                    response.extensions_mut().insert(Unanswered::NotSent);
+                    return response;
                 }
             }
         } else {
@@ -602,16 +605,26 @@ impl Proxy {
             .pool
             .send(Request::from_parts(parts, body), deadline)
             .await;
-        match answered {
+        let failure = match answered {
             Ok((response, lease)) => {
                 let (mut parts, body) = response.into_parts();
                 headers::remove_hop_by_hop(&mut parts.headers);
                 tracing::debug!(%method, %uri, status = %parts.status, "upstream answered");
                 let mut body = ProxyBody::upstream(body, lease, this.idle_timeout);
                 body.gather().await;
-                Response::from_parts(parts, body)
+                return Response::from_parts(parts, body);
             }
-            Err(Failure::Timeout) => {
+            Err(failure) => failure,
+        };
+        // The guard in front frees the request's ids only if the upstream
+        // cannot have it: this answer is no response from the server.
+        let unanswered = if failure.sent() {
+            Unanswered::Sent
+        } else {
+            Unanswered::NotSent
+        };
+        let mut response = match failure {
+            Failure::Timeout { .. } => {
                 if let Some(suppressed) = this.warnings.ready(UpstreamFailure::ResponseTimeout) {
                     tracing::warn!(
                         %method,
@@ -629,7 +642,7 @@ impl Proxy {
                     "Gateway Timeout: the upstream MCP server did not answer in time",
                 )
             }
-            Err(Failure::Busy(busy)) => {
+            Failure::Busy(busy) => {
                 if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {
                     tracing::warn!(
                         %method,
@@ -645,27 +658,29 @@ impl Proxy {
                     "Service Unavailable: every upstream connection is busy; retry later",
                 )
             }
-            Err(Failure::Send(error)) => this.bad_gateway(
+            Failure::Send { error, .. } => this.bad_gateway(
                 UpstreamFailure::FailedBeforeAnswer,
                 "Bad Gateway: the upstream MCP server failed before answering",
                 &error,
                 (&method, &uri),
                 &ErrorIds::sent(read.as_deref()),
             ),
-            Err(Failure::Connect(error)) if is_timeout(&*error) => this.bad_gateway(
+            Failure::Connect(error) if is_timeout(&*error) => this.bad_gateway(
                 UpstreamFailure::ConnectTimeout,
                 "Bad Gateway: the upstream MCP server did not accept the connection in time",
                 &*error,
                 (&method, &uri),
                 &ErrorIds::sent(read.as_deref()),
             ),
-            Err(Failure::Connect(error)) => this.bad_gateway(
+            Failure::Connect(error) => this.bad_gateway(
                 UpstreamFailure::Unreachable,
                 "Bad Gateway: the upstream MCP server could not be reached",
                 &*error,
                 (&method, &uri),
                 &ErrorIds::sent(read.as_deref()),
             ),
-        }
+        };
+        response.extensions_mut().insert(unanswered);
+        response
     }
 }

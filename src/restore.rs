@@ -15,7 +15,8 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 
 use crate::envelope::scan::{Event, KeyName, Scanner};
-use crate::id::{id_key, restore, IdKey};
+use crate::id::{id_key, restore};
+use crate::table::Answer;
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
@@ -24,7 +25,7 @@ const WINDOW: usize = 64 * 1024;
 
 /// At most this many responses of one text are remembered as answered: a
 /// server could send a batch of millions. One not remembered only means its
-/// id is released when the exchange ends rather than as soon as it passed.
+/// id is kept abandoned when the exchange ends, the safe side.
 const MAX_ANSWERING: usize = 4096;
 
 /// A piece of a chunk, as the caller frames it; positions are absolute
@@ -79,11 +80,14 @@ pub(crate) struct Restorer {
     max_id: usize,
     /// Learn the ids of every response, restored or not.
     watch: bool,
+    /// Restore server-side ids (else only watch): only a response that may
+    /// carry ids this guard issued for its request is restored.
+    restoring: bool,
     restored: usize,
     /// Responses of the current text, counted as answered once it ends (the
     /// client has the whole response then).
-    answering: Vec<IdKey>,
-    answered: Vec<IdKey>,
+    answering: Vec<Answer>,
+    answered: Vec<Answer>,
     /// Absolute offset of the first byte not yet emitted or held.
     emitted: usize,
 }
@@ -101,6 +105,7 @@ impl Restorer {
             passing: false,
             max_id,
             watch,
+            restoring: true,
             restored: 0,
             answering: Vec::new(),
             answered: Vec::new(),
@@ -108,15 +113,21 @@ impl Restorer {
         }
     }
 
+    /// A restorer that only watches: it restores nothing.
+    pub(crate) fn without_restoring(mut self) -> Self {
+        self.restoring = false;
+        self
+    }
+
     /// How many ids were restored since the last call.
     pub(crate) fn take_restored(&mut self) -> usize {
         std::mem::take(&mut self.restored)
     }
 
-    /// The collision keys of the client ids of the responses that passed
-    /// since the last call (only when watching).
-    pub(crate) fn take_answered(&mut self) -> Vec<IdKey> {
-        std::mem::take(&mut self.answered)
+    /// The responses that passed since the last call (only when watching):
+    /// the collision keys of their client ids, and whether each was restored.
+    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Answer> {
+        self.answered.drain(..)
     }
 
     /// Takes the next raw chunk, which starts at absolute offset `base`, and
@@ -305,11 +316,13 @@ impl Restorer {
             }
             std::str::from_utf8(&held.bytes[..id_len]).ok()
         });
-        let original = id.and_then(restore);
+        let original = id.filter(|_| self.restoring).and_then(restore);
         if self.watch && self.answering.len() < MAX_ANSWERING {
             if let Some(id) = id {
-                self.answering
-                    .push(id_key(original.as_deref().unwrap_or(id)));
+                self.answering.push((
+                    id_key(original.as_deref().unwrap_or(id)),
+                    original.is_some(),
+                ));
             }
         }
         if original.is_some() {
@@ -424,7 +437,7 @@ mod tests {
     use crate::id::IdMinter;
 
     /// Restores `body` fed in pieces of `cut` bytes.
-    fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<IdKey>) {
+    fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Answer>) {
         let mut restorer = Restorer::new(1 << 20, watch);
         let mut out = VecDeque::new();
         let mut base = 0;
@@ -440,7 +453,8 @@ mod tests {
         }
         restorer.finish(&mut out);
         let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
-        (bytes, restorer.take_answered())
+        let answered = restorer.take_answered().collect();
+        (bytes, answered)
     }
 
     #[test]
@@ -491,7 +505,14 @@ mod tests {
                 String::from_utf8(out).unwrap(),
                 r#"[{"id":1,"result":1},{"id":7,"result":2},{"id":2,"error":{}}]"#
             );
-            assert_eq!(answered, [id_key("1"), id_key("7"), id_key("2")]);
+            assert_eq!(
+                answered,
+                [
+                    (id_key("1"), true),
+                    (id_key("7"), false),
+                    (id_key("2"), true)
+                ]
+            );
         }
     }
 

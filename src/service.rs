@@ -164,15 +164,25 @@ where
             }
             // A standalone or resumed stream may carry (or replay) responses to
             // remapped requests; restoring is stateless, by the id encoding.
+            // It may also carry the answer to a request whose own stream the
+            // server closed early (SEP-1699 polling): that frees its id.
             Handling::RestoreStream => {
                 let mut request = request;
                 // Restoring needs the stream as the server wrote it.
                 request.headers_mut().remove(ACCEPT_ENCODING);
+                // Only a resumed stream replays answers (spec 2025-11-25,
+                // resumability); a standalone one carries none.
+                let session = headers
+                    .session
+                    .clone()
+                    .filter(|_| request.headers().contains_key("last-event-id"));
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
                     Some(Restoring {
                         table: Arc::clone(&self.table),
                         max_id: self.config.max_body_bytes,
+                        restore: true,
+                        session,
                     }),
                 )
             }

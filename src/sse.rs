@@ -16,8 +16,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::id::IdKey;
 use crate::restore::{Part, Restorer};
+use crate::table::Answer;
 
 /// The longest field name or `event:` value the framer keeps to recognise
 /// it; longer ones are neither `data` nor `message`.
@@ -60,27 +60,21 @@ pub(crate) struct SseRewriter {
     data_end: usize,
     /// The current event names a type other than `message`.
     other_type: bool,
-    /// Keys of the requests whose responses are still to come, when the
-    /// stream is watched for them.
-    awaited: Vec<IdKey>,
-    /// Every awaited response has passed.
-    answered: bool,
     parts: Vec<Part>,
 }
 
 impl Default for SseRewriter {
     fn default() -> Self {
-        Self::watching(usize::MAX, Vec::new())
+        Self::new(usize::MAX, false)
     }
 }
 
 impl SseRewriter {
-    /// A rewriter that holds ids up to `max_id` bytes and watches for the
-    /// responses to these requests (by the collision keys of their client
-    /// ids); see [`all_answered`](Self::all_answered).
-    pub(crate) fn watching(max_id: usize, awaited: Vec<IdKey>) -> Self {
+    /// A rewriter that holds ids up to `max_id` bytes; `watch`: also learn
+    /// every response that passes ([`take_answered`](Self::take_answered)).
+    pub(crate) fn new(max_id: usize, watch: bool) -> Self {
         Self {
-            restorer: Restorer::new(max_id, !awaited.is_empty()),
+            restorer: Restorer::new(max_id, watch),
             line: Line::Start,
             short: Vec::with_capacity(SHORT),
             after_cr: false,
@@ -88,16 +82,20 @@ impl SseRewriter {
             data_lines: 0,
             data_end: 0,
             other_type: false,
-            awaited,
-            answered: false,
             parts: Vec::new(),
         }
     }
 
-    /// Whether every awaited response has passed: the exchange is over as far
-    /// as the client is concerned, even if the server keeps the stream open.
-    pub(crate) fn all_answered(&self) -> bool {
-        self.answered
+    /// A rewriter that only watches: it restores nothing.
+    pub(crate) fn without_restoring(mut self) -> Self {
+        self.restorer = self.restorer.without_restoring();
+        self
+    }
+
+    /// The responses whose events passed whole since the last call (only
+    /// when watching).
+    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Answer> {
+        self.restorer.take_answered()
     }
 
     /// How many ids were restored since the last call.
@@ -124,7 +122,6 @@ impl SseRewriter {
         self.offset = base + chunk.len();
         self.restorer.push(&chunk, base, &parts, out);
         self.parts = parts;
-        self.note_answered();
     }
 
     /// Ends the stream: a final CR ends its line, an unterminated last event
@@ -137,16 +134,6 @@ impl SseRewriter {
         }
         self.restorer.push(&Bytes::new(), self.offset, &parts, out);
         self.restorer.finish(out);
-        self.note_answered();
-    }
-
-    fn note_answered(&mut self) {
-        for key in self.restorer.take_answered() {
-            if let Some(position) = self.awaited.iter().position(|awaited| *awaited == key) {
-                self.awaited.swap_remove(position);
-                self.answered = self.awaited.is_empty();
-            }
-        }
     }
 
     /// Reads from `chunk[at]` to the end of the current line's state;
@@ -346,24 +333,32 @@ mod tests {
     }
 
     #[test]
-    fn notices_when_the_awaited_responses_have_passed() {
+    fn learns_each_response_once_its_event_ends() {
         let minter = IdMinter::new();
         let server_id = String::from_utf8(minter.mint(r#""\u0031""#)).unwrap();
-        let mut rewriter = SseRewriter::watching(usize::MAX, vec![id_key("1"), id_key("2")]);
+        let mut rewriter = SseRewriter::new(usize::MAX, true);
         let mut out = VecDeque::new();
         let first = format!("data: {{\"method\":\"n\",\"params\":{{\"result\":1}}}}\n\ndata: {{\"id\":{server_id},\"result\":1}}\n\n");
         rewriter.push(Bytes::from(first), &mut out);
-        assert!(
-            !rewriter.all_answered(),
-            "only the response with id 1 passed"
+        assert_eq!(
+            rewriter.take_answered().collect::<Vec<_>>(),
+            [(id_key("1"), true)],
+            "only the response with id 1 passed, restored"
         );
         rewriter.push(
             Bytes::from_static(b"data: {\"id\":\"2\",\"error\":{}}\n"),
             &mut out,
         );
-        assert!(!rewriter.all_answered(), "the event is not complete yet");
+        assert_eq!(
+            rewriter.take_answered().count(),
+            0,
+            "the event is not complete yet"
+        );
         rewriter.push(Bytes::from_static(b"\n"), &mut out);
-        assert!(rewriter.all_answered());
+        assert_eq!(
+            rewriter.take_answered().collect::<Vec<_>>(),
+            [(id_key("2"), false)]
+        );
     }
 
     #[test]

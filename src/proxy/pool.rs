@@ -42,10 +42,23 @@ pub(crate) enum Failure {
     Busy(UpstreamBusy),
     /// No connection could be opened.
     Connect(BoxError),
-    /// The connection failed before the answer's head arrived.
-    Send(hyper::Error),
-    /// The answer's head did not arrive by the deadline.
-    Timeout,
+    /// The connection failed before the answer's head arrived; `sent`: the
+    /// request may have been written (hyper did not hand it back).
+    Send { error: hyper::Error, sent: bool },
+    /// The answer's head did not arrive by the deadline; `sent`: the request
+    /// had been handed to a connection (else the deadline passed while it
+    /// waited for one).
+    Timeout { sent: bool },
+}
+
+impl Failure {
+    /// Whether the upstream may have the request, and may still run it.
+    pub(crate) fn sent(&self) -> bool {
+        match self {
+            Self::Busy(_) | Self::Connect(_) => false,
+            Self::Send { sent, .. } | Self::Timeout { sent } => *sent,
+        }
+    }
 }
 
 /// The upstream connections of one [`Proxy`](super::Proxy).
@@ -183,7 +196,7 @@ impl Pool {
                 (Some(connection), _) => (connection, true),
                 (None, Some(deadline)) => timeout_at(deadline, self.checkout())
                     .await
-                    .map_err(|_| Failure::Timeout)??,
+                    .map_err(|_| Failure::Timeout { sent: false })??,
                 (None, None) => self.checkout().await?,
             };
             connection.arm(deadline);
@@ -198,10 +211,12 @@ impl Pool {
                 }
                 connection.drive(cx);
                 if let Poll::Ready(ready) = connection.sender.poll_ready(cx) {
-                    return Poll::Ready(ready.map_err(Failure::Send));
+                    return Poll::Ready(
+                        ready.map_err(|error| Failure::Send { error, sent: false }),
+                    );
                 }
                 if connection.expired(cx) {
-                    return Poll::Ready(Err(Failure::Timeout));
+                    return Poll::Ready(Err(Failure::Timeout { sent: false }));
                 }
                 Poll::Pending
             })
@@ -209,7 +224,7 @@ impl Pool {
             if let Err(failure) = ready {
                 // A pooled connection the upstream closed while it was
                 // idle; the request has not left.
-                if reused && matches!(failure, Failure::Send(_)) {
+                if reused && matches!(failure, Failure::Send { .. }) {
                     continue;
                 }
                 return Err(failure);
@@ -227,7 +242,7 @@ impl Pool {
             })
             .await;
             let Some(answered) = answered else {
-                return Err(Failure::Timeout);
+                return Err(Failure::Timeout { sent: true });
             };
             match answered {
                 Ok(response) => {
@@ -240,7 +255,12 @@ impl Pool {
                 Err(mut error) => match error.take_message() {
                     // Closed before the request was written: try another.
                     Some(again) if reused => request = again,
-                    _ => return Err(Failure::Send(error.into_error())),
+                    unsent => {
+                        return Err(Failure::Send {
+                            sent: unsent.is_none(),
+                            error: error.into_error(),
+                        })
+                    }
                 },
             }
         }

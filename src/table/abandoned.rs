@@ -1,6 +1,7 @@
 //! Abandoned ids: expiring them when their time is up, and forgetting the
 //! oldest first when the byte budget is full.
 
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -142,5 +143,62 @@ impl Table {
                 "table full: forgetting the oldest abandoned ids before their time"
             );
         }
+    }
+}
+
+/// Answers that arrive on a stream other than the request's own.
+impl Table {
+    /// A response with the client's own id `key` passed to the client on a
+    /// stream of `session` that belongs to no request (a `GET`, resumed with
+    /// `Last-Event-ID` after the server closed the request's own stream to
+    /// have it poll, SEP-1699). If that id is abandoned, the server has now
+    /// answered the request it was running under it: the id is free.
+    ///
+    /// Only an abandoned entry is freed. While an id is abandoned every new
+    /// request with it goes with a server-side id, so the server runs at
+    /// most one request under the client's own id: the one answered here.
+    pub(crate) fn answered_elsewhere(&self, session: &[u8], key: &str) {
+        let session_hash = self.hasher.hash_one(session);
+        let key_hash = self.hasher.hash_one(key.as_bytes());
+        let mut locked = self.shard(session_hash);
+        let shard = &mut *locked;
+        let Ok(mut slot) = shard
+            .sessions
+            .find_entry(session_hash, |entry| entry.is(session_hash, session))
+        else {
+            return;
+        };
+        let session = slot.get_mut();
+        let Ok(mut key_slot) = session.keys.find_entry(key_hash, |state| {
+            state.hash == key_hash && state.key.as_bytes() == key.as_bytes()
+        }) else {
+            return;
+        };
+        let state = key_slot.get_mut();
+        let Some(position) = state
+            .entries
+            .iter()
+            .position(|entry| entry.ended && !entry.remapped())
+        else {
+            return;
+        };
+        let mut delta = 0;
+        if let Some(entry) = state.entries.get_mut(position) {
+            delta -= session::entry_cost(&entry.server_id) as isize;
+        }
+        state.entries.remove(position);
+        // Its record in the shard's expiry queue stays, and gives back the
+        // record's bytes when it expires (finding no entry by then).
+        self.abandoned.fetch_sub(1, Ordering::Relaxed);
+        self.grant_waiters(&mut shard.next_serial, state, &mut delta);
+        if state.is_empty() {
+            delta -= state.cost() as isize;
+            key_slot.remove();
+        }
+        if session.is_empty() {
+            delta += ShardState::keep_spare(&mut shard.spare, slot.remove().0);
+        }
+        drop(locked);
+        self.apply(delta);
     }
 }

@@ -40,6 +40,7 @@
 //! server-side id.
 
 mod abandoned;
+mod awaited;
 mod budget;
 mod inline;
 mod queue;
@@ -61,10 +62,12 @@ use crate::config::{Config, OnDuplicate};
 use crate::id::{id_key_text, is_reserved, IdKey, IdMinter};
 use crate::stats::Stats;
 
+pub(crate) use awaited::Answer;
 pub(crate) use inline::InlineVec;
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
 
+use awaited::Awaited;
 use budget::Eviction;
 use inline::SessionId;
 use queue::WaitState;
@@ -469,14 +472,21 @@ impl Table {
             self.settle(bound, charged);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
             let queued = Some((probe.hash, Arc::clone(&ticket)));
+            // Awaited as going with its own id until its turn says otherwise.
+            let mut awaited = Awaited::default();
+            awaited.add((IdKey::from(&*probe.key), false));
+            let mut registration = self.register(at, InlineVec::default(), queued, awaited, config);
+            registration.queued_key = Some(IdKey::from(&*probe.key));
+            registration.count = 1;
             return Admission::Queued {
-                registration: self.register(at, InlineVec::default(), queued, probes, config),
+                registration,
                 ticket,
             };
         }
 
         let mut members = InlineVec::with_capacity(probes.len());
         let mut routes = InlineVec::with_capacity(probes.len());
+        let mut awaited = Awaited::default();
         for probe in probes.iter() {
             let serial = ShardState::serial(&mut shard.next_serial);
             let duplicate = probe.colliding;
@@ -512,43 +522,38 @@ impl Table {
                 key_hash: probe.hash,
                 serial,
             });
+            awaited.add((IdKey::from(&*probe.key), remap));
         }
         drop(locked);
         self.settle(bound, charged);
 
+        let count = members.len();
+        let mut registration = self.register(at, members, None, awaited, config);
+        registration.count = count;
         Admission::Admitted {
-            registration: self.register(at, members, None, probes, config),
+            registration,
             routes,
         }
     }
 
-    /// The registration of an admitted POST.
+    /// The registration of an admitted POST, awaiting these responses.
     fn register(
         self: &Arc<Self>,
         session: SessionRef,
         members: InlineVec<Member>,
         queued: Option<(u64, Arc<Waiter>)>,
-        probes: &[Probe<'_>],
+        awaited: Awaited,
         config: &Config,
     ) -> Registration {
-        // Policies that turn a collision into a visible refusal or a wait free
-        // the ids as soon as their responses have passed.
-        let awaited = if config.on_duplicate == OnDuplicate::Remap {
-            Vec::new()
-        } else {
-            probes
-                .iter()
-                .map(|probe| IdKey::from(&*probe.key))
-                .collect()
-        };
         Registration {
             table: Arc::clone(self),
             session,
             members,
             queued,
+            queued_key: None,
             awaited,
-            count: probes.len(),
-            completed: false,
+            count: 0,
+            sent: true,
             abandoned_id_ttl: config.abandoned_id_ttl,
         }
     }

@@ -1,18 +1,18 @@
 //! The registration of one POST's requests: moved from the response future
 //! into the response body, it releases them exactly once, however the
-//! exchange ends.
+//! exchange ends, and frees an id only once the server has answered it.
 
 use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::awaited::{Answer, Awaited};
 use super::budget::{self, Eviction};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::{self, Session};
 use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
-use crate::id::IdKey;
 
 /// A forwarded request of a registration: its key's hash and its entry's
 /// serial, all the release needs to find the entry.
@@ -25,9 +25,15 @@ pub(super) struct Member {
 /// The registration of one POST's requests. Dropping it releases them,
 /// exactly once: it lives in the response future and then in the response
 /// body, so every way an exchange can end (body finished or dropped, future
-/// dropped, inner error, panic unwinding) drops it. Only
-/// [`complete`](Self::complete) tells the table the server has answered;
-/// any other end leaves the ids abandoned for `abandoned_id_ttl`.
+/// dropped, inner error, panic unwinding) drops it.
+///
+/// A request's id is free again when it is released only if its response
+/// passed to the client ([`note_answered`](Self::note_answered)), or if it
+/// never reached the server ([`unsent`](Self::unsent)). Any other end
+/// (the stream closed before the response, an error, the client gone, a
+/// stand-in answer after the request was sent) leaves an id the server
+/// knows as the client's own abandoned for `abandoned_id_ttl`: the server
+/// may still be running it (see the [module docs](super) for why).
 #[derive(Debug)]
 pub(crate) struct Registration {
     pub(super) table: Arc<Table>,
@@ -36,34 +42,57 @@ pub(crate) struct Registration {
     pub(super) members: InlineVec<Member>,
     /// A queued request: its key's hash and its ticket (granted or not).
     pub(super) queued: Option<(u64, Arc<Waiter>)>,
-    /// The collision keys of the requests whose responses end the exchange
-    /// early, or nothing when the policy does not need it.
-    pub(super) awaited: Vec<IdKey>,
+    /// A queued request's collision key, until it is forwarded.
+    pub(super) queued_key: Option<Box<str>>,
+    /// The responses still to pass, by the collision key of the client's id
+    /// and whether it comes back restored.
+    pub(super) awaited: Awaited,
     pub(super) count: usize,
-    pub(super) completed: bool,
+    /// The requests may have reached the server.
+    pub(super) sent: bool,
     pub(super) abandoned_id_ttl: Duration,
 }
 
 impl Registration {
-    /// The collision keys of the requests whose responses end the exchange
-    /// early, or nothing when the policy does not need it.
-    pub(crate) fn awaited_keys(&self) -> Vec<IdKey> {
-        self.awaited.clone()
-    }
-
     pub(crate) fn table(&self) -> &Arc<Table> {
         &self.table
     }
 
-    /// Records that the request, queued until now, goes to the inner service.
-    pub(crate) fn forwarded(&self) {
+    /// Records that the request, queued until now, goes to the inner service,
+    /// with a server-side id (`remapped`) or its own.
+    pub(crate) fn forwarded(&mut self, remapped: bool) {
         self.table.mark_forwarded(self);
+        if let Some(key) = self.queued_key.take() {
+            self.awaited.set_restored(&key, remapped);
+        }
     }
 
-    /// Releases the ids of an exchange that ended normally: the server has
-    /// answered, so nothing is kept.
+    /// Crosses off responses that passed to the client; returns whether any
+    /// is still awaited. Answers it did not wait for (a server that answers
+    /// twice, or answers another POST's request here) change nothing.
+    pub(crate) fn note_answered(&mut self, answers: impl IntoIterator<Item = Answer>) -> bool {
+        for answer in answers {
+            self.awaited.remove(&answer);
+        }
+        !self.awaited.is_empty()
+    }
+
+    /// Whether a response is still awaited.
+    pub(crate) fn awaits_any(&self) -> bool {
+        !self.awaited.is_empty()
+    }
+
+    /// Releases the requests as never sent: the server cannot be running
+    /// them, so their ids are free at once.
+    pub(crate) fn unsent(mut self) {
+        self.sent = false;
+    }
+
+    /// Releases the requests as answered, every one of them (for the table's
+    /// own tests, which drive no response body).
+    #[cfg(test)]
     pub(crate) fn complete(mut self) {
-        self.completed = true;
+        self.awaited.clear();
     }
 }
 
@@ -73,7 +102,7 @@ impl Drop for Registration {
         tracing::debug!(
             session = %tag(self.session.hash),
             requests = self.count,
-            completed = self.completed,
+            unanswered = self.awaits_any(),
             "released in-flight ids"
         );
     }
@@ -100,10 +129,9 @@ impl Table {
         };
         let session = slot.get_mut();
         let mut delta = 0;
-        // An exchange that did not end normally may still be answered by the
-        // server; keep its ids abandoned for a while. So may a cancelled one,
-        // even when the server closed its stream: a handler that ignores the
-        // cancellation still answers, under the client's id. The clock is read
+        // A request whose response did not pass may still be running at the
+        // server (a cancelled one too: a handler may ignore the
+        // cancellation); keep its id abandoned for a while. The clock is read
         // only if an id is kept, and then once.
         let keep_until = OnceCell::new();
         let keep_until = || {
@@ -135,7 +163,7 @@ impl Table {
                 &mut shard.next_serial,
                 session,
                 member,
-                registration.completed,
+                registration,
                 keep_until,
                 &mut delta,
             );
@@ -170,16 +198,16 @@ impl Table {
     }
 
     /// Ends a forwarded request's entry: removes it, or, when the server
-    /// knows it by the client's own id and may still answer it (the exchange
-    /// did not complete, or it was cancelled), keeps it as abandoned until
-    /// `keep_until()` (returned). Passes the id on to the next waiter. Adds
-    /// the change in bytes to `delta`.
+    /// knows it by the client's own id and may still be running it (it was
+    /// handed to the server and its response did not pass), keeps it as
+    /// abandoned until `keep_until()` (returned). Passes the id on to the
+    /// next waiter. Adds the change in bytes to `delta`.
     fn end_entry(
         &self,
         serials: &mut u64,
         session: &mut Session,
         member: Member,
-        completed: bool,
+        registration: &Registration,
         keep_until: impl Fn() -> Option<Instant>,
         delta: &mut isize,
     ) -> Option<Instant> {
@@ -198,7 +226,12 @@ impl Table {
             .position(|entry| entry.serial == serial);
         if let Some(position) = position {
             let entry = state.entries.get_mut(position)?;
-            let may_still_answer = !entry.remapped() && (!completed || entry.cancelled);
+            // A remapped request's id is unique: whatever the server still
+            // does with it reaches no other request.
+            let may_still_answer = registration.sent
+                && entry.at_server
+                && !entry.remapped()
+                && registration.awaited.awaits_own(state.key.as_bytes());
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) => {
                     entry.ended = true;

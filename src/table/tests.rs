@@ -180,7 +180,9 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
         "the server may still answer the cancelled one"
     );
     assert_eq!(table.stats().cancelled_total, 2);
-    end(first);
+    // A server sends no response to a cancelled request: its stream ends
+    // without one.
+    drop(first);
     end(second);
     end(reuse);
     assert_eq!(
@@ -348,9 +350,9 @@ fn a_cancelled_request_shadows_its_id_even_after_its_stream_ended() {
         }
     ));
     registration.complete();
-    // The server closed the cancelled request's stream, but a handler
-    // that ignores cancellation may still answer it.
-    end(first);
+    // The server closed the cancelled request's stream without a response,
+    // but a handler that ignores cancellation may still answer it.
+    drop(first);
     assert_eq!(table.stats().abandoned_ids, 1);
     let Admission::Admitted {
         routes,
@@ -519,7 +521,15 @@ fn the_budget_is_given_back_exactly() {
     drop(left); // leaves the queue
     assert!(table.cancel(&long_session, "0").is_some());
     end(first); // grants the queued one
-    drop(queued); // abandons it
+    let Admission::Queued {
+        registration: mut queued,
+        ..
+    } = queued
+    else {
+        panic!("queued expected")
+    };
+    queued.forwarded(false);
+    drop(queued); // abandons it: the server has it
     let remapped = table.admit(&long_session, &["1"], false, &short);
     end(remapped);
     assert!(table.stats().abandoned_ids > 0);
@@ -672,4 +682,92 @@ fn session_starts_are_not_recorded_past_the_limits() {
     table.note_started(b"a", &config);
     table.note_started(b"b", &config);
     assert_eq!(table.stats().table_bytes, budget::STARTED);
+}
+
+/// An id is free when its response passed, even after a cancellation (the
+/// server is done with it), and abandoned when the exchange ended without
+/// it, however it ended.
+#[test]
+fn only_an_answer_frees_an_id() {
+    let table = Arc::new(Table::new());
+    let first = admit(&table, &["1"], OnDuplicate::Reject);
+    assert!(table.cancel(b"session-a", "1").is_some());
+    end(first);
+    assert_eq!(table.stats().abandoned_ids, 0, "answered after all");
+
+    // A batch whose stream ended after one of its two responses.
+    let Admission::Admitted {
+        mut registration, ..
+    } = admit(&table, &["1", "2"], OnDuplicate::Reject)
+    else {
+        panic!("admitted expected")
+    };
+    assert!(registration.note_answered([(IdKey::from("2"), false)]));
+    // An answer to a remapped request with the same key is not this one's.
+    assert!(registration.note_answered([(IdKey::from("1"), true)]));
+    drop(registration);
+    assert_eq!(table.stats().abandoned_ids, 1, "1 may still be running");
+    let Admission::Admitted { routes, .. } = admit(&table, &["2"], OnDuplicate::Reject) else {
+        panic!("admitted expected")
+    };
+    assert!(matches!(routes[0], Route::AsIs), "2 was answered");
+}
+
+/// A queued request whose turn came but that was never handed to the server
+/// (its client left first) leaves nothing behind: the server never saw it.
+#[test]
+fn a_granted_request_never_forwarded_is_not_abandoned() {
+    let table = Arc::new(Table::new());
+    let first = admit(&table, &["1"], OnDuplicate::Queue);
+    let queued = admit(&table, &["1"], OnDuplicate::Queue);
+    assert!(matches!(queued, Admission::Queued { .. }));
+    end(first); // grants the queued one
+    drop(queued);
+    assert_eq!(table.stats().abandoned_ids, 0);
+    let Admission::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Queue) else {
+        panic!("admitted expected")
+    };
+    assert!(matches!(routes[0], Route::AsIs), "1 goes as it is");
+}
+
+/// A request never sent upstream is released outright.
+#[test]
+fn an_unsent_request_is_not_abandoned() {
+    let table = Arc::new(Table::new());
+    let Admission::Admitted { registration, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
+        panic!("admitted expected")
+    };
+    registration.unsent();
+    assert_eq!(table.stats().abandoned_ids, 0);
+    assert_drained(&table);
+}
+
+/// An abandoned id is freed by its answer on another stream of its session
+/// (a resumed GET), and only in that session.
+#[test]
+fn an_answer_on_another_stream_frees_an_abandoned_id() {
+    let table = Arc::new(Table::new());
+    drop(admit(&table, &["1"], OnDuplicate::Remap));
+    assert_eq!(table.stats().abandoned_ids, 1);
+    table.answered_elsewhere(b"session-b", "1");
+    table.answered_elsewhere(b"session-a", "2");
+    assert_eq!(
+        table.stats().abandoned_ids,
+        1,
+        "another session, another id"
+    );
+    // While abandoned, a new 1 goes remapped: the server runs one request
+    // under 1 at most.
+    let second = admit(&table, &["1"], OnDuplicate::Remap);
+    let Admission::Admitted { routes, .. } = &second else {
+        panic!("admitted expected")
+    };
+    assert!(matches!(routes[0], Route::Remapped { .. }));
+    table.answered_elsewhere(b"session-a", "1");
+    assert_eq!(table.stats().abandoned_ids, 0);
+    end(second);
+    let Admission::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
+        panic!("admitted expected")
+    };
+    assert!(matches!(routes[0], Route::AsIs), "1 is free");
 }

@@ -354,9 +354,10 @@ struct Record {
 /// How an exchange ended, for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
-    /// Its response body was read to the end.
+    /// Its response passed: a JSON or SSE body carrying it read to the end.
     Completed,
-    /// Body dropped early, response future dropped, or inner service error.
+    /// Body dropped early, response future dropped, inner service error, or
+    /// a body read to the end that showed no response (opaque).
     Abandoned,
 }
 
@@ -391,7 +392,7 @@ impl Exchange {
     /// The model of an exchange's end: one the inner service knows by the
     /// client's own id keeps shadowing it unless it completed uncancelled.
     fn shadow_after(&self, ending: Ending) -> Option<Shadow> {
-        (self.is_as_is() && (ending == Ending::Abandoned || self.cancelled)).then(|| Shadow {
+        (self.is_as_is() && ending == Ending::Abandoned).then(|| Shadow {
             session: self.session,
             server_id: self.server_id.clone().expect("forwarded"),
             cancelled: self.cancelled,
@@ -758,7 +759,16 @@ impl Harness {
 
     fn read_to_end(&mut self, index: usize) {
         let exchange = self.live.remove(index);
-        let shadow = exchange.shadow_after(Ending::Completed);
+        let Stage::Answered { format, .. } = &exchange.stage else {
+            unreachable!("picked an answered exchange")
+        };
+        // An opaque body shows the guard no response: the inner service may
+        // still be running the request, for all it knows.
+        let shadow = exchange.shadow_after(if *format == Format::Opaque {
+            Ending::Abandoned
+        } else {
+            Ending::Completed
+        });
         let Stage::Answered {
             mut body,
             sender,
@@ -992,11 +1002,17 @@ impl Harness {
         ));
         let comment = plain(format!(": keep-alive{eol}{eol}"));
         let mut events = vec![plain(format!("id: 0{eol}retry: 3000{eol}data:{eol}{eol}"))];
+        // The answers with the client's own id, by event index: on a resumed
+        // stream each frees its session's abandoned id once it passed.
+        let mut own_answers: Vec<(usize, String)> = Vec::new();
         for (index, record) in picked.iter().enumerate() {
             if index == picked.len() / 2 {
                 events.push(notification.clone());
             }
             let seq = index + 1;
+            if !is_server_side(&record.server_id) {
+                own_answers.push((events.len(), record.server_id.clone()));
+            }
             events.push((
                 answer(seq, &record.server_id),
                 answer(seq, record.client_id),
@@ -1112,6 +1128,20 @@ impl Harness {
                 "{replay:?}: {restored} restored after {complete} complete events"
             );
             self.expected.restored = expected_before + restored;
+            if resume {
+                // An event ends at its blank line's first byte (a CR of a
+                // CRLF too): the client dispatches it then, whatever comes
+                // next.
+                let mut end = 0;
+                let dispatched = events
+                    .iter()
+                    .take_while(|event| {
+                        end += event.0.len();
+                        end - usize::from(event.0.ends_with("\r\n")) <= fed
+                    })
+                    .count();
+                self.answered_on_stream(session, &mut own_answers, dispatched);
+            }
             self.check();
             if drop_half {
                 // Half read: the table never knew the stream.
@@ -1128,6 +1158,10 @@ impl Harness {
             "{replay:?}: every answer carries its exchange's client id; nothing else changed"
         );
         assert_eq!(complete_after(wire.len(), true), events.len());
+        if resume {
+            self.answered_on_stream(session, &mut own_answers, events.len());
+            self.check();
+        }
         self.expected.restored =
             expected_before + events.iter().filter(|event| event.2).count() as u64;
         assert_eq!(
@@ -1135,6 +1169,29 @@ impl Harness {
             server_side,
             "{replay:?}: one restored id per replayed answer with a server-side id"
         );
+    }
+
+    /// The model of a resumed stream: each answer with the client's own id
+    /// among the first `complete` events frees the session's abandoned id of
+    /// that key, if there is one (at most one: while an id is abandoned, new
+    /// requests with it go remapped).
+    fn answered_on_stream(
+        &mut self,
+        session: usize,
+        own_answers: &mut Vec<(usize, String)>,
+        complete: usize,
+    ) {
+        own_answers.retain(|(event, server_id)| {
+            if *event >= complete {
+                return true;
+            }
+            if let Some(position) = self.shadows.iter().position(|shadow| {
+                shadow.session == session && key(&shadow.server_id) == key(server_id)
+            }) {
+                self.shadows.remove(position);
+            }
+            false
+        });
     }
 
     fn check(&self) {

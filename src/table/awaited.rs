@@ -1,0 +1,136 @@
+//! The responses a registration still waits for: what decides, when the
+//! exchange ends, whether the server has answered each request (its id is
+//! free) or may still be running it (its id stays abandoned).
+
+use std::collections::HashMap;
+
+use crate::id::IdKey;
+
+/// A response that passed to the client: the collision key of the client id
+/// it carried, and whether that id was restored from a server-side id (the
+/// answer to a remapped request) or went to the server as it is.
+pub(crate) type Answer = (IdKey, bool);
+
+/// Past this many awaited responses a map replaces the list, so that a large
+/// batch costs constant time per response, not time in its size.
+const FEW: usize = 16;
+
+/// A multiset of the responses one POST still waits for. A batch may carry
+/// one id twice (the second went to the server remapped), so entries count.
+#[derive(Debug, Default)]
+pub(crate) enum Awaited {
+    /// The usual case: one request, or a small batch.
+    #[default]
+    None,
+    Few(Vec<Answer>),
+    Many(HashMap<Answer, usize>),
+}
+
+impl Awaited {
+    /// Awaits one more response.
+    pub(super) fn add(&mut self, answer: Answer) {
+        match self {
+            Self::None => *self = Self::Few(vec![answer]),
+            Self::Few(list) if list.len() < FEW => list.push(answer),
+            Self::Few(list) => {
+                let mut map = HashMap::with_capacity(list.len() * 2);
+                for answer in list.drain(..).chain(std::iter::once(answer)) {
+                    *map.entry(answer).or_insert(0) += 1;
+                }
+                *self = Self::Many(map);
+            }
+            Self::Many(map) => *map.entry(answer).or_insert(0) += 1,
+        }
+    }
+
+    /// Crosses off a response that passed; `false` when none like it was
+    /// awaited (a server that answers twice, or an answer to another POST).
+    pub(super) fn remove(&mut self, answer: &Answer) -> bool {
+        match self {
+            Self::None => false,
+            Self::Few(list) => match list.iter().position(|awaited| awaited == answer) {
+                Some(position) => {
+                    list.swap_remove(position);
+                    true
+                }
+                None => false,
+            },
+            Self::Many(map) => match map.get_mut(answer) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    true
+                }
+                Some(_) => {
+                    map.remove(answer);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// Whether a response with the client's own id `key` (not restored) is
+    /// still awaited.
+    pub(super) fn awaits_own(&self, key: &[u8]) -> bool {
+        match self {
+            Self::None => false,
+            Self::Few(list) => list
+                .iter()
+                .any(|(awaited, restored)| !restored && awaited.as_bytes() == key),
+            // Collision keys are text: they come from ids' JSON text.
+            Self::Many(map) => std::str::from_utf8(key)
+                .is_ok_and(|key| map.contains_key(&(IdKey::from(key), false))),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        match self {
+            Self::None => true,
+            Self::Few(list) => list.is_empty(),
+            Self::Many(map) => map.is_empty(),
+        }
+    }
+
+    /// The response to a queued request now goes restored (`true`) or as it
+    /// is: its turn came with a server-side id or without.
+    pub(super) fn set_restored(&mut self, key: &str, restored: bool) {
+        if self.remove(&(IdKey::from(key), !restored)) {
+            self.add((IdKey::from(key), restored));
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn clear(&mut self) {
+        *self = Self::None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::id_key;
+
+    #[test]
+    fn counts_each_response_once_in_few_and_many() {
+        for size in [1, FEW, FEW * 8] {
+            let mut awaited = Awaited::default();
+            for n in 0..size {
+                awaited.add((id_key(&n.to_string()), false));
+            }
+            // One id twice: the second went remapped.
+            awaited.add((id_key("0"), true));
+            assert!(awaited.awaits_own(b"0"));
+            assert!(awaited.remove(&(id_key("0"), true)));
+            assert!(!awaited.remove(&(id_key("0"), true)), "answered once");
+            assert!(
+                awaited.awaits_own(b"0"),
+                "the restored answer is not the own one"
+            );
+            for n in 0..size {
+                assert!(awaited.remove(&(id_key(&n.to_string()), false)));
+            }
+            assert!(awaited.is_empty(), "size {size}");
+            assert!(!awaited.awaits_own(b"0"));
+        }
+    }
+}
