@@ -142,8 +142,7 @@ enum ResponseKind<B> {
         #[pin]
         body: B,
         registration: Option<Registration>,
-        /// Boxed: the unchanged inner body stays small.
-        reading: Box<Reading>,
+        reading: Reading,
         /// Restored pieces ready to go on.
         out: VecDeque<Bytes>,
         trailers: Option<HeaderMap>,
@@ -172,27 +171,70 @@ pub(crate) struct Restoring {
     pub(crate) session: Option<HeaderValue>,
 }
 
-/// The state of a body being read.
+/// A body being read. What reading needs is made at its first chunk: an
+/// exchange held open before its body is polled costs no allocation here.
 #[derive(Debug)]
 struct Reading {
-    stream: Stream,
-    /// Client ids may be restored: the length of the body may change.
-    restores: bool,
-    /// What a body only watched would have sent on, dropped.
-    scratch: VecDeque<Bytes>,
     table: Arc<Table>,
     session: Option<HeaderValue>,
+    /// The longest id token held back.
+    max_id: usize,
+    /// Client ids may be restored: the length of the body may change.
+    restores: bool,
+    /// Learn every response that passes.
+    watch: bool,
+    /// `application/json` (else `text/event-stream`).
+    json: bool,
+    streaming: Option<Box<Streaming>>,
+}
+
+#[derive(Debug)]
+struct Streaming {
+    stream: Stream,
+    /// What a body only watched would have sent on, dropped.
+    scratch: VecDeque<Bytes>,
 }
 
 impl Reading {
+    fn streaming(&mut self) -> &mut Streaming {
+        let (max_id, watch, restores, json) = (self.max_id, self.watch, self.restores, self.json);
+        self.streaming.get_or_insert_with(|| {
+            let stream = if json {
+                let restorer = Restorer::new(max_id, watch);
+                Stream::Json {
+                    restorer: if restores {
+                        restorer
+                    } else {
+                        restorer.without_restoring()
+                    },
+                    offset: 0,
+                    last: None,
+                }
+            } else {
+                let rewriter = SseRewriter::new(max_id, watch);
+                Stream::Sse(if restores {
+                    rewriter
+                } else {
+                    rewriter.without_restoring()
+                })
+            };
+            Box::new(Streaming {
+                stream,
+                scratch: VecDeque::new(),
+            })
+        })
+    }
+
     /// Reads a chunk; appends what can go on to `out`. A body that is only
     /// watched goes on as it came (the restorer would hand back the same
     /// bytes, in more pieces and later).
     fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
-        if self.restores {
-            return self.stream.push(chunk, out);
+        let restores = self.restores;
+        let Streaming { stream, scratch } = self.streaming();
+        if restores {
+            return stream.push(chunk, out);
         }
-        match &mut self.stream {
+        match stream {
             Stream::Json {
                 restorer,
                 offset,
@@ -201,35 +243,40 @@ impl Reading {
                 let start = *offset;
                 *offset += chunk.len();
                 let parts = [Part::Json(start..*offset)];
-                restorer.push(&chunk, start, &parts, &mut self.scratch);
+                restorer.push(&chunk, start, &parts, scratch);
                 out.extend(last.replace(chunk));
             }
             Stream::Sse(rewriter) => {
-                rewriter.push(chunk.clone(), &mut self.scratch);
+                rewriter.push(chunk.clone(), scratch);
                 out.push_back(chunk);
             }
         }
-        self.scratch.clear();
+        scratch.clear();
     }
 
     /// The body ended: whatever is held goes to `out`.
     fn finish(&mut self, out: &mut VecDeque<Bytes>) {
-        if self.restores {
-            return self.stream.finish(out);
+        let restores = self.restores;
+        let Streaming { stream, scratch } = self.streaming();
+        if restores {
+            return stream.finish(out);
         }
-        if let Stream::Json { last, .. } = &mut self.stream {
+        if let Stream::Json { last, .. } = stream {
             out.extend(last.take());
         }
-        self.stream.finish(&mut self.scratch);
-        self.scratch.clear();
+        stream.finish(scratch);
+        scratch.clear();
     }
 
     /// Hands what passed to whoever waits for it: the registration, or the
     /// table for a session's stream. Returns whether responses are still
     /// awaited.
     fn settle(&mut self, registration: &mut Option<Registration>) -> bool {
-        note_restored(&self.table, self.stream.take_restored());
-        let answered = self.stream.take_answered();
+        let Some(streaming) = &mut self.streaming else {
+            return registration.as_ref().is_some_and(Registration::awaits_any);
+        };
+        note_restored(&self.table, streaming.stream.take_restored());
+        let answered = streaming.stream.take_answered();
         if let Some(session) = &self.session {
             for (key, restored) in answered {
                 // Only an id the server knew as the client's own can be
@@ -385,24 +432,10 @@ impl<B: Body> ResponseBody<B> {
         else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
-        let stream = if has_media_type(&parts.headers, "application/json") {
-            let restorer = Restorer::new(max_id, watch);
-            Stream::Json {
-                restorer: if restores {
-                    restorer
-                } else {
-                    restorer.without_restoring()
-                },
-                offset: 0,
-                last: None,
-            }
+        let json = if has_media_type(&parts.headers, "application/json") {
+            true
         } else if has_media_type(&parts.headers, "text/event-stream") {
-            let rewriter = SseRewriter::new(max_id, watch);
-            Stream::Sse(if restores {
-                rewriter
-            } else {
-                rewriter.without_restoring()
-            })
+            false
         } else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
@@ -411,13 +444,15 @@ impl<B: Body> ResponseBody<B> {
         if restores {
             parts.headers.remove(CONTENT_LENGTH);
         }
-        let reading = Box::new(Reading {
-            stream,
-            restores,
-            scratch: VecDeque::new(),
+        let reading = Reading {
             table,
             session: session.filter(|_| watches_session),
-        });
+            max_id,
+            restores,
+            watch,
+            json,
+            streaming: None,
+        };
         let kind = ResponseKind::Read {
             body,
             registration,

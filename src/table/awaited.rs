@@ -4,12 +4,20 @@
 
 use std::collections::HashMap;
 
+use super::inline::InlineVec;
 use crate::id::IdKey;
 
 /// A response that passed to the client: the collision key of the client id
 /// it carried, and whether that id was restored from a server-side id (the
 /// answer to a remapped request) or went to the server as it is.
 pub(crate) type Answer = (IdKey, bool);
+
+/// What a registration keeps of an awaited response: the table's keyed hash
+/// of the collision key (what its entries are found by; keeping the key
+/// itself would copy every id, up to the body limit, once more per request)
+/// and whether it comes back restored. The hasher's key is random per table,
+/// so no client can make two of its ids meet here.
+pub(super) type Awaiting = (u64, bool);
 
 /// Past this many awaited responses a map replaces the list, so that a large
 /// batch costs constant time per response, not time in its size.
@@ -22,19 +30,24 @@ pub(crate) enum Awaited {
     /// The usual case: one request, or a small batch.
     #[default]
     None,
-    Few(Vec<Answer>),
-    Many(HashMap<Answer, usize>),
+    /// Inline while one: a lone request allocates nothing here.
+    Few(InlineVec<Awaiting>),
+    Many(HashMap<Awaiting, usize>),
 }
 
 impl Awaited {
     /// Awaits one more response.
-    pub(super) fn add(&mut self, answer: Answer) {
+    pub(super) fn add(&mut self, answer: Awaiting) {
         match self {
-            Self::None => *self = Self::Few(vec![answer]),
+            Self::None => {
+                let mut list = InlineVec::default();
+                list.push(answer);
+                *self = Self::Few(list);
+            }
             Self::Few(list) if list.len() < FEW => list.push(answer),
             Self::Few(list) => {
                 let mut map = HashMap::with_capacity(list.len() * 2);
-                for answer in list.drain(..).chain(std::iter::once(answer)) {
+                for answer in std::mem::take(list).into_iter().chain([answer]) {
                     *map.entry(answer).or_insert(0) += 1;
                 }
                 *self = Self::Many(map);
@@ -45,12 +58,12 @@ impl Awaited {
 
     /// Crosses off a response that passed; `false` when none like it was
     /// awaited (a server that answers twice, or an answer to another POST).
-    pub(super) fn remove(&mut self, answer: &Answer) -> bool {
+    pub(super) fn remove(&mut self, answer: &Awaiting) -> bool {
         match self {
             Self::None => false,
             Self::Few(list) => match list.iter().position(|awaited| awaited == answer) {
                 Some(position) => {
-                    list.swap_remove(position);
+                    list.remove(position);
                     true
                 }
                 None => false,
@@ -69,17 +82,13 @@ impl Awaited {
         }
     }
 
-    /// Whether a response with the client's own id `key` (not restored) is
-    /// still awaited.
-    pub(super) fn awaits_own(&self, key: &[u8]) -> bool {
+    /// Whether a response with the client's own id, whose key hashes to
+    /// `key_hash` (not restored), is still awaited.
+    pub(super) fn awaits_own(&self, key_hash: u64) -> bool {
         match self {
             Self::None => false,
-            Self::Few(list) => list
-                .iter()
-                .any(|(awaited, restored)| !restored && awaited.as_bytes() == key),
-            // Collision keys are text: they come from ids' JSON text.
-            Self::Many(map) => std::str::from_utf8(key)
-                .is_ok_and(|key| map.contains_key(&(IdKey::from(key), false))),
+            Self::Few(list) => list.contains(&(key_hash, false)),
+            Self::Many(map) => map.contains_key(&(key_hash, false)),
         }
     }
 
@@ -93,9 +102,9 @@ impl Awaited {
 
     /// The response to a queued request now goes restored (`true`) or as it
     /// is: its turn came with a server-side id or without.
-    pub(super) fn set_restored(&mut self, key: &str, restored: bool) {
-        if self.remove(&(IdKey::from(key), !restored)) {
-            self.add((IdKey::from(key), restored));
+    pub(super) fn set_restored(&mut self, key_hash: u64, restored: bool) {
+        if self.remove(&(key_hash, !restored)) {
+            self.add((key_hash, restored));
         }
     }
 
@@ -108,29 +117,28 @@ impl Awaited {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::id_key;
 
     #[test]
     fn counts_each_response_once_in_few_and_many() {
         for size in [1, FEW, FEW * 8] {
             let mut awaited = Awaited::default();
             for n in 0..size {
-                awaited.add((id_key(&n.to_string()), false));
+                awaited.add((n as u64, false));
             }
             // One id twice: the second went remapped.
-            awaited.add((id_key("0"), true));
-            assert!(awaited.awaits_own(b"0"));
-            assert!(awaited.remove(&(id_key("0"), true)));
-            assert!(!awaited.remove(&(id_key("0"), true)), "answered once");
+            awaited.add((0, true));
+            assert!(awaited.awaits_own(0));
+            assert!(awaited.remove(&(0, true)));
+            assert!(!awaited.remove(&(0, true)), "answered once");
             assert!(
-                awaited.awaits_own(b"0"),
+                awaited.awaits_own(0),
                 "the restored answer is not the own one"
             );
             for n in 0..size {
-                assert!(awaited.remove(&(id_key(&n.to_string()), false)));
+                assert!(awaited.remove(&(n as u64, false)));
             }
             assert!(awaited.is_empty(), "size {size}");
-            assert!(!awaited.awaits_own(b"0"));
+            assert!(!awaited.awaits_own(0));
         }
     }
 }

@@ -59,7 +59,7 @@ use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
 
 use crate::config::{Config, OnDuplicate};
-use crate::id::{id_key_text, is_reserved, IdKey, IdMinter};
+use crate::id::{id_key_text, is_reserved, IdMinter};
 use crate::stats::Stats;
 
 pub(crate) use awaited::Answer;
@@ -474,9 +474,8 @@ impl Table {
             let queued = Some((probe.hash, Arc::clone(&ticket)));
             // Awaited as going with its own id until its turn says otherwise.
             let mut awaited = Awaited::default();
-            awaited.add((IdKey::from(&*probe.key), false));
+            awaited.add((probe.hash, false));
             let mut registration = self.register(at, InlineVec::default(), queued, awaited, config);
-            registration.queued_key = Some(IdKey::from(&*probe.key));
             registration.count = 1;
             return Admission::Queued {
                 registration,
@@ -522,7 +521,7 @@ impl Table {
                 key_hash: probe.hash,
                 serial,
             });
-            awaited.add((IdKey::from(&*probe.key), remap));
+            awaited.add((probe.hash, remap));
         }
         drop(locked);
         self.settle(bound, charged);
@@ -550,7 +549,6 @@ impl Table {
             session,
             members,
             queued,
-            queued_key: None,
             awaited,
             count: 0,
             sent: true,

@@ -3,6 +3,7 @@
 //! exchange ends, and frees an id only once the server has answered it.
 
 use std::cell::OnceCell;
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +43,6 @@ pub(crate) struct Registration {
     pub(super) members: InlineVec<Member>,
     /// A queued request: its key's hash and its ticket (granted or not).
     pub(super) queued: Option<(u64, Arc<Waiter>)>,
-    /// A queued request's collision key, until it is forwarded.
-    pub(super) queued_key: Option<Box<str>>,
     /// The responses still to pass, by the collision key of the client's id
     /// and whether it comes back restored.
     pub(super) awaited: Awaited,
@@ -62,8 +61,8 @@ impl Registration {
     /// with a server-side id (`remapped`) or its own.
     pub(crate) fn forwarded(&mut self, remapped: bool) {
         self.table.mark_forwarded(self);
-        if let Some(key) = self.queued_key.take() {
-            self.awaited.set_restored(&key, remapped);
+        if let Some((key_hash, _)) = &self.queued {
+            self.awaited.set_restored(*key_hash, remapped);
         }
     }
 
@@ -71,8 +70,9 @@ impl Registration {
     /// is still awaited. Answers it did not wait for (a server that answers
     /// twice, or answers another POST's request here) change nothing.
     pub(crate) fn note_answered(&mut self, answers: impl IntoIterator<Item = Answer>) -> bool {
-        for answer in answers {
-            self.awaited.remove(&answer);
+        for (key, restored) in answers {
+            let key_hash = self.table.hasher.hash_one(key.as_bytes());
+            self.awaited.remove(&(key_hash, restored));
         }
         !self.awaited.is_empty()
     }
@@ -231,7 +231,7 @@ impl Table {
             let may_still_answer = registration.sent
                 && entry.at_server
                 && !entry.remapped()
-                && registration.awaited.awaits_own(state.key.as_bytes());
+                && registration.awaited.awaits_own(member.key_hash);
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) => {
                     entry.ended = true;

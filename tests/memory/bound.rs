@@ -25,15 +25,11 @@ use http_body_util::Full;
 use mcp_id_guard::{IdGuardLayer, RequestBody, ResponseBody, Stats};
 use tower::{Layer, Service};
 
-use crate::{call, live, peak, reset_peak};
+use crate::{answer_event, call, live, peak, reset_peak};
 
 // ---------------------------------------------------------------------------
 // Driving the guard
 // ---------------------------------------------------------------------------
-
-/// The SSE event the inner service answers with (static: it costs the same,
-/// nothing, in both the bare and the guarded run).
-const EVENT: &[u8] = b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n";
 
 type InnerRequest = Request<RequestBody<Full<Bytes>>>;
 
@@ -42,12 +38,15 @@ type InnerRequest = Request<RequestBody<Full<Bytes>>>;
 fn inner(
 ) -> impl Service<InnerRequest, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send> + Clone
 {
-    tower::service_fn(|_request: InnerRequest| async {
-        let response = Response::builder()
-            .header("content-type", "text/event-stream")
-            .body(Full::new(Bytes::from_static(EVENT)))
-            .expect("valid response");
-        Ok::<_, Infallible>(response)
+    tower::service_fn(|request: InnerRequest| {
+        let event = answer_event(request);
+        async {
+            let response = Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Full::new(event))
+                .expect("valid response");
+            Ok::<_, Infallible>(response)
+        }
     })
 }
 

@@ -131,3 +131,33 @@ where
         Err(never) => match never {},
     }
 }
+
+/// The one-event `text/event-stream` a trivial MCP server answers `request`
+/// with: a result for each of its requests, under the id it received (the
+/// guard frees an id only once its answer passed). The body is a buffered
+/// one, ready at once.
+pub(crate) fn answer_event<B>(request: http::Request<mcp_id_guard::RequestBody<B>>) -> bytes::Bytes
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    use http_body::Body;
+    let mut body = request.into_body();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut read = Vec::new();
+    while let Poll::Ready(Some(Ok(frame))) = std::pin::Pin::new(&mut body).poll_frame(&mut cx) {
+        if let Ok(data) = frame.into_data() {
+            read.extend_from_slice(&data);
+        }
+    }
+    let answer = |message: &serde_json::Value| serde_json::json!({"jsonrpc": "2.0", "id": message["id"], "result": {}});
+    let data = match serde_json::from_slice::<serde_json::Value>(&read) {
+        Ok(serde_json::Value::Array(messages)) => {
+            serde_json::Value::Array(messages.iter().map(answer).collect())
+        }
+        Ok(message) => answer(&message),
+        Err(_) => serde_json::json!({"jsonrpc": "2.0", "id": null, "result": {}}),
+    };
+    // Copied to its exact length: a formatted string's spare capacity would
+    // count as the guard's.
+    bytes::Bytes::copy_from_slice(format!("data: {data}\n\n").as_bytes())
+}
