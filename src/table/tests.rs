@@ -191,6 +191,42 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
     assert_drained(&table);
 }
 
+/// An abandoned request the server knows by the client's id and a live
+/// remapped one share the id: the live one is cancelled (the client waits
+/// for it), so the id is free again; the abandoned one is named only once no
+/// live request has the id.
+#[test]
+fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
+    let table = Arc::new(Table::new());
+    drop(admit(&table, &["1"], OnDuplicate::Reject)); // abandoned as 1
+    let live = admit(&table, &["1"], OnDuplicate::Reject);
+    let Admission::Admitted { routes, .. } = &live else {
+        panic!("admitted expected")
+    };
+    let Route::Remapped { server_id, .. } = &routes[0] else {
+        panic!("remapped past the abandoned id expected")
+    };
+    assert_eq!(
+        table.cancel(b"session-a", "1"),
+        Some(Arc::clone(server_id)),
+        "the live remapped request, not the abandoned one"
+    );
+    let reuse = admit(&table, &["1"], OnDuplicate::Reject);
+    assert!(
+        matches!(&reuse, Admission::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })),
+        "the cancelled request no longer holds the id: {reuse:?}"
+    );
+    end(reuse);
+    assert_eq!(
+        table.cancel(b"session-a", "1").as_deref(),
+        Some(&b"1"[..]),
+        "no live request left: the abandoned one, as the server knows it"
+    );
+    assert_eq!(table.cancel(b"session-a", "1"), None);
+    end(live);
+    assert_drained(&table);
+}
+
 #[test]
 fn queue_hands_the_id_over_in_order() {
     let table = Arc::new(Table::new());
