@@ -9,8 +9,8 @@ use super::budget::{self, Eviction};
 use super::session;
 use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS, SHARDS};
 
-/// A set of shards, one bit each.
-#[derive(Debug, Default, Clone, Copy)]
+/// A set of shards, one bit each; iterating empties it.
+#[derive(Debug, Default)]
 struct ShardSet(u64);
 
 const _: () = assert!(
@@ -23,11 +23,11 @@ impl ShardSet {
         self.0 |= 1 << index;
     }
 
-    fn contains(self, index: usize) -> bool {
+    fn contains(&self, index: usize) -> bool {
         self.0 & (1 << index) != 0
     }
 
-    fn is_empty(self) -> bool {
+    fn is_empty(&self) -> bool {
         self.0 == 0
     }
 }
