@@ -3,11 +3,48 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
+use std::sync::{MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::budget::{self, Eviction};
 use super::session;
-use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS};
+use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS, SHARDS};
+
+/// A set of shards, one bit each; iterating empties it.
+#[derive(Debug, Default)]
+struct ShardSet(u64);
+
+const _: () = assert!(
+    SHARDS <= u64::BITS as usize,
+    "a shard set has one bit per shard"
+);
+
+impl ShardSet {
+    fn insert(&mut self, index: usize) {
+        self.0 |= 1 << index;
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        self.0 & (1 << index) != 0
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl Iterator for ShardSet {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let index = self.0.trailing_zeros() as usize;
+        self.0 &= self.0 - 1;
+        Some(index)
+    }
+}
 
 impl Table {
     /// Drops abandoned ids whose time is up, and sessions left empty.
@@ -79,36 +116,85 @@ impl Table {
     /// Records an abandoned id in the table-wide eviction order (called with
     /// its shard's lock held, so a shard's records and its evictions are in
     /// the same order), dropping records whose time is up.
+    ///
+    /// An expired record is the table's only pointer to a shard that may
+    /// have seen no request since: dropped alone, that shard would keep its
+    /// expired ids' bytes charged with nothing left to make it give them
+    /// back, and the budget would refuse requests of every other shard. So a
+    /// record of another shard is dropped only once that shard has expired
+    /// its ids; that shard is only tried (`try_lock`), never waited for,
+    /// since the caller holds its own shard and a wait could close a cycle.
+    /// When it is busy, the record stays for the next call or
+    /// [`evict_oldest`](Self::evict_oldest). A record of the caller's own
+    /// shard can go: the record pushed now points at that shard and outlives
+    /// it.
     pub(super) fn push_eviction(&self, eviction: Eviction) {
         let mut order = self
             .evictions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
-        while order.front().is_some_and(|first| first.expires <= now) {
+        let mut expired = ShardSet::default();
+        while let Some(first) = order.front().filter(|first| first.expires <= now) {
+            let index = first.shard;
+            if index != eviction.shard && !expired.contains(index) {
+                let Some(mut shard) = self.try_lock(index) else {
+                    break;
+                };
+                self.expire_abandoned(&mut shard);
+                expired.insert(index);
+            }
             order.pop_front();
         }
         order.push_back(eviction);
     }
 
-    /// Forgets the oldest abandoned id of the table, before its time. Returns
-    /// `false` when there is none left. Takes no lock while holding another.
+    /// The shard `index` if no one holds it.
+    fn try_lock(&self, index: usize) -> Option<MutexGuard<'_, ShardState>> {
+        match self.shards[index].0.try_lock() {
+            Ok(shard) => Some(shard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Makes room: gives back the bytes of the ids whose time is up, if the
+    /// oldest records say there are some, else forgets the oldest abandoned
+    /// id of the table, before its time. Returns `false` when neither is
+    /// left. Takes no lock while holding another.
     pub(super) fn evict_oldest(&self) -> bool {
         loop {
-            let victim = {
+            let (expired, victim) = {
                 let mut order = self
                     .evictions
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
                 let now = Instant::now();
-                loop {
-                    match order.pop_front() {
-                        None => return false,
-                        // Expired: its shard drops it on its next use.
-                        Some(eviction) if eviction.expires <= now => {}
-                        Some(eviction) => break eviction,
-                    }
+                let mut expired = ShardSet::default();
+                while let Some(first) = order.front().filter(|first| first.expires <= now) {
+                    expired.insert(first.shard);
+                    order.pop_front();
                 }
+                // Expiring may free enough: no id is forgotten early unless
+                // the caller still needs room after that.
+                let victim = if expired.is_empty() {
+                    order.pop_front()
+                } else {
+                    None
+                };
+                (expired, victim)
+            };
+            if !expired.is_empty() {
+                // Their shards may have seen no request since their ids
+                // expired: they give the bytes back now.
+                for index in expired {
+                    let mut shard = self.lock(index);
+                    self.expire_abandoned(&mut shard);
+                }
+                return true;
+            }
+            let Some(victim) = victim else {
+                return false;
             };
             let mut shard = self.lock(victim.shard);
             self.expire_abandoned(&mut shard);

@@ -558,14 +558,20 @@ impl Table {
 
     /// Handles a `notifications/cancelled` naming `request_id` in `session`.
     ///
-    /// The cancellation goes to the request of the session the server knows
-    /// by the client's own id (at most one is live at a time; an abandoned one
-    /// counts too, the server may still be working on it): exactly the request
-    /// an unguarded server would have cancelled, and usually the oldest. Only
-    /// when there is none does it go to the oldest remapped request with that
-    /// id. Requests already cancelled are skipped. The id is free for the
-    /// client at once: as long as the server might still answer the cancelled
-    /// request, a new request with the id goes with a server-side id.
+    /// The cancellation goes to the first of these that the server has and
+    /// that no cancellation named yet:
+    /// 1. the live request the server knows by the client's own id (at most
+    ///    one at a time): exactly the request an unguarded server would have
+    ///    cancelled;
+    /// 2. else the oldest live remapped request with that id: the client
+    ///    still waits for it, while an abandoned one has no client left;
+    /// 3. only when no live request has the id, an abandoned request the
+    ///    server knows by the client's own id (it may still be working on
+    ///    it, and an unguarded server would have cancelled that one).
+    ///
+    /// The id is free for the client at once: as long as the server might
+    /// still answer the cancelled request, a new request with the id goes
+    /// with a server-side id.
     ///
     /// Returns `None` when nothing matches (the notification passes
     /// unchanged), else the JSON text of the id the server knows the target by,
@@ -580,18 +586,18 @@ impl Table {
             .find_mut(session_hash, |entry| entry.is(session_hash, session))?
             .keys
             .find_mut(probe.hash, |state| state.is(&probe))?;
-        // The request the server knows by the client's own id, if any; else
-        // the oldest remapped one.
-        let position = state
-            .entries
-            .iter()
-            .position(|entry| entry.at_server && !entry.cancelled && !entry.remapped())
-            .or_else(|| {
-                state
-                    .entries
-                    .iter()
-                    .position(|entry| entry.at_server && !entry.cancelled)
-            })?;
+        // A live request comes before an abandoned one: naming an ended
+        // request while a live one has the id would leave the live one
+        // running and the id taken (see the order above).
+        let named = |wanted: fn(&Entry) -> bool| {
+            state
+                .entries
+                .iter()
+                .position(|entry| entry.at_server && !entry.cancelled && wanted(entry))
+        };
+        let position = named(|entry| entry.is_live() && !entry.remapped())
+            .or_else(|| named(Entry::is_live))
+            .or_else(|| named(Entry::is_abandoned))?;
         let target = state.entries.get_mut(position)?;
         target.cancelled = true;
         let server_id = target.server_id.text(state.key.as_bytes());

@@ -194,6 +194,42 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
     assert_drained(&table);
 }
 
+/// An abandoned request the server knows by the client's id and a live
+/// remapped one share the id: the live one is cancelled (the client waits
+/// for it), so the id is free again; the abandoned one is named only once no
+/// live request has the id.
+#[test]
+fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
+    let table = Arc::new(Table::new());
+    drop(admit(&table, &["1"], OnDuplicate::Reject)); // abandoned as 1
+    let live = admit(&table, &["1"], OnDuplicate::Reject);
+    let Admission::Admitted { routes, .. } = &live else {
+        panic!("admitted expected")
+    };
+    let Route::Remapped { server_id, .. } = &routes[0] else {
+        panic!("remapped past the abandoned id expected")
+    };
+    assert_eq!(
+        table.cancel(b"session-a", "1"),
+        Some(Arc::clone(server_id)),
+        "the live remapped request, not the abandoned one"
+    );
+    let reuse = admit(&table, &["1"], OnDuplicate::Reject);
+    assert!(
+        matches!(&reuse, Admission::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })),
+        "the cancelled request no longer holds the id: {reuse:?}"
+    );
+    end(reuse);
+    assert_eq!(
+        table.cancel(b"session-a", "1").as_deref(),
+        Some(&b"1"[..]),
+        "no live request left: the abandoned one, as the server knows it"
+    );
+    assert_eq!(table.cancel(b"session-a", "1"), None);
+    end(live);
+    assert_drained(&table);
+}
+
 #[test]
 fn queue_hands_the_id_over_in_order() {
     let table = Arc::new(Table::new());
@@ -771,4 +807,68 @@ fn an_answer_on_another_stream_frees_an_abandoned_id() {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::AsIs), "1 is free");
+}
+
+/// A session name of `table` whose shard is none of `taken`'s.
+fn session_on_another_shard(table: &Table, taken: &[&str]) -> String {
+    let shard_of = |session: &str| shard_index(table.hasher.hash_one(session.as_bytes()));
+    (0..10_000)
+        .map(|n| format!("session-{n}"))
+        .find(|session| {
+            taken
+                .iter()
+                .all(|other| shard_of(other) != shard_of(session))
+        })
+        .expect("64 shards")
+}
+
+/// Abandoned ids expire in a shard that then sees no more traffic: their
+/// bytes must not keep the budget full for the other shards, whether the
+/// eviction order learns of their expiry when room is needed or earlier,
+/// when another shard abandons an id. No live abandoned id is forgotten for
+/// room that expired ones hold.
+#[test]
+fn expired_abandoned_ids_of_an_idle_shard_make_room() {
+    let ttl = Duration::from_millis(5);
+    let config = Config {
+        max_table_bytes: 8192,
+        max_in_flight_per_session: 1 << 20,
+        abandoned_id_ttl: ttl,
+        ..config(OnDuplicate::Remap)
+    };
+    for another_shard_abandons in [false, true] {
+        let table = Arc::new(Table::new());
+        let idle = "idle";
+        let mut abandoned = 0;
+        while table.stats().table_bytes + 1024 < config.max_table_bytes {
+            let id = abandoned.to_string();
+            drop(table.admit(idle.as_bytes(), &[&id], false, &config));
+            abandoned += 1;
+        }
+        assert!(abandoned > 3);
+        // Past every expiry: waiting for the clock, not for another thread.
+        let expired_at = Instant::now() + ttl;
+        while Instant::now() <= expired_at {
+            std::thread::sleep(expired_at - Instant::now() + Duration::from_millis(1));
+        }
+        let other = session_on_another_shard(&table, &[idle]);
+        if another_shard_abandons {
+            drop(table.admit(other.as_bytes(), &["1"], false, &config));
+        }
+        let newcomer = session_on_another_shard(&table, &[idle, &other]);
+        let long_id = format!("\"{}\"", "x".repeat(1500));
+        let held = table.admit(newcomer.as_bytes(), &[&long_id], false, &config);
+        let stats = table.stats();
+        assert!(
+            matches!(held, Admission::Admitted { .. }),
+            "refused ({another_shard_abandons}): {held:?} {stats:?}"
+        );
+        assert_eq!(stats.abandoned_evicted_total, 0, "{stats:?}");
+        assert_eq!(
+            stats.abandoned_ids,
+            usize::from(another_shard_abandons),
+            "{stats:?}"
+        );
+        end(held);
+    }
 }

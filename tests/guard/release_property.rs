@@ -58,10 +58,10 @@
 //! - after ending everything, nothing is in flight and no session is tracked.
 //!
 //! A second family adds `notifications/cancelled`: the model predicts which
-//! request is cancelled (the one the inner service knows by the client's own
-//! id, ended or not, if not cancelled yet; else the oldest remapped one not
-//! cancelled yet) and the exact `requestId` the inner service receives (that
-//! request's server-visible id text).
+//! request is cancelled (of those not cancelled yet: the live one the inner
+//! service knows by the client's own id; else the oldest live remapped one;
+//! else an ended one known by the client's own id) and the exact `requestId`
+//! the inner service receives (that request's server-visible id text).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -863,10 +863,11 @@ impl Harness {
     }
 
     /// Sends `notifications/cancelled` naming `raw`. The model: the guard
-    /// cancels the request of the session the inner service knows by the
-    /// client's own id (`1` for `"1"` too), live or ended, when it was not
-    /// cancelled yet; else the oldest forwarded request with that id it
-    /// knows by a server-side id, not cancelled yet; else nothing. The
+    /// cancels, of the session's requests with that id (`1` for `"1"` too)
+    /// not cancelled yet: the live one the inner service knows by the
+    /// client's own id; else the oldest live one it knows by a server-side
+    /// id; else an ended one it knows by the client's own id (a live request
+    /// comes first: the client still waits for it); else nothing. The
     /// notification reaches the inner service naming the target exactly as
     /// the inner service knows it (unchanged when nothing matches).
     fn cancel(&mut self, session: usize, raw: &'static str) {
@@ -890,8 +891,8 @@ impl Harness {
             .min_by_key(|&i| self.live[i].forwarded);
         let target = as_is_live
             .map(Target::Live)
-            .or(as_is_ended.map(Target::Ended))
-            .or(oldest_remapped.map(Target::Live));
+            .or(oldest_remapped.map(Target::Live))
+            .or(as_is_ended.map(Target::Ended));
         let expected_name = match &target {
             Some(Target::Live(i)) => self.live[*i].server_id.clone().expect("forwarded"),
             Some(Target::Ended(i)) => self.shadows[*i].server_id.clone(),
@@ -1331,9 +1332,10 @@ proptest! {
 
     /// With `notifications/cancelled` mixed in, under every policy: the
     /// accounting stays exact, each cancellation reaches the predicted
-    /// request (the one known by the client's own id, else the oldest
-    /// remapped one) named exactly as the inner service knows it, a cancelled
-    /// request shadows its id from then on, and live exchanges, cancelled ones
+    /// request (the live one known by the client's own id, else the oldest
+    /// live remapped one, else an ended one known by the client's own id)
+    /// named exactly as the inner service knows it, a cancelled request
+    /// shadows its id from then on, and live exchanges, cancelled ones
     /// included, keep unique server-visible ids.
     #[test]
     fn cancellations_keep_the_accounting_exact(

@@ -630,3 +630,39 @@ async fn cancellation_names_the_request_the_server_knows_by_the_clients_id() {
         "an unguarded server would have cancelled the request it knows by 1"
     );
 }
+
+/// A request abandoned under the client's id (its future dropped) and a
+/// live one remapped past it share id 1. A cancellation of 1 goes to the
+/// live request, which the client waits for; naming the abandoned one would
+/// leave the live one running and holding the id, so that under `Reject` the
+/// client's next request 1 would be refused.
+#[tokio::test]
+async fn cancellation_names_the_live_request_before_an_abandoned_one() {
+    let (layer, mut service, mut handle) = spawn(OnDuplicate::Reject);
+    let (first, _first_send, _) = send_through(&mut service, &mut handle, tracked("1")).await;
+    drop(first);
+    assert_eq!(layer.stats().abandoned_ids, 1);
+    let (_second, _second_send, second_body) =
+        send_through(&mut service, &mut handle, tracked("1")).await;
+    let server_id = id_text(&second_body);
+    assert!(is_server_side(&server_id), "{server_id}");
+
+    let body = send_cancellation(&mut service, &mut handle, "1").await;
+    assert_eq!(
+        cancelled_id(&body),
+        server_id,
+        "the live request, as the server knows it"
+    );
+
+    assert!(service.poll_ready().is_ready());
+    let mut third = Box::pin(service.call(tracked("1")));
+    assert!(
+        poll!(third.as_mut()).is_pending(),
+        "the reuse was answered by the guard itself: {:?}",
+        layer.stats()
+    );
+    let (third_request, _third_send) = within(handle.next_request()).await.unwrap();
+    let third_id = id_text(&read_request(third_request).await);
+    assert!(is_server_side(&third_id), "still shadowed: {third_id}");
+    assert_eq!(layer.stats().rejected_total, 0);
+}
