@@ -33,6 +33,10 @@ the guard command in front of it, as burst.py does, and checks:
   control  straight to the server, B with id 2: both right in every trial
   guarded  through the guard (default flags), B with id 1: both right
   guarded control, B with id 2: both right
+  rewrite  through a second guard with --rewrite-all-ids, B with id 1: both
+           right (the server never sees an id twice, so this one holds even
+           when the guard releases a polled id too early: it shows that
+           resuming through the proxy works)
 
 Traffic stays on 127.0.0.1. Exits 0 when every check holds, 1 otherwise.
 """
@@ -156,7 +160,7 @@ async def exchange(client: httpx.AsyncClient, request: httpx.Request, wanted_id:
 
     try:
         await asyncio.wait_for(run(), timeout=DEADLINE_S)
-    except asyncio.TimeoutError:
+    except (asyncio.TimeoutError, httpx.TimeoutException):
         stream.hung = True
     except (httpx.HTTPError, json.JSONDecodeError) as error:
         stream.error = f"{type(error).__name__}: {error}"
@@ -298,10 +302,11 @@ def summary(results: list[Trial]) -> str:
 
 
 def run_checks(label: str, guard_command: str, server_command: list[str], count: int) -> int:
-    server = guard = None
+    server = guard = rewriting_guard = None
     try:
         server, server_port = start_server(server_command)
         guard, guard_port = start_guard(guard_command, server_port)
+        rewriting_guard, rewriting_port = start_guard(guard_command, server_port, ("--rewrite-all-ids",))
         direct = f"http://127.0.0.1:{server_port}"
         guarded = f"http://127.0.0.1:{guard_port}"
         started = time.monotonic()
@@ -309,12 +314,14 @@ def run_checks(label: str, guard_command: str, server_command: list[str], count:
         control = asyncio.run(trials(direct, 2, count))
         through = asyncio.run(trials(guarded, 1, count))
         through_control = asyncio.run(trials(guarded, 2, count))
+        rewritten = asyncio.run(trials(f"http://127.0.0.1:{rewriting_port}", 1, count))
         elapsed = time.monotonic() - started
     except Exception as error:  # noqa: BLE001 — any failure to set up is a test failure
         log(f"{label}: FAIL — could not run the trials: {type(error).__name__}: {error}")
         log(f"{label}: 0 passed, 1 failed")
         return 1
     finally:
+        stop(rewriting_guard)
         stop(guard)
         stop(server)
 
@@ -345,6 +352,12 @@ def run_checks(label: str, guard_command: str, server_command: list[str], count:
             polled(through_control) and all(result.both_right for result in through_control),
             "guarded control",
             through_control,
+        ),
+        (
+            "through mcp-id-guard --rewrite-all-ids: B reuses id 1 while A is polled, both answers right",
+            polled(rewritten) and all(result.both_right for result in rewritten),
+            "rewrite",
+            rewritten,
         ),
     ]
     failed = 0
