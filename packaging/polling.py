@@ -1,6 +1,6 @@
 """Shows what happens to a polled request's answer when its id is reused while it runs.
 
-Usage: polling.py --url BASE [--b-id 1|2] [--trials N]
+Usage: polling.py --url BASE [--b-id 1|2] [--early] [--trials N]
        polling.py --guard COMMAND [--label NAME] -- SERVER COMMAND...
 
 SEP-1699 polling (protocol 2025-11-25): the server may close a request's SSE
@@ -15,7 +15,8 @@ its own, with raw HTTP so every id is the one written here:
      echo, `id: 1` (or `id: 2`, the control), answered at once
   A  resumes: GET with Last-Event-ID (the last event id it saw), again after
      the server's `retry` while a stream ends without its answer, until the
-     first JSON-RPC response with id 1 or the deadline
+     first JSON-RPC response with id 1 or the deadline; with `--early`, A
+     resumes before B is sent (B waits for the resumed stream's first event)
 
 A trial says whether A and B each got their own answer: OK, SWAPPED (someone
 else's), NONE (a stream ended without one, no more resumption possible),
@@ -28,15 +29,19 @@ answers right. With `--guard` it starts the server command (see
 python/fastmcp_polling_server.py; it must print `LISTENING <port>` first) and
 the guard command in front of it, as burst.py does, and checks:
 
-  bare     straight to the server, B with id 1: A or B loses its answer in
-           every trial, or the test proves nothing
-  control  straight to the server, B with id 2: both right in every trial
-  guarded  through the guard (default flags), B with id 1: both right
-  guarded control, B with id 2: both right
-  rewrite  through a second guard with --rewrite-all-ids, B with id 1: both
-           right (the server never sees an id twice, so this one holds even
-           when the guard releases a polled id too early: it shows that
-           resuming through the proxy works)
+  bare          straight to the server, B with id 1: A or B loses its
+                answer in every trial, or the test proves nothing
+  control       straight to the server, B with id 2: both right
+  bare early, control early: the same with A resuming before B is sent (a
+                client honouring the server's `retry` does; A's resumed
+                stream is open on the server when B arrives)
+  guarded       through the guard (default flags), B with id 1: both right
+  guarded control: B with id 2, both right
+  guarded early: B with id 1, A resuming before B is sent: both right
+  rewrite       through a second guard with --rewrite-all-ids, B with id 1:
+                both right (the server never sees an id twice, so this holds
+                even where the guard releases a polled id too early: it shows
+                that resuming through the proxy works)
 
 Traffic stays on 127.0.0.1. Exits 0 when every check holds, 1 otherwise.
 """
@@ -50,6 +55,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -109,7 +115,9 @@ def is_response(message: object) -> bool:
     return isinstance(message, dict) and "id" in message and ("result" in message or "error" in message)
 
 
-async def read_stream(response: httpx.Response, stream: Stream, wanted_id: object) -> None:
+async def read_stream(
+    response: httpx.Response, stream: Stream, wanted_id: object, on_event: Callable[[], None] | None
+) -> None:
     """Reads SSE events (or a JSON body) until a response with wanted_id, or the end."""
     stream.status = response.status_code
     stream.session = response.headers.get("mcp-session-id")
@@ -138,6 +146,8 @@ async def read_stream(response: httpx.Response, stream: Stream, wanted_id: objec
             continue
         # A blank line ends an event.
         stream.events += 1
+        if on_event is not None:
+            on_event()
         payload, data = "\n".join(data), []
         if not payload:  # the priming event
             continue
@@ -147,14 +157,19 @@ async def read_stream(response: httpx.Response, stream: Stream, wanted_id: objec
             return
 
 
-async def exchange(client: httpx.AsyncClient, request: httpx.Request, wanted_id: object) -> Stream:
+async def exchange(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    wanted_id: object,
+    on_event: Callable[[], None] | None = None,
+) -> Stream:
     """Sends one request and reads its stream, within DEADLINE_S of wall-clock time."""
     stream = Stream()
 
     async def run() -> None:
         response = await client.send(request, stream=True)
         try:
-            await read_stream(response, stream, wanted_id)
+            await read_stream(response, stream, wanted_id, on_event)
         finally:
             await response.aclose()
 
@@ -229,7 +244,34 @@ async def open_session(client: httpx.AsyncClient, url: str) -> str:
     return session
 
 
-async def trial(base: str, b_id: object) -> Trial:
+async def resume(
+    client: httpx.AsyncClient, url: str, session: str, a_id: object, stream: Stream, on_event: Callable[[], None]
+) -> tuple[Stream, int]:
+    """Resumes A's stream, as often as it ends without A's answer, until DEADLINE_S has passed."""
+    resumptions = 0
+    deadline = time.monotonic() + DEADLINE_S
+    while stream.response is None and not stream.hung and not stream.error and stream.last_event_id is not None:
+        if time.monotonic() > deadline:
+            stream.hung = True
+            break
+        await asyncio.sleep(stream.retry_s if stream.retry_s is not None else DEFAULT_RETRY_S)
+        headers = {
+            "accept": "text/event-stream",
+            "mcp-protocol-version": PROTOCOL_VERSION,
+            "mcp-session-id": session,
+            "last-event-id": stream.last_event_id,
+        }
+        resumed = await exchange(client, httpx.Request("GET", url, headers=headers), a_id, on_event)
+        resumptions += 1
+        # A stream without events of its own keeps the last id seen.
+        resumed.last_event_id = resumed.last_event_id or stream.last_event_id
+        resumed.retry_s = resumed.retry_s if resumed.retry_s is not None else stream.retry_s
+        stream = resumed
+    return stream, resumptions
+
+
+async def trial(base: str, b_id: object, early: bool) -> Trial:
+    """One trial; `early`: A resumes before B is sent (as a client that honours `retry` does)."""
     url = f"{base}/mcp"
     a_id = 1
     a_sentinel, b_sentinel = uuid.uuid4().hex, uuid.uuid4().hex
@@ -243,33 +285,25 @@ async def trial(base: str, b_id: object) -> Trial:
             # The server answered on the POST or sent no priming event: it
             # did not poll, and the trial shows nothing about polling.
             notes.append("A's POST stream was not closed for polling")
-        # The ordering that matters is that A's stream has ended; the pause
-        # only keeps the timing of the report.
+        resumed_stream_open = asyncio.Event()
+        resuming = None
+        if early:
+            resuming = asyncio.create_task(resume(client, url, session, a_id, a_post, resumed_stream_open.set))
+            # The server has A's resumed stream in place once it sent an event
+            # on it (the priming event): only then is B sent.
+            try:
+                await asyncio.wait_for(resumed_stream_open.wait(), timeout=DEADLINE_S)
+            except asyncio.TimeoutError:
+                notes.append("A's resumed stream brought no event before B was sent")
+        # The ordering that matters is that A's stream has ended (and, early,
+        # that A's resumed one is open); the pause keeps the report's timing.
         await asyncio.sleep(max(0.0, a_sent + B_AFTER_A_S - time.monotonic()))
         b_stream = await exchange(client, tools_call(url, session, b_id, "echo", b_sentinel), b_id)
         b = judge(b_stream, b_id, f"ECHO:{b_sentinel}")
-
-        a_stream, resumptions = a_post, 0
-        resume_deadline = time.monotonic() + DEADLINE_S
-        while a_stream.response is None and not a_stream.hung and not a_stream.error:
-            if a_stream.last_event_id is None or time.monotonic() > resume_deadline:
-                break
-            await asyncio.sleep(a_stream.retry_s if a_stream.retry_s is not None else DEFAULT_RETRY_S)
-            headers = {
-                "accept": "text/event-stream",
-                "mcp-protocol-version": PROTOCOL_VERSION,
-                "mcp-session-id": session,
-                "last-event-id": a_stream.last_event_id,
-            }
-            resumed = await exchange(client, httpx.Request("GET", url, headers=headers), a_id)
-            resumptions += 1
-            # A stream without events of its own keeps the last id seen.
-            resumed.last_event_id = resumed.last_event_id or a_stream.last_event_id
-            resumed.retry_s = resumed.retry_s if resumed.retry_s is not None else a_stream.retry_s
-            a_stream = resumed
+        if resuming is None:
+            resuming = asyncio.create_task(resume(client, url, session, a_id, a_post, resumed_stream_open.set))
+        a_stream, resumptions = await resuming
         a = judge(a_stream, a_id, f"SLOW:{a_sentinel}")
-        if a.verdict == "NONE" and time.monotonic() > resume_deadline:
-            a = Outcome("HUNG", f"no answer after {resumptions} resumption(s) in {DEADLINE_S:.0f} s")
 
         try:
             await asyncio.wait_for(client.delete(url, headers={**HEADERS, "mcp-session-id": session}), DEADLINE_S)
@@ -278,8 +312,8 @@ async def trial(base: str, b_id: object) -> Trial:
         return Trial(a, b, resumptions, notes)
 
 
-async def trials(base: str, b_id: object, count: int) -> list[Trial]:
-    return [await trial(base, b_id) for _ in range(count)]
+async def trials(base: str, b_id: object, count: int, early: bool = False) -> list[Trial]:
+    return [await trial(base, b_id, early) for _ in range(count)]
 
 
 def describe(label: str, results: list[Trial]) -> list[str]:
@@ -301,20 +335,53 @@ def summary(results: list[Trial]) -> str:
     return f"A right {a_right}/{len(results)}, B right {b_right}/{len(results)}, hung {hung}"
 
 
+@dataclass
+class Run:
+    """One run of trials and what it must show."""
+
+    name: str
+    target: str  # "direct", "guarded" or "rewriting"
+    b_id: int
+    early: bool
+    must_lose: bool  # the bare case: an answer lost in every trial
+
+    def describe(self) -> str:
+        where = {
+            "direct": "straight to the server",
+            "guarded": "through mcp-id-guard",
+            "rewriting": "through mcp-id-guard --rewrite-all-ids",
+        }[self.target]
+        when = "A resumes before B" if self.early else "A resumes after B"
+        what = "B reuses id 1 while A is polled" if self.b_id == 1 else "B uses id 2"
+        verdict = "an answer is lost in every trial" if self.must_lose else "both answers right"
+        return f"{self.name}: {where}, {what}, {when}: {verdict}"
+
+
+RUNS = [
+    Run("bare", "direct", 1, early=False, must_lose=True),
+    Run("control", "direct", 2, early=False, must_lose=False),
+    Run("bare early", "direct", 1, early=True, must_lose=True),
+    Run("control early", "direct", 2, early=True, must_lose=False),
+    Run("guarded", "guarded", 1, early=False, must_lose=False),
+    Run("guarded control", "guarded", 2, early=False, must_lose=False),
+    Run("guarded early", "guarded", 1, early=True, must_lose=False),
+    Run("rewrite", "rewriting", 1, early=False, must_lose=False),
+]
+
+
 def run_checks(label: str, guard_command: str, server_command: list[str], count: int) -> int:
     server = guard = rewriting_guard = None
     try:
         server, server_port = start_server(server_command)
         guard, guard_port = start_guard(guard_command, server_port)
         rewriting_guard, rewriting_port = start_guard(guard_command, server_port, ("--rewrite-all-ids",))
-        direct = f"http://127.0.0.1:{server_port}"
-        guarded = f"http://127.0.0.1:{guard_port}"
+        bases = {
+            "direct": f"http://127.0.0.1:{server_port}",
+            "guarded": f"http://127.0.0.1:{guard_port}",
+            "rewriting": f"http://127.0.0.1:{rewriting_port}",
+        }
         started = time.monotonic()
-        bare = asyncio.run(trials(direct, 1, count))
-        control = asyncio.run(trials(direct, 2, count))
-        through = asyncio.run(trials(guarded, 1, count))
-        through_control = asyncio.run(trials(guarded, 2, count))
-        rewritten = asyncio.run(trials(f"http://127.0.0.1:{rewriting_port}", 1, count))
+        results = [asyncio.run(trials(bases[run.target], run.b_id, count, run.early)) for run in RUNS]
         elapsed = time.monotonic() - started
     except Exception as error:  # noqa: BLE001 — any failure to set up is a test failure
         log(f"{label}: FAIL — could not run the trials: {type(error).__name__}: {error}")
@@ -325,53 +392,26 @@ def run_checks(label: str, guard_command: str, server_command: list[str], count:
         stop(guard)
         stop(server)
 
-    def polled(results: list[Trial]) -> bool:
-        return not any(result.notes for result in results)
-
-    checks = [
-        (
-            "bare: B reuses id 1 while A is polled, an answer is lost in every trial",
-            polled(bare) and not any(result.both_right for result in bare),
-            "bare",
-            bare,
-        ),
-        (
-            "bare control: B uses id 2, both answers right",
-            polled(control) and all(result.both_right for result in control),
-            "control",
-            control,
-        ),
-        (
-            "through mcp-id-guard: B reuses id 1 while A is polled, both answers right",
-            polled(through) and all(result.both_right for result in through),
-            "guarded",
-            through,
-        ),
-        (
-            "through mcp-id-guard, control: B uses id 2, both answers right",
-            polled(through_control) and all(result.both_right for result in through_control),
-            "guarded control",
-            through_control,
-        ),
-        (
-            "through mcp-id-guard --rewrite-all-ids: B reuses id 1 while A is polled, both answers right",
-            polled(rewritten) and all(result.both_right for result in rewritten),
-            "rewrite",
-            rewritten,
-        ),
-    ]
     failed = 0
-    for name, held, short, results in checks:
+    for run, outcomes in zip(RUNS, results):
+        # A trial whose server did not poll shows nothing either way.
+        polled = not any(trial.notes for trial in outcomes)
+        if run.must_lose:
+            held = polled and not any(trial.both_right for trial in outcomes)
+        else:
+            held = polled and all(trial.both_right for trial in outcomes)
         failed += not held
-        log(f"  [{'pass' if held else 'FAIL'}] {name}: {summary(results)}")
-        for line in describe(short, results):
+        log(f"  [{'pass' if held else 'FAIL'}] {run.describe()}: {summary(outcomes)}")
+        for line in describe(run.name, outcomes):
             log(line)
+    by_name = {run.name: outcomes for run, outcomes in zip(RUNS, results)}
     verdict = "PASS" if failed == 0 else "FAIL"
     log(
-        f"{label}: {verdict} — polled id reused: without the guard {summary(bare)}; "
-        f"through it {summary(through)}; {len(checks) * count} trials took {elapsed:.1f} s"
+        f"{label}: {verdict} — polled id reused: without the guard {summary(by_name['bare'])} "
+        f"(resuming early: {summary(by_name['bare early'])}); through it {summary(by_name['guarded'])} "
+        f"(early: {summary(by_name['guarded early'])}); {len(RUNS) * count} trials took {elapsed:.1f} s"
     )
-    log(f"{label}: {len(checks) - failed} passed, {failed} failed")
+    log(f"{label}: {len(RUNS) - failed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
 
@@ -382,6 +422,7 @@ def main() -> int:
     target.add_argument("--guard", help="the installed mcp-id-guard command (starts the server and the guard)")
     parser.add_argument("--b-id", type=int, default=1, help="with --url: B's id (1 reuses A's, 2 is the control)")
     parser.add_argument("--trials", type=int, default=TRIALS, help="trials per run")
+    parser.add_argument("--early", action="store_true", help="with --url: A resumes before B is sent")
     parser.add_argument("--label", default="polling", help="name for the summary line")
     parser.add_argument("server", nargs=argparse.REMAINDER, help="with --guard: -- then the server command")
     args = parser.parse_args()
@@ -394,7 +435,7 @@ def main() -> int:
             parser.error("give the server command after --")
         return run_checks(args.label, args.guard, server_command, args.trials)
 
-    results = asyncio.run(trials(args.url.rstrip("/"), args.b_id, args.trials))
+    results = asyncio.run(trials(args.url.rstrip("/"), args.b_id, args.trials, args.early))
     for line in describe(f"B id {args.b_id}", results):
         log(line)
     log(f"{args.label}: {summary(results)}")

@@ -100,7 +100,9 @@ bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --gua
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
 
 step "pip: a polled request's id reused while the server runs it, FastMCP server alone vs. behind the installed mcp-id-guard"
-bounded 180 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
+# About 45 s when it passes; each trial that loses an answer by hanging costs
+# its 8-second deadline (six of them in the bare runs).
+bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
 
 step "npm: stage and pack the launcher package and this platform's binary package (binary from the wheel)"
