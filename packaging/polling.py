@@ -92,7 +92,6 @@ class Stream:
     response: dict | None = None
     last_event_id: str | None = None
     retry_s: float | None = None
-    status: int = 0
     hung: bool = False
     error: str = ""
     events: int = 0
@@ -119,7 +118,6 @@ async def read_stream(
     response: httpx.Response, stream: Stream, wanted_id: object, on_event: Callable[[], None] | None
 ) -> None:
     """Reads SSE events (or a JSON body) until a response with wanted_id, or the end."""
-    stream.status = response.status_code
     stream.session = response.headers.get("mcp-session-id")
     if response.status_code != 200:
         body = (await response.aread())[:200]
