@@ -100,8 +100,8 @@ bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --gua
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
 
 step "pip: a polled request's id reused while the server runs it, FastMCP server alone vs. behind the installed mcp-id-guard"
-# About 45 s when it passes; each trial that loses an answer by hanging costs
-# its 8-second deadline (six of them in the bare runs).
+# About 50 s when it passes: a trial that loses an answer by hanging costs its
+# 8-second deadline, as the three of the bare early run always do.
 bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
 
