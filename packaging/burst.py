@@ -219,14 +219,14 @@ def announced_port(server: subprocess.Popen) -> int:
     return port
 
 
-def start_guard(command: str, upstream_port: int) -> tuple[subprocess.Popen, int]:
+def start_guard(command: str, upstream_port: int, flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
     # A port picked here could be taken by someone else before the guard binds
     # it; the guard then exits at once, and another port is tried.
     last_error = None
     for _ in range(3):
         port = free_loopback_port()
         guard = subprocess.Popen(
-            [command, "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}"],
+            [command, "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}", *flags],
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "error")},
         )
         try:

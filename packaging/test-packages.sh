@@ -4,7 +4,10 @@
 # project installing the packed tarballs), and shows the installed command
 # keeping a real MCP server's answers apart (see burst.py): a FastMCP server
 # from PyPI (mcp 1.27.0) behind the pip-installed command, a TypeScript SDK
-# server from npm behind the npm-installed one, each with its control case.
+# server from npm behind the npm-installed one, each with its control case;
+# and, with a FastMCP server that closes request streams for polling
+# (SEP-1699), that a request's id is not given to another request while the
+# server still runs it (see polling.py).
 #
 # One release build of the binary serves both: the npm packages carry the
 # binary taken out of the wheel. Loopback traffic only; every step is bounded.
@@ -95,6 +98,12 @@ fi
 step "pip: 12 concurrent id-1 calls, FastMCP server alone vs. behind the installed mcp-id-guard"
 bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
+
+step "pip: a polled request's id reused while the server runs it, FastMCP server alone vs. behind the installed mcp-id-guard"
+# About 50 s when it passes: a trial that loses an answer by hanging costs its
+# 8-second deadline, as the three of the bare early run always do.
+bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
+    -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
 
 step "npm: stage and pack the launcher package and this platform's binary package (binary from the wheel)"
 npm_work="$work/npm"
