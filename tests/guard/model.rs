@@ -150,8 +150,9 @@ impl Service<Request<RequestBody<Full<Bytes>>>> for Scripted {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// The client POSTs a request with `IDS[id]`.
-    Post(usize),
+    /// The client POSTs a request with `IDS[id]`; an eager client reads
+    /// whatever arrives on it after every step, as real clients do.
+    Post { id: usize, eager: bool },
     /// The client reads the n-th open POST body: everything that has
     /// arrived, or one frame.
     Read { n: usize, all: bool },
@@ -160,8 +161,10 @@ enum Op {
     DropPost(usize),
     /// The client sends `notifications/cancelled` naming `IDS[id]`.
     Cancel(usize),
-    /// The client opens the session's GET stream (dropping one it had).
-    OpenGet,
+    /// The client opens the session's GET stream (dropping one it had):
+    /// resumed with `Last-Event-ID` (the polling of SEP-1699, after a POST
+    /// stream the server ended early), or the standalone stream.
+    OpenGet { resume: bool, eager: bool },
     /// The client reads everything that has arrived on its GET stream.
     ReadGet,
     /// The client drops its GET stream.
@@ -185,18 +188,19 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..IDS.len()).prop_map(Op::Post),
+        4 => (0..IDS.len(), any::<bool>()).prop_map(|(id, eager)| Op::Post { id, eager }),
         6 => (0..8usize, any::<bool>()).prop_map(|(n, all)| Op::Read { n, all }),
         1 => (0..8usize).prop_map(Op::DropPost),
         1 => (0..IDS.len()).prop_map(Op::Cancel),
-        2 => Just(Op::OpenGet),
-        2 => Just(Op::ReadGet),
+        1 => (prop::bool::weighted(0.75), any::<bool>())
+            .prop_map(|(resume, eager)| Op::OpenGet { resume, eager }),
+        3 => Just(Op::ReadGet),
         1 => Just(Op::DropGet),
         1 => (0..8usize).prop_map(Op::Notify),
-        4 => (0..8usize, prop::bool::weighted(0.25)).prop_map(|(n, error)| Op::Answer { n, error }),
-        2 => (0..8usize).prop_map(Op::EndEarly),
+        3 => (0..8usize, prop::bool::weighted(0.25)).prop_map(|(n, error)| Op::Answer { n, error }),
+        3 => (0..8usize).prop_map(Op::EndEarly),
         1 => (0..8usize).prop_map(Op::Fail),
-        2 => (0..8usize, prop::bool::weighted(0.25))
+        3 => (0..8usize, prop::bool::weighted(0.25))
             .prop_map(|(n, error)| Op::AnswerOnGet { n, error }),
     ]
 }
@@ -223,6 +227,8 @@ enum ClientSide {
 /// One POST of the client.
 struct Exchange {
     client_id: &'static str,
+    /// The client reads it after every step.
+    eager: bool,
     /// The request the server received for it.
     job: Option<usize>,
     client: ClientSide,
@@ -246,6 +252,8 @@ struct GetStream {
     text: String,
     /// The jobs the server answered on it, in order.
     answered: Vec<usize>,
+    /// The client reads it after every step.
+    eager: bool,
 }
 
 /// The collision key of an id's JSON text, as the guard compares ids: a
@@ -466,13 +474,14 @@ impl Harness {
 
     async fn apply(&mut self, op: &Op) {
         match *op {
-            Op::Post(id) => {
+            Op::Post { id, eager } => {
                 std::future::poll_fn(|cx| self.guard.poll_ready(cx))
                     .await
                     .unwrap_or_else(|never| match never {});
                 let future = self.guard.call(post(request_text(IDS[id])));
                 self.exchanges.push(Exchange {
                     client_id: IDS[id],
+                    eager,
                     job: None,
                     client: ClientSide::Waiting(Box::pin(future)),
                 });
@@ -494,7 +503,7 @@ impl Harness {
                 }
             }
             Op::Cancel(id) => self.cancel(IDS[id]).await,
-            Op::OpenGet => self.open_get().await,
+            Op::OpenGet { resume, eager } => self.open_get(resume, eager).await,
             Op::ReadGet => self.read_get().await,
             Op::DropGet => self.get = None,
             Op::Notify(n) => {
@@ -540,6 +549,15 @@ impl Harness {
             }
         }
         self.poll_waiting().await;
+        for index in 0..self.exchanges.len() {
+            let exchange = &self.exchanges[index];
+            if exchange.eager && matches!(exchange.client, ClientSide::Open { .. }) {
+                self.read(index, true).await;
+            }
+        }
+        if self.get.as_ref().is_some_and(|get| get.eager) {
+            self.read_get().await;
+        }
     }
 
     /// A request the server still runs, whose POST stream is open (or has
@@ -614,17 +632,19 @@ impl Harness {
         self.receive(None);
     }
 
-    async fn open_get(&mut self) {
+    async fn open_get(&mut self, resume: bool, eager: bool) {
         self.get = None;
         std::future::poll_fn(|cx| self.guard.poll_ready(cx))
             .await
             .unwrap_or_else(|never| match never {});
-        let request = Request::get("/mcp")
+        let mut request = Request::get("/mcp")
             .header("mcp-session-id", SESSION)
             .header("mcp-protocol-version", PROTOCOL_VERSION)
-            .header(header::ACCEPT, "text/event-stream")
-            .body(Full::default())
-            .unwrap();
+            .header(header::ACCEPT, "text/event-stream");
+        if resume {
+            request = request.header("last-event-id", self.event_id.to_string());
+        }
+        let request = request.body(Full::default()).unwrap();
         let response = tokio::time::timeout(HANG_TIMEOUT, self.guard.call(request))
             .await
             .expect("a GET is answered at once")
@@ -638,6 +658,7 @@ impl Harness {
             upstream: received.upstream,
             text: String::new(),
             answered: Vec::new(),
+            eager,
         });
     }
 
@@ -714,7 +735,7 @@ proptest! {
     fn the_server_never_sees_an_id_it_still_runs(
         policy in prop::sample::select(POLICIES.to_vec()),
         rewrite_all_ids in prop::bool::weighted(0.2),
-        ops in prop::collection::vec(op(), 4..32),
+        ops in prop::collection::vec(op(), 1..32),
     ) {
         run(policy, rewrite_all_ids, &ops);
     }
@@ -731,7 +752,18 @@ fn an_id_whose_post_stream_ended_early_is_not_sent_again() {
         run(
             policy,
             false,
-            &[Post(0), EndEarly(0), Read { n: 0, all: true }, Post(0)],
+            &[
+                Post {
+                    id: 0,
+                    eager: false,
+                },
+                EndEarly(0),
+                Read { n: 0, all: true },
+                Post {
+                    id: 0,
+                    eager: false,
+                },
+            ],
         );
     }
 }
@@ -747,18 +779,69 @@ fn a_late_answer_on_the_get_stream_keeps_its_client_id() {
             policy,
             false,
             &[
-                OpenGet,
-                Post(0),
+                OpenGet {
+                    resume: true,
+                    eager: false,
+                },
+                Post {
+                    id: 0,
+                    eager: false,
+                },
                 EndEarly(0),
                 Read { n: 0, all: true },
-                Post(2),
+                Post {
+                    id: 2,
+                    eager: false,
+                },
                 AnswerOnGet { n: 0, error: false },
                 ReadGet,
                 Answer { n: 0, error: false },
                 Read { n: 0, all: true },
-                Post(0),
+                Post {
+                    id: 0,
+                    eager: false,
+                },
                 Answer { n: 0, error: true },
                 Read { n: 0, all: true },
+            ],
+        );
+    }
+}
+
+/// A late answer on the resumed GET stream to a request the guard remapped
+/// (after its id was abandoned) carries a server-side id: restoring it must
+/// not free the client's own id, which the server still runs for the first
+/// request.
+#[test]
+fn a_restored_answer_on_the_get_stream_frees_nothing() {
+    use Op::*;
+    for policy in POLICIES {
+        run(
+            policy,
+            false,
+            &[
+                OpenGet {
+                    resume: true,
+                    eager: false,
+                },
+                Post {
+                    id: 0,
+                    eager: false,
+                },
+                EndEarly(0),
+                Read { n: 0, all: true },
+                Post {
+                    id: 2,
+                    eager: false,
+                },
+                EndEarly(1),
+                Read { n: 0, all: true },
+                AnswerOnGet { n: 1, error: false },
+                ReadGet,
+                Post {
+                    id: 0,
+                    eager: false,
+                },
             ],
         );
     }
