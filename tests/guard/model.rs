@@ -13,7 +13,8 @@
 //! guard), reads what has arrived or drops the body at any point (a
 //! disconnect, or a client giving up after its own timeout while the server
 //! goes on: the tower layer has no timeout of its own), cancels ids, and
-//! opens, reads and drops the GET stream.
+//! opens (resumed with `Last-Event-ID`, or standalone), reads and drops the
+//! GET stream. An eager client reads whatever arrives after every step.
 //!
 //! The model is what the *server* still holds: the ids (as it sees them) of
 //! the requests it received and has not answered, on any stream. A
