@@ -11,5 +11,6 @@ mod bad_input;
 #[cfg(feature = "internals")]
 mod fuzz_regressions;
 mod hostile_input;
+mod model;
 mod release_property;
 mod tower_service;
