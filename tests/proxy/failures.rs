@@ -515,3 +515,136 @@ async fn idle_upstream_connections_are_closed_in_time() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An upstream that accepts connections, reads what comes and never answers.
+async fn silent_upstream() -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            // Kept open, never written to.
+            sockets.push(socket);
+        }
+    });
+    Ok((addr, task))
+}
+
+/// Whether the upstream received the next request under a server-side id.
+async fn next_is_remapped(calls: &mut mpsc::UnboundedReceiver<Call>) -> anyhow::Result<bool> {
+    let call = next_call(calls).await?;
+    Ok(call
+        .id
+        .as_str()
+        .is_some_and(|id| id.starts_with("mcp-id-guard:")))
+}
+
+/// However the upstream ends an exchange without its response — a stream it
+/// breaks off after a progress notification, or one it closes after a
+/// priming event to have the client poll (SEP-1699) — the server may still be
+/// running the request: its id stays abandoned, and the next request with it
+/// reaches the upstream under a server-side id. (Before, both endings freed
+/// the id: the next `1` went to a server still running `1`.)
+#[tokio::test]
+async fn an_exchange_that_ends_without_its_response_leaves_the_id_abandoned() -> anyhow::Result<()>
+{
+    let (upstream, mut calls) = scripted_upstream().await?;
+    for ending in ["broken off", "closed after priming"] {
+        let guard = IdGuardLayer::new();
+        let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+        let url = format!("http://{}/mcp", proxy.addr);
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}).to_string();
+
+        let mut response = post(&url, Some("s"), body.clone()).await?;
+        let call = next_call(&mut calls).await?;
+        assert_eq!(call.id, 1, "{ending}: the first 1 goes as it is");
+        let first = if ending == "broken off" {
+            json!({"jsonrpc": "2.0", "method": "notifications/progress"}).to_string()
+        } else {
+            String::new()
+        };
+        call.events
+            .send(Ok(Bytes::from(format!(
+                "id: 0\nretry: 100\ndata: {first}\n\n"
+            ))))
+            .await?;
+        tokio::time::timeout(OK_TIMEOUT, first_event(&mut response)).await??;
+        if ending == "broken off" {
+            call.events
+                .send(Err(std::io::Error::other("crashed")))
+                .await?;
+        }
+        drop(call);
+        // The client reads its stream to the end (or to the cut).
+        tokio::time::timeout(OK_TIMEOUT, async {
+            while let Ok(Some(_)) = response.chunk().await {}
+        })
+        .await?;
+        let stats = drained(&guard).await?;
+        assert_eq!(stats.abandoned_ids, 1, "{ending}: {stats:?}");
+
+        let mut again = post(&url, Some("s"), body.clone()).await?;
+        assert!(
+            next_is_remapped(&mut calls).await?,
+            "{ending}: the server may still run 1"
+        );
+        drop(again.chunk());
+    }
+    Ok(())
+}
+
+/// The proxy's own 504 after the request went upstream is no response from
+/// the server, which may still be running it: the id stays abandoned. A 504
+/// for a request that never left (its deadline passed while it waited for an
+/// upstream connection) frees its id at once.
+#[tokio::test]
+async fn a_stand_in_504_frees_an_id_only_if_the_request_never_left() -> anyhow::Result<()> {
+    let call = |id: u32| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call"}).to_string();
+    let proxy = |upstream: std::net::SocketAddr| {
+        Proxy::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .max_connections(Some(1))
+            .connection_wait(Duration::from_secs(30))
+            .response_timeout(Some(Duration::from_millis(300)))
+            .build(&format!("http://{upstream}/mcp"))
+    };
+
+    // Sent, never answered.
+    let (silent, _task) = silent_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let served = serve_service(guard.layer(proxy(silent)?)).await?;
+    let response = post(&format!("http://{}/mcp", served.addr), Some("s"), call(1)).await?;
+    assert_eq!(response.status(), 504);
+    assert_eq!(json_body(response).await?["error"]["code"], -32603);
+    let stats = drained(&guard).await?;
+    assert_eq!(
+        stats.abandoned_ids, 1,
+        "1 was sent and may still run: {stats:?}"
+    );
+
+    // Never sent: the only connection carries a stream that stays open.
+    let (upstream, mut calls) = scripted_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let served = serve_service(guard.layer(proxy(upstream.addr)?)).await?;
+    let url = format!("http://{}/mcp", served.addr);
+    let mut open = post(&url, Some("s"), call(1)).await?;
+    let first = next_call(&mut calls).await?;
+    first
+        .events
+        .send(event(
+            json!({"jsonrpc": "2.0", "method": "notifications/progress"}),
+        ))
+        .await?;
+    tokio::time::timeout(OK_TIMEOUT, first_event(&mut open)).await??;
+    let waited = post(&url, Some("s"), call(2)).await?;
+    assert_eq!(waited.status(), 504);
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.in_flight_requests, stats.abandoned_ids),
+        (1, 0),
+        "2 never left: {stats:?}"
+    );
+    drop(first);
+    drop(open);
+    Ok(())
+}
