@@ -53,10 +53,13 @@
 //! | `Reject` | never reaches the server | `reject_status` (400) and JSON-RPC `-32600` carrying its id |
 //! | `Queue` | waits, first come first served per session and id, until the earlier exchange ends, then goes with its own id | its own result, later; `503` after `max_queue_wait` |
 //!
-//! An id is free again for the client as soon as its exchange ends, however
-//! it ends (under `Reject` and `Queue`, as soon as the response event has
-//! passed, even if the server keeps the stream open), so sequential reuse
-//! always works. Two ids collide when the server would route them to one
+//! An id is released exactly once, however its exchange ends, and is free
+//! again for the client only when the server has answered it: when its
+//! response has passed to the client (on the POST's own stream, even if the
+//! server keeps the stream open; or on a resumed `GET` stream of the
+//! session), or when the request never reached the server (a `4xx`, or a
+//! stand-in answer marked [`Unanswered::NotSent`]). Any other ending leaves
+//! it abandoned (see below). Sequential reuse always works. Two ids collide when the server would route them to one
 //! slot: `1`, `"1"` and `"\u0031"` are one id (the Python SDK routes by
 //! `str(id)`). A request also collides with an earlier request of its own
 //! batch. Under `Remap` only a live request the server knows by that very id
@@ -132,11 +135,13 @@
 //! # Abandoned ids
 //! The server may still answer a request the client gave up on: a disconnect
 //! is not a cancellation (spec 2025-06-18, transports), and a handler may
-//! ignore a cancellation. An unguarded server hands that late answer to the
-//! next request that reuses the id. So when an exchange ends before its
-//! response (the client disconnected or dropped the request, the inner
-//! service failed, a panic) or was cancelled, and the server knew it by the
-//! client's own id, the id stays *abandoned* for
+//! ignore a cancellation. A server that closes a request's stream to have the
+//! client poll for the answer (SEP-1699) is still running it. An unguarded
+//! server hands that late answer to the next request that reuses the id. So
+//! when an exchange ends without its response (the stream ended or broke off
+//! before it, the client disconnected or dropped the request, the inner
+//! service failed, a panic, a stand-in answer marked [`Unanswered::Sent`]),
+//! and the server knew it by the client's own id, the id stays *abandoned* for
 //! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
 //! but a new request with it goes to the server with a server-side id, under
 //! every policy (never refused or queued: the client did nothing wrong).
@@ -177,10 +182,11 @@
 //!
 //! # Cancellation
 //! A `notifications/cancelled` whose `params.requestId` names a request in
-//! flight in the session goes to the request the server knows by the client's
-//! own id (at most one is live at a time: exactly the request an unguarded
-//! server would have cancelled), or, when there is none, to the oldest
-//! remapped one. `requestId` is rewritten to the id the server knows the
+//! flight in the session goes to the live request the server knows by the
+//! client's own id (at most one is live at a time: exactly the request an
+//! unguarded server would have cancelled), or, when there is none, to the
+//! oldest live remapped one; only when no live request has the id, to an
+//! abandoned one the server knows by it. `requestId` is rewritten to the id the server knows the
 //! request by: its server-side id, or the client's id as it was sent (so `"1"`
 //! cancels a request sent as `1` on servers that compare ids by type). The id
 //! is free for the client at once, and abandoned as above. A `requestId` that
