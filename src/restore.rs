@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 
 use crate::envelope::scan::{Event, KeyName, Scanner};
-use crate::id::{id_key, restore, IdKey};
+use crate::id::{id_key, restore, IdKey, RESERVED_PREFIX};
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
@@ -107,8 +107,9 @@ pub(crate) struct Restorer {
 }
 
 impl Restorer {
-    /// A restorer that holds ids up to `max_id` bytes long (the longest a
-    /// client could have sent); `watch`: also learn the ids of responses that
+    /// A restorer that holds the server-side ids that can carry a client id
+    /// up to `max_id` bytes long (the longest a client could have sent), and
+    /// client ids that long; `watch`: also learn the ids of responses that
     /// need no restoring ([`take_answered`](Self::take_answered)).
     pub(crate) fn new(max_id: usize, watch: bool) -> Self {
         Self {
@@ -117,7 +118,7 @@ impl Restorer {
             current: Current::default(),
             held: None,
             passing: false,
-            max_id,
+            max_id: longest_server_id(max_id),
             watch,
             restored: 0,
             answering: Vec::new(),
@@ -458,6 +459,18 @@ impl Restorer {
     }
 }
 
+/// The longest server-side id token carrying a client id of `original`
+/// bytes: the quotes, the prefix, a 16-digit tag, a serial of at most 20
+/// digits, two colons, and the original escaped (six bytes at most for one:
+/// a raw tab or line break inside a non-scalar id becomes `\u0009`). The
+/// client id itself can be as long as the body, so bounding the held token by
+/// it alone would leave a remapped long id unrestored.
+fn longest_server_id(original: usize) -> usize {
+    original
+        .saturating_mul(6)
+        .saturating_add(2 + RESERVED_PREFIX.len() + 16 + 20 + 2)
+}
+
 /// The chunk being pushed and where it starts in the stream.
 struct Cursor<'a> {
     chunk: &'a Bytes,
@@ -648,6 +661,28 @@ mod tests {
         let chunk = Bytes::from(body.clone());
         restorer.push(&chunk, 0, &[Part::Json(0..body.len())], &mut out);
         assert!(restorer.held.is_none(), "released once over the window");
+    }
+
+    #[test]
+    fn a_server_side_id_carrying_the_longest_client_id_is_restored() {
+        // `max_id` is the longest id a client could send (the body limit);
+        // the server-side id carrying it is longer.
+        let minter = IdMinter::new();
+        for original in ["1", r#""\"\\""#, "[\t\t\t\t\t\t\t\t\t\t\t\t1]"] {
+            let server_id = String::from_utf8(minter.mint(original)).unwrap();
+            let body = format!(r#"{{"id":{server_id},"result":{{}}}}"#);
+            for watch in [false, true] {
+                let mut restorer = Restorer::new(original.len(), watch);
+                let mut out = VecDeque::new();
+                let chunk = Bytes::from(body.clone());
+                let parts = [Part::Json(0..body.len()), Part::End(body.len())];
+                restorer.push(&chunk, 0, &parts, &mut out);
+                restorer.finish(&mut out);
+                let out: Vec<u8> = out.iter().flat_map(|piece| piece.to_vec()).collect();
+                let expected = format!(r#"{{"id":{original},"result":{{}}}}"#);
+                assert_eq!(String::from_utf8(out).unwrap(), expected);
+            }
+        }
     }
 
     #[test]
