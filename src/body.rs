@@ -145,7 +145,8 @@ enum ResponseKind<B> {
         reading: Reading,
         /// Restored pieces ready to go on.
         out: VecDeque<Bytes>,
-        trailers: Option<HeaderMap>,
+        /// Boxed: rare, and every response carries the variant's size.
+        trailers: Option<Box<HeaderMap>>,
         finished: bool,
     },
     /// A response the guard produced itself.
@@ -506,7 +507,7 @@ where
                     return Poll::Ready(
                         trailers
                             .take()
-                            .map(|trailers| Ok(Frame::trailers(trailers))),
+                            .map(|trailers| Ok(Frame::trailers(*trailers))),
                     );
                 }
                 match ready!(body.as_mut().poll_frame(cx)) {
@@ -521,7 +522,7 @@ where
                             }
                         }
                         // Trailers come last; held until the held-back bytes are out.
-                        Err(frame) => *trailers = frame.into_trailers().ok(),
+                        Err(frame) => *trailers = frame.into_trailers().ok().map(Box::new),
                     },
                     // The registration stays: dropped with the body, it
                     // leaves what was not answered abandoned.

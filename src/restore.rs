@@ -4,23 +4,30 @@
 //!
 //! Bytes go on as they arrive. The only ones held back are a message's
 //! top-level `id` token and what follows it until the message shows whether
-//! it is a response (a `result` or `error` key) or not (a `method` key, or
-//! its end): at most the id plus a bounded window, whatever the size of the
-//! message or where its `id` sits (first in rmcp's and Python's responses,
-//! last in the TypeScript SDK's). A single message stops being read once its
-//! id is settled; a batch is read to its end.
+//! it is a response (a `result` or `error` key) or not (a `method` key), and
+//! then until its end, as a second `id` key (parsers keep the first, the
+//! last, or refuse the message) or a `method` key still makes it pass as the
+//! server wrote it: at most the id plus a bounded window, whatever the size
+//! of the message or where its `id` sits (first in rmcp's and Python's
+//! responses, last in the TypeScript SDK's). Past the window a response goes
+//! on restored (a large result is the usual case; a second `id` that far
+//! after the first is not caught), a message not yet known as a response
+//! goes on as it is. A single message stops being read once its id is
+//! settled; a batch is read to its end.
 
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
 use crate::envelope::scan::{Event, KeyName, Scanner};
-use crate::id::{id_key, restore};
+use crate::id::{id_key, restore, RESERVED_PREFIX};
 use crate::table::Answer;
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
-/// next envelope key). Past it, the message goes on as the server wrote it.
+/// next envelope key), and whether a response carries a second `id` key (its
+/// payload). Past it, a message not known as a response goes on as the
+/// server wrote it, a response goes on restored.
 const WINDOW: usize = 64 * 1024;
 
 /// At most this many responses of one text are remembered as answered: a
@@ -63,7 +70,18 @@ struct Held {
     start: usize,
     /// The id token's length, once it ended.
     id_len: Option<usize>,
+    /// The message is a response, to restore at its end unless a second
+    /// `id` or a `method` key shows up within the window.
+    response: bool,
     bytes: BytesMut,
+}
+
+impl Held {
+    /// Absolute offset past which a key no longer changes what is done with
+    /// the id: the end of the window after it.
+    fn window_end(&self) -> Option<usize> {
+        Some(self.start + self.id_len? + WINDOW)
+    }
 }
 
 /// See the module docs.
@@ -93,8 +111,9 @@ pub(crate) struct Restorer {
 }
 
 impl Restorer {
-    /// A restorer that holds ids up to `max_id` bytes long (the longest a
-    /// client could have sent); `watch`: also learn the ids of responses that
+    /// A restorer that holds the server-side ids that can carry a client id
+    /// up to `max_id` bytes long (the longest a client could have sent), and
+    /// client ids that long; `watch`: also learn the ids of responses that
     /// need no restoring ([`take_answered`](Self::take_answered)).
     pub(crate) fn new(max_id: usize, watch: bool) -> Self {
         Self {
@@ -103,7 +122,7 @@ impl Restorer {
             current: Current::default(),
             held: None,
             passing: false,
-            max_id,
+            max_id: longest_server_id(max_id),
             watch,
             restoring: true,
             restored: 0,
@@ -158,7 +177,17 @@ impl Restorer {
             }
         }
         let end = base + chunk.len();
-        if self.held.is_some() {
+        let window_end = self
+            .held
+            .as_ref()
+            .filter(|held| held.response)
+            .and_then(Held::window_end);
+        if let Some(window_end) = window_end.filter(|window_end| end > *window_end) {
+            // A response whose window passed with no second `id`: restored,
+            // and the rest of the chunk goes on uncopied.
+            self.conclude(window_end.max(self.emitted), &at, out);
+            self.emit(end, &at, out);
+        } else if self.held.is_some() {
             self.absorb(end, &at);
             // Past these bounds `restore` would refuse anyway: let the bytes go.
             let over = self.held.as_ref().is_some_and(|held| {
@@ -234,8 +263,16 @@ impl Restorer {
                     *name == KeyName::Id && std::mem::replace(&mut self.current.id_seen, true);
                 if *name == KeyName::Method || twice {
                     self.current.method |= *name == KeyName::Method;
-                    if self.held.is_some() {
-                        self.release(None, map(token.start), at, out);
+                    let position = map(token.start);
+                    let past_window = self.held.as_ref().is_some_and(|held| {
+                        held.response && held.window_end().is_some_and(|end| position > end)
+                    });
+                    if past_window {
+                        // Where the chunk ends decides nothing: the response
+                        // went on restored once its window passed.
+                        self.conclude(position, at, out);
+                    } else if self.held.is_some() {
+                        self.release(None, position, at, out);
                     }
                     self.settle();
                 }
@@ -252,6 +289,7 @@ impl Restorer {
                             self.held = Some(Held {
                                 start,
                                 id_len: None,
+                                response: false,
                                 bytes: BytesMut::new(),
                             });
                         } else {
@@ -263,7 +301,7 @@ impl Restorer {
                         self.current.answers = true;
                         let id_ended = self.held.as_ref().is_some_and(|held| held.id_len.is_some());
                         if id_ended {
-                            self.restore(map(*offset), at, out);
+                            self.answer(map(*offset), at, out);
                         }
                     }
                     _ => {}
@@ -276,7 +314,7 @@ impl Restorer {
                         if held.id_len.is_none() {
                             held.id_len = Some(end - held.start);
                             if self.current.answers {
-                                self.restore(end, at, out);
+                                self.answer(end, at, out);
                             }
                         }
                     }
@@ -284,7 +322,9 @@ impl Restorer {
                 self.current.key = None;
             }
             Event::MessageEnd(offset) => {
-                if self.held.is_some() {
+                if self.held.as_ref().is_some_and(|held| held.response) {
+                    self.conclude(map(*offset), at, out);
+                } else if self.held.is_some() {
                     self.release(None, map(*offset), at, out);
                 }
                 self.settle();
@@ -302,23 +342,47 @@ impl Restorer {
         }
     }
 
-    /// The message is a response: its held id goes on restored (if it is a
-    /// server-side id), with what followed it up to `position`.
-    fn restore(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+    /// The message is known as a response at `position`: its held id is
+    /// kept until the message ends (or its window passes) if it is to be
+    /// restored or watched, else it goes on as it is.
+    fn answer(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
         self.absorb(position, at);
         // Decided by positions, not by what happens to be held: how the
         // stream is chunked never changes what is restored.
-        let id = self.held.as_ref().and_then(|held| {
-            let id_len = held.id_len?;
-            let gap = position - (held.start + id_len);
-            if id_len > self.max_id || gap > WINDOW {
-                return None;
-            }
-            std::str::from_utf8(&held.bytes[..id_len]).ok()
+        let id = self.held_id().filter(|_| {
+            self.held.as_ref().is_some_and(|held| {
+                held.window_end()
+                    .is_some_and(|window_end| position <= window_end)
+            })
         });
-        let original = id.filter(|_| self.restoring).and_then(restore);
+        let kept = id.is_some_and(|id| self.watch || restore(id).is_some());
+        match &mut self.held {
+            Some(held) if kept => held.response = true,
+            _ => {
+                self.release(None, position, at, out);
+                self.settle();
+            }
+        }
+    }
+
+    /// The held id token, if it ended within the bounds.
+    fn held_id(&self) -> Option<&str> {
+        let held = self.held.as_ref()?;
+        let id_len = held.id_len?;
+        if id_len > self.max_id {
+            return None;
+        }
+        std::str::from_utf8(&held.bytes[..id_len]).ok()
+    }
+
+    /// The held response goes on with its id restored (if it is a
+    /// server-side id), with what followed it up to `position`.
+    fn conclude(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        self.absorb(position, at);
+        let id = self.held_id().map(str::to_owned);
+        let original = id.as_deref().filter(|_| self.restoring).and_then(restore);
         if self.watch && self.answering.len() < MAX_ANSWERING {
-            if let Some(id) = id {
+            if let Some(id) = &id {
                 self.answering.push((
                     id_key(original.as_deref().unwrap_or(id)),
                     original.is_some(),
@@ -408,6 +472,18 @@ impl Restorer {
     }
 }
 
+/// The longest server-side id token carrying a client id of `original`
+/// bytes: the quotes, the prefix, a 16-digit tag, a serial of at most 20
+/// digits, two colons, and the original escaped (six bytes at most for one:
+/// a raw tab or line break inside a non-scalar id becomes `\u0009`). The
+/// client id itself can be as long as the body, so bounding the held token by
+/// it alone would leave a remapped long id unrestored.
+fn longest_server_id(original: usize) -> usize {
+    original
+        .saturating_mul(6)
+        .saturating_add(2 + RESERVED_PREFIX.len() + 16 + 20 + 2)
+}
+
 /// The chunk being pushed and where it starts in the stream.
 struct Cursor<'a> {
     chunk: &'a Bytes,
@@ -492,6 +568,62 @@ mod tests {
         }
     }
 
+    /// Restores `body` split in two at `split`.
+    fn restored_split(body: &[u8], split: usize, watch: bool) -> (Vec<u8>, Vec<Answer>) {
+        let mut restorer = Restorer::new(1 << 20, watch);
+        let mut out = VecDeque::new();
+        let (head, tail) = body.split_at(split);
+        let head = Bytes::copy_from_slice(head);
+        restorer.push(&head, 0, &[Part::Json(0..split)], &mut out);
+        let tail = Bytes::copy_from_slice(tail);
+        let parts = [Part::Json(split..body.len()), Part::End(body.len())];
+        restorer.push(&tail, split, &parts, &mut out);
+        restorer.finish(&mut out);
+        let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
+        let answered = restorer.take_answered().collect();
+        (bytes, answered)
+    }
+
+    #[test]
+    fn a_message_with_two_ids_or_a_method_passes_as_it_is() {
+        // Parsers keep the first id, the last, or refuse the message: none is
+        // restored, and none counts as answered, in any order and chunking.
+        let minter = IdMinter::new();
+        let s = String::from_utf8(minter.mint("1")).unwrap();
+        for body in [
+            format!(r#"{{"id":{s},"result":{{}},"id":{s}}}"#),
+            format!(r#"{{"id":{s},"id":{s},"result":{{}}}}"#),
+            format!(r#"{{"result":{{}},"id":{s},"id":{s}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":{s},"error":{{"code":1}},"id":7}}"#),
+            format!(r#"{{"id":7,"result":[{s}],"id":{s}}}"#),
+            format!(r#"{{"result":1,"id":{s},"jsonrpc":"2.0","id":"x"}}"#),
+            // A `method` makes it a request, before or after the result.
+            format!(r#"{{"id":{s},"result":{{}},"method":"ping"}}"#),
+            format!(r#"{{"result":{{}},"id":{s},"method":"ping"}}"#),
+        ] {
+            for watch in [false, true] {
+                for split in 0..=body.len() {
+                    let (out, answered) = restored_split(body.as_bytes(), split, watch);
+                    assert_eq!(String::from_utf8(out).unwrap(), body, "split {split}");
+                    assert_eq!(answered, [], "split {split} of {body}");
+                }
+                for cut in 1..=body.len() {
+                    let (out, answered) = restored_in(body.as_bytes(), cut, watch);
+                    assert_eq!(String::from_utf8(out).unwrap(), body, "cut {cut}");
+                    assert_eq!(answered, [], "cut {cut} of {body}");
+                }
+            }
+        }
+        // In a batch, only that member passes as it is.
+        let batch = format!(r#"[{{"id":{s},"result":1,"id":{s}}},{{"id":{s},"result":2}}]"#);
+        let expected = format!(r#"[{{"id":{s},"result":1,"id":{s}}},{{"id":1,"result":2}}]"#);
+        for split in 0..=batch.len() {
+            let (out, answered) = restored_split(batch.as_bytes(), split, true);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "split {split}");
+            assert_eq!(answered, [(id_key("1"), true)]);
+        }
+    }
+
     #[test]
     fn restores_each_response_of_a_batch() {
         let minter = IdMinter::new();
@@ -537,11 +669,42 @@ mod tests {
         let body = format!(r#"{{"id":{server_id},"x":"{filler}","result":{{}}}}"#);
         let (out, _) = restored_in(body.as_bytes(), 4096, false);
         assert_eq!(out, body.as_bytes());
+        // A response is held for the window after its id at most: a second
+        // `id` past it is not caught, and the payload goes on as it arrives.
+        let body = format!(r#"{{"id":{server_id},"result":"{filler}","id":2}}"#);
+        for cut in [1000, 4096, WINDOW, body.len()] {
+            let (out, _) = restored_in(body.as_bytes(), cut, false);
+            let expected = format!(r#"{{"id":1,"result":"{filler}","id":2}}"#);
+            assert!(out == expected.as_bytes(), "cut {cut}");
+        }
+        let body = format!(r#"{{"id":{server_id},"x":"{filler}","result":{{}}}}"#);
         let mut restorer = Restorer::new(1 << 20, false);
         let mut out = VecDeque::new();
         let chunk = Bytes::from(body.clone());
         restorer.push(&chunk, 0, &[Part::Json(0..body.len())], &mut out);
         assert!(restorer.held.is_none(), "released once over the window");
+    }
+
+    #[test]
+    fn a_server_side_id_carrying_the_longest_client_id_is_restored() {
+        // `max_id` is the longest id a client could send (the body limit);
+        // the server-side id carrying it is longer.
+        let minter = IdMinter::new();
+        for original in ["1", r#""\"\\""#, "[\t\t\t\t\t\t\t\t\t\t\t\t1]"] {
+            let server_id = String::from_utf8(minter.mint(original)).unwrap();
+            let body = format!(r#"{{"id":{server_id},"result":{{}}}}"#);
+            for watch in [false, true] {
+                let mut restorer = Restorer::new(original.len(), watch);
+                let mut out = VecDeque::new();
+                let chunk = Bytes::from(body.clone());
+                let parts = [Part::Json(0..body.len()), Part::End(body.len())];
+                restorer.push(&chunk, 0, &parts, &mut out);
+                restorer.finish(&mut out);
+                let out: Vec<u8> = out.iter().flat_map(|piece| piece.to_vec()).collect();
+                let expected = format!(r#"{{"id":{original},"result":{{}}}}"#);
+                assert_eq!(String::from_utf8(out).unwrap(), expected);
+            }
+        }
     }
 
     #[test]

@@ -7,10 +7,17 @@
 //! the [`Restorer`]. Bytes are passed on as they arrive: only an id waiting
 //! for its message to show whether it is a response is held back, never a
 //! whole line or event. Comments (keep-alives), `id:`/`event:`/`retry:`
-//! lines and priming events pass byte for byte. Only the default event type
-//! carries JSON-RPC messages: an event whose `event:` field names another
-//! type before its first `data:` line is not read (one named after its data
-//! was read already, and is restored like a `message`).
+//! lines and priming events pass byte for byte.
+//!
+//! Every event's data is read, whatever its type. Clients read JSON-RPC
+//! messages only from events of type `message` (the type of an event with no
+//! `event:` field, or an empty one), and by the SSE standard the type is the
+//! value of the event's *last* `event:` line, which may come after its data
+//! lines: `event: other`, data, `event: message` dispatches as a `message`.
+//! As bytes go on as they arrive, the type is not known while the data
+//! passes, so no event is skipped: a response restored in an event the client
+//! ignores is harmless, one left with the server's id in an event it reads
+//! leaves the client waiting.
 
 use std::collections::VecDeque;
 
@@ -19,9 +26,9 @@ use bytes::Bytes;
 use crate::restore::{Part, Restorer};
 use crate::table::Answer;
 
-/// The longest field name or `event:` value the framer keeps to recognise
-/// it; longer ones are neither `data` nor `message`.
-const SHORT: usize = 8;
+/// The longest field name the framer keeps to recognise it; longer ones are
+/// not `data`.
+const SHORT: usize = 4;
 
 /// Where the framer is in the current line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,10 +41,6 @@ enum Line {
     DataStart,
     /// In a `data:` value.
     Data,
-    /// Just after `event:`.
-    EventStart,
-    /// In an `event:` value.
-    Event,
     /// In a line whose rest does not matter (a comment, another field).
     Skip,
 }
@@ -47,7 +50,7 @@ enum Line {
 pub(crate) struct SseRewriter {
     restorer: Restorer,
     line: Line,
-    /// The field name or event type read so far (first [`SHORT`] bytes).
+    /// The field name read so far (first [`SHORT`] + 1 bytes).
     short: Vec<u8>,
     /// The last chunk ended in a CR: an LF first in the next one is part of
     /// that line end.
@@ -58,8 +61,6 @@ pub(crate) struct SseRewriter {
     data_lines: usize,
     /// Absolute offset where the last data line's value ended.
     data_end: usize,
-    /// The current event names a type other than `message`.
-    other_type: bool,
     parts: Vec<Part>,
 }
 
@@ -81,7 +82,6 @@ impl SseRewriter {
             offset: 0,
             data_lines: 0,
             data_end: 0,
-            other_type: false,
             parts: Vec::new(),
         }
     }
@@ -164,9 +164,9 @@ impl SseRewriter {
                     return stop;
                 };
                 let field = self.short.as_slice();
+                // The `event:` field is not told apart: see the module docs.
                 let (with_value, empty) = match field {
                     b"data" => (Line::DataStart, Line::Data),
-                    b"event" => (Line::EventStart, Line::Event),
                     _ => (Line::Skip, Line::Skip),
                 };
                 if byte == b':' {
@@ -188,37 +188,24 @@ impl SseRewriter {
                 self.line = Line::Data;
                 return start;
             }
-            Line::EventStart => {
-                self.line = Line::Event;
-                return at + usize::from(chunk[at] == b' ');
-            }
-            Line::Data | Line::Event | Line::Skip => {}
+            Line::Data | Line::Skip => {}
         }
         let end = line_end.unwrap_or(chunk.len());
-        match self.line {
-            Line::Data => {
-                if end > at && !self.other_type {
-                    parts.push(Part::Json(base + at..base + end));
-                }
-                self.data_end = base + end;
+        if self.line == Line::Data {
+            if end > at {
+                parts.push(Part::Json(base + at..base + end));
             }
-            Line::Event => self.keep_short(&chunk[at..end]),
-            _ => {}
+            self.data_end = base + end;
         }
         match line_end {
-            Some(end) => {
-                if self.line == Line::Event && self.data_lines == 0 {
-                    self.other_type = self.short != b"message";
-                }
-                self.end_line(chunk, end)
-            }
+            Some(end) => self.end_line(chunk, end),
             None => chunk.len(),
         }
     }
 
     /// A `data:` line's value starts at absolute `position`.
     fn data_line(&mut self, position: usize, parts: &mut Vec<Part>) {
-        if self.data_lines > 0 && !self.other_type {
+        if self.data_lines > 0 {
             parts.push(Part::Break(self.data_end));
         }
         self.data_lines += 1;
@@ -241,11 +228,10 @@ impl SseRewriter {
 
     /// A blank line ends the event (at absolute `position`).
     fn end_event(&mut self, position: usize, parts: &mut Vec<Part>) {
-        if self.data_lines > 0 && !self.other_type {
+        if self.data_lines > 0 {
             parts.push(Part::End(self.data_end.min(position)));
         }
         self.data_lines = 0;
-        self.other_type = false;
     }
 
     fn keep_short(&mut self, bytes: &[u8]) {
@@ -395,9 +381,21 @@ mod tests {
             )),
             &mut out,
         );
+        // The response is held until its end or the window after its id (a
+        // second `id` key in it would leave it as the server wrote it).
         let head: Vec<u8> = out.drain(..).flat_map(|piece| piece.to_vec()).collect();
-        assert_eq!(head, br#"data: {"id":1,"result":{"text":""#);
+        assert_eq!(head, b"data: {\"id\":");
         let chunk = Bytes::from(vec![b'x'; 1 << 20]);
+        rewriter.push(chunk.clone(), &mut out);
+        let tail = out.back().unwrap();
+        let tail_offset = tail.as_ptr() as usize - chunk.as_ptr() as usize;
+        assert!(
+            tail_offset < 70_000 && tail_offset + tail.len() == chunk.len(),
+            "the chunk past the window goes on uncopied"
+        );
+        let first: Vec<u8> = out.drain(..).flat_map(|piece| piece.to_vec()).collect();
+        assert_eq!(first.len(), br#"1,"result":{"text":""#.len() + chunk.len());
+        assert!(first.starts_with(br#"1,"result":{"text":"x"#), "restored");
         for _ in 0..16 {
             rewriter.push(chunk.clone(), &mut out);
             assert_eq!(out.len(), 1, "each chunk goes on at once");
@@ -410,11 +408,35 @@ mod tests {
     }
 
     #[test]
-    fn other_event_types_are_untouched() {
+    fn events_of_every_type_are_restored() {
+        // A client reads the first three and the fifth as `message` events:
+        // an empty type is `message`, and the last `event:` line counts, even
+        // after the data. It ignores the others, where restoring is harmless;
+        // the framer cannot know the type before the data passes.
         let minter = IdMinter::new();
         let server_id = String::from_utf8(minter.mint("1")).unwrap();
-        let input = format!("event: custom\ndata: {{\"id\":{server_id},\"result\":1}}\n\n");
-        assert_eq!(rewrite_in_chunks(input.as_bytes(), &[]), input.as_bytes());
+        for head in [
+            "event:\n",
+            "event\n",
+            "event: \r\n",
+            "event: custom\n",
+            "event: custom\nevent:\n",
+            "event: message\nevent: other\n",
+        ] {
+            for tail in ["", "event: message\n", "event\r", "event: custom\n"] {
+                let input =
+                    format!("{head}data: {{\"id\":{server_id},\ndata: \"result\":1}}\n{tail}\n");
+                let expected = format!("{head}data: {{\"id\":1,\ndata: \"result\":1}}\n{tail}\n");
+                for cut in 0..=input.len() {
+                    let out = rewrite_in_chunks(input.as_bytes(), &[cut]);
+                    assert_eq!(
+                        String::from_utf8(out).unwrap(),
+                        expected,
+                        "cut {cut} of {input:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -522,13 +522,9 @@ pub fn sse_lines(event: &[u8]) -> Vec<&[u8]> {
     lines
 }
 
-/// One event as a client reads it: whether its type is not the default, and
-/// its data lines joined by LF (`None`: no data line). Other lines are returned
-/// as they are.
+/// One event as a client reads it: its data lines joined by LF (`None`: no
+/// data line). Other lines are returned as they are.
 pub struct SseEvent<'a> {
-    /// Some `event:` line names a type other than `message`: not a
-    /// JSON-RPC message event.
-    pub foreign_type: bool,
     /// The joined data.
     pub data: Option<Vec<u8>>,
     /// Every line that is not a `data` line.
@@ -538,7 +534,6 @@ pub struct SseEvent<'a> {
 /// Reads a complete event as the SSE spec does.
 pub fn sse_event(event: &[u8]) -> SseEvent<'_> {
     let mut parsed = SseEvent {
-        foreign_type: false,
         data: None,
         other_lines: Vec::new(),
     };
@@ -559,9 +554,6 @@ pub fn sse_event(event: &[u8]) -> SseEvent<'_> {
             data.extend_from_slice(value);
             data.push(b'\n');
         } else {
-            if field == b"event" && value != b"message" {
-                parsed.foreign_type = true;
-            }
             parsed.other_lines.push(line);
         }
     }

@@ -391,12 +391,17 @@ fn answer(plan: &Plan, forwarded: &mut Forwarded) -> Result<Response<Chunks>, Fa
                 template.push(text(&format!("id: 0{end}data:{end}{end}")));
             }
             if plan.extras {
-                // A server request and another event type carrying the same
-                // id: neither is a response to restore.
+                // A server request carrying the same id (not a response),
+                // and a response in an event of another type: restored all
+                // the same (the rewriter cannot know an event's type before
+                // its data passes: a later `event:` line may make it a
+                // `message`).
                 template.push(text(&format!(
-                    ": ping{end}{end}data: {{\"jsonrpc\":\"2.0\",\"id\":{0},\"method\":\"ping\"}}{end}{end}event: other{end}data: {{\"id\":{0},\"result\":{{}}}}{end}{end}",
+                    ": ping{end}{end}data: {{\"jsonrpc\":\"2.0\",\"id\":{0},\"method\":\"ping\"}}{end}{end}event: other{end}data: {{\"id\":",
                     ids[0]
                 )));
+                template.push(Piece::Id(0));
+                template.push(text(&format!(",\"result\":{{}}}}{end}{end}")));
             }
             let data_break = if plan.split_data {
                 format!("{end}data: ")

@@ -6,7 +6,7 @@
 //! - chunking never changes the output: the fuzz-chosen chunking (and, for
 //!   short streams, one byte at a time) gives the bytes of the unsplit rewrite;
 //! - the output differs from the input only where the top-level `id` of a
-//!   JSON-RPC response in a default-type event is a server-side id: there it
+//!   JSON-RPC response in an event of any type is a server-side id: there it
 //!   is replaced by the original id text, byte for byte (checked against an
 //!   independent whole-stream reading of the SSE and JSON-RPC rules in
 //!   [`super::oracle`]); a stream without the reserved prefix comes back
@@ -121,12 +121,11 @@ fn has_escaped_prefix_id(stream: &[u8]) -> bool {
     })
 }
 
-/// The top-level response id tokens of one default-type event.
+/// The top-level response id tokens of one event, whatever its type (a
+/// client reads only `message` events, but the type may be set by an
+/// `event:` line after the data, which has passed by then).
 fn response_ids(event: &[u8]) -> Vec<String> {
     let parsed = oracle::sse_event(event);
-    if parsed.foreign_type {
-        return Vec::new();
-    }
     let Some(data) = parsed.data else {
         return Vec::new();
     };
@@ -404,6 +403,9 @@ fn event(input: &mut Input<'_>, minter: &Minter, generated: &mut Generated) {
             b"retry: 3000",
             b": keep-alive",
             b"event: message",
+            b"event:",
+            b"event",
+            b"event: custom",
             b"id",
         ]);
         same(&mut lines, prelude);
@@ -469,10 +471,16 @@ fn event(input: &mut Input<'_>, minter: &Minter, generated: &mut Generated) {
         8 => {
             let minted = mint(minter, input);
             let mut json = Json::default();
-            let text = match input.below(4) {
+            let text = match input.below(7) {
                 0 => format!("{{\"id\":{},\"result\":", minted.id),
                 1 => format!("{{\"id\":{0},\"id\":{0},\"result\":{{}}}}", minted.id),
                 2 => format!("{{\"id\":{},\"result\":null}}", minted.id),
+                3 => format!("{{\"id\":{0},\"result\":{{}},\"id\":{0}}}", minted.id),
+                4 => format!("{{\"result\":{{}},\"id\":{0},\"id\":{0}}}", minted.id),
+                5 => format!(
+                    "{{\"id\":{},\"result\":{{}},\"method\":\"ping\"}}",
+                    minted.id
+                ),
                 _ => "{\"id\":\"mcp-id-guard:zz:1:1\",\"result\":{}}".to_owned(),
             };
             json.same(&text);
@@ -504,12 +512,14 @@ fn event(input: &mut Input<'_>, minter: &Minter, generated: &mut Generated) {
             same(&mut lines, b"data:");
             None
         }
-        // Another event type: not a JSON-RPC message, unchanged.
+        // Another event type: restored all the same.
         12 => {
             let minted = mint(minter, input);
             same(&mut lines, b"event: custom");
             let mut json = Json::default();
-            json.same(&format!("{{\"id\":{},\"result\":{{}}}}", minted.id));
+            json.same("{\"id\":")
+                .pair(&minted.id, &minted.original)
+                .same(",\"result\":{}}");
             Some(json)
         }
         // Server-side ids outside data lines: unchanged.
@@ -535,6 +545,11 @@ fn event(input: &mut Input<'_>, minter: &Minter, generated: &mut Generated) {
             expected.extend_from_slice(part_expected.as_bytes());
         }
         lines.push((sent, expected));
+        // The last `event:` line sets the type, even after the data.
+        if input.below(4) == 0 {
+            let type_line = input.pick(&[&b"event: custom"[..], b"event: message", b"event:"]);
+            same(&mut lines, type_line);
+        }
     }
     for (sent, expected) in lines {
         generated.stream.extend_from_slice(&sent);

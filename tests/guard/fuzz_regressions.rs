@@ -100,6 +100,7 @@ fn regression_inputs_pass() {
         "queued-reserved-id-forwarded-as-is",
         "second-bom-forwarded-untracked",
         "compressed-body-forwarded-untracked",
+        "long-server-id-not-restored",
     ];
     for (path, data) in inputs("fuzz/regressions/sse_rewriter") {
         assert!(names.iter().any(|name| path.ends_with(name)));
