@@ -448,10 +448,13 @@ pub(crate) async fn drive<C, E>(
     loop {
         let now = Instant::now();
         let signals = activity.signals.load(Ordering::SeqCst);
-        let mut deadline = if closing {
-            hard_deadline.map(|at| (at, "did not close in time"))
-        } else {
-            activity.deadline(&limits)
+        // A connection told to close (shutdown, or a request that still had
+        // to finish) keeps its head and keep-alive deadlines: a client that
+        // never finishes its head, or never acknowledges HTTP/2's GOAWAY,
+        // would otherwise hold shutdown for the whole grace period.
+        let mut deadline = match hard_deadline.filter(|_| closing) {
+            Some(at) => Some((at, "did not close in time")),
+            None => activity.deadline(&limits),
         };
         if let Some(send_at) = activity.send_deadline(&limits) {
             if deadline.is_none_or(|(at, _)| send_at < at) {
@@ -483,7 +486,9 @@ pub(crate) async fn drive<C, E>(
             }
             continue;
         }
-        let bound = shortest.filter(|_| !closing).map(|limit| now + limit);
+        let bound = shortest
+            .filter(|_| !closing || hard_deadline.is_none())
+            .map(|limit| now + limit);
         let look = match (deadline.map(|(at, _)| at), bound) {
             (Some(at), Some(bound)) => Some(at.min(bound)),
             (at, bound) => at.or(bound),
