@@ -190,7 +190,9 @@ pub(crate) fn refused(parts: &Parts) -> Option<&'static str> {
                 .eq_ignore_ascii_case(authority.as_str().as_bytes())
         });
         if differs {
-            return Some("Bad Request: the Host header differs from the request target's authority");
+            return Some(
+                "Bad Request: the Host header differs from the request target's authority",
+            );
         }
     }
     None
@@ -315,15 +317,37 @@ mod tests {
     #[test]
     fn dot_segments_are_refused() {
         for bad in [
-            "/..", "/../admin", "/mcp/../admin", "/./x", "/.", "/%2e%2e/admin", "/%2E%2e/x",
-            "/.%2E/x", "/%2e/x", "/..%2fadmin", "/..%2Fadmin", "/..%5cadmin", "/a/..\\b",
+            "/..",
+            "/../admin",
+            "/mcp/../admin",
+            "/./x",
+            "/.",
+            "/%2e%2e/admin",
+            "/%2E%2e/x",
+            "/.%2E/x",
+            "/%2e/x",
+            "/..%2fadmin",
+            "/..%2Fadmin",
+            "/..%5cadmin",
+            "/a/..\\b",
             "/x/..?q=1",
         ] {
             assert!(refusal("GET", bad, None).is_some(), "{bad:?} passed");
         }
         for good in [
-            "/", "/mcp", "/mcp?x=/../", "/file.json", "/...", "/.well-known/x", "/a..b",
-            "/%2e%2e%2e", "/%41", "/%", "/%2", "/%zz", "*",
+            "/",
+            "/mcp",
+            "/mcp?x=/../",
+            "/file.json",
+            "/...",
+            "/.well-known/x",
+            "/a..b",
+            "/%2e%2e%2e",
+            "/%41",
+            "/%",
+            "/%2",
+            "/%zz",
+            "*",
         ] {
             assert_eq!(refusal("GET", good, None), None, "{good:?} refused");
         }

@@ -305,6 +305,7 @@ async fn run(args: Args) -> Result<(), String> {
         let hosts = hosts.clone();
         let watched = Arc::clone(&activity);
         let body_idle = limits.body_idle;
+        let send = limits.send;
         let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
             let active = watched.request_started(request.version() == http::Version::HTTP_2);
@@ -358,7 +359,9 @@ async fn run(args: Args) -> Result<(), String> {
                 if let (Some(metrics), Some(started)) = (&metrics, started) {
                     metrics.answered(response.status(), failure, started.elapsed());
                 }
-                Ok::<_, Infallible>(response.map(|body| connection::Tracked::new(body, active)))
+                Ok::<_, Infallible>(
+                    response.map(|body| connection::Tracked::new(body, active, send)),
+                )
             }
         });
         let served = server
