@@ -63,6 +63,11 @@
 //!   base: with upstream `http://127.0.0.1:8000/prefix`, a request for
 //!   `/mcp?x=1` goes to `http://127.0.0.1:8000/prefix/mcp?x=1`. Only plain
 //!   `http` upstreams are supported (run the guard next to the server).
+//!   Requests that could leave the prefix or name another target than the
+//!   one checked are answered `400` and never forwarded: a path with a `.`
+//!   or `..` segment (also percent-encoded), `CONNECT` and authority-form
+//!   targets, and a `Host` header that differs from the target's authority
+//!   (absolute-form targets, HTTP/2 `:authority`).
 //! - **Methods and bodies.** Every method passes (POST, GET for standalone and
 //!   resumed SSE streams, DELETE, ...). Request and response bodies stream
 //!   frame by frame: each server-sent event reaches the client as soon as the
@@ -558,6 +563,17 @@ impl Proxy {
     {
         let this = &*self.shared;
         let (mut parts, body) = request.into_parts();
+        if let Some(message) = upstream::refused(&parts) {
+            tracing::debug!(method = %parts.method, "request target refused: {message}");
+            let mut response = local(
+                StatusCode::BAD_REQUEST,
+                &ErrorIds::Null,
+                reply::INVALID_REQUEST,
+                message,
+            );
+            response.extensions_mut().insert(Unanswered::NotSent);
+            return response;
+        }
         // The request as sent, read only if the proxy must answer in its
         // place (most requests never need their ids read a second time).
         let (body, read) = if is_peekable(&parts, &body) {

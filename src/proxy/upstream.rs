@@ -2,8 +2,10 @@
 
 use std::fmt;
 
+use http::header::HOST;
+use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
-use http::HeaderValue;
+use http::{HeaderValue, Method};
 
 /// Why an upstream URL was refused by [`Proxy::new`](super::Proxy::new) or
 /// [`ProxyBuilder::build`](super::ProxyBuilder::build).
@@ -158,6 +160,87 @@ impl Upstream {
     }
 }
 
+/// Why a request is not forwarded, if it is not (the proxy answers `400`):
+/// - `CONNECT` and authority-form targets: the proxy is no tunnel, and the
+///   target names no path under the upstream.
+/// - A path with a `.` or `..` segment, plain or percent-encoded (`%2e`),
+///   also between encoded slashes: joined under the upstream's prefix,
+///   `/../admin` would name something outside it once the upstream
+///   normalises the path. Clients resolve dot segments before sending
+///   (RFC 3986 §5.2.4), so only a crafted request has one.
+/// - A `Host` header that names another host than the target's authority
+///   (absolute-form, HTTP/2 `:authority`): the Host policy checks the
+///   authority, but the upstream would see the `Host` (with
+///   `preserve_host`, or as `X-Forwarded-Host`).
+pub(crate) fn refused(parts: &Parts) -> Option<&'static str> {
+    let uri = &parts.uri;
+    if parts.method == Method::CONNECT {
+        return Some("Bad Request: CONNECT is not served");
+    }
+    if uri.authority().is_some() && uri.path_and_query().is_none() {
+        return Some("Bad Request: authority-form request targets are not served");
+    }
+    if has_dot_segment(uri.path()) {
+        return Some("Bad Request: the path has a dot segment");
+    }
+    if let Some(authority) = uri.authority() {
+        let differs = parts.headers.get_all(HOST).iter().any(|host| {
+            !host
+                .as_bytes()
+                .eq_ignore_ascii_case(authority.as_str().as_bytes())
+        });
+        if differs {
+            return Some(
+                "Bad Request: the Host header differs from the request target's authority",
+            );
+        }
+    }
+    None
+}
+
+/// Whether a path has a `.` or `..` segment, dots and separators (`/`, `\`)
+/// plain or percent-encoded.
+fn has_dot_segment(path: &str) -> bool {
+    // Most paths have neither; those pay one scan.
+    if !path.bytes().any(|byte| byte == b'.' || byte == b'%') {
+        return false;
+    }
+    let bytes = path.as_bytes();
+    let mut index = 0;
+    // Dots in the current segment, or `None` once it has anything else.
+    let mut dots = Some(0u8);
+    loop {
+        let (byte, len) = match bytes.get(index) {
+            None => (b'/', 0),
+            Some(b'%') => match bytes.get(index + 1..index + 3) {
+                Some([high, low]) => (hex(*high, *low).unwrap_or(b'%'), 3),
+                _ => (b'%', 1),
+            },
+            Some(byte) => (*byte, 1),
+        };
+        match byte {
+            b'/' | b'\\' => {
+                if matches!(dots, Some(1 | 2)) {
+                    return true;
+                }
+                if len == 0 {
+                    return false;
+                }
+                dots = Some(0);
+            }
+            b'.' => dots = dots.map(|dots| dots.saturating_add(1)),
+            _ => dots = None,
+        }
+        index += len;
+    }
+}
+
+/// The byte two hex digits spell.
+fn hex(high: u8, low: u8) -> Option<u8> {
+    let digit = |byte: u8| char::from(byte).to_digit(16);
+    u8::try_from(digit(high)? * 16 + digit(low)?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +304,71 @@ mod tests {
         ) {
             join(&base, &target);
         }
+    }
+
+    fn refusal(method: &str, target: &str, host: Option<&str>) -> Option<&'static str> {
+        let mut request = http::Request::builder().method(method).uri(target);
+        if let Some(host) = host {
+            request = request.header(HOST, host);
+        }
+        refused(&request.body(()).unwrap().into_parts().0)
+    }
+
+    #[test]
+    fn dot_segments_are_refused() {
+        for bad in [
+            "/..",
+            "/../admin",
+            "/mcp/../admin",
+            "/./x",
+            "/.",
+            "/%2e%2e/admin",
+            "/%2E%2e/x",
+            "/.%2E/x",
+            "/%2e/x",
+            "/..%2fadmin",
+            "/..%2Fadmin",
+            "/..%5cadmin",
+            "/a/..\\b",
+            "/x/..?q=1",
+        ] {
+            assert!(refusal("GET", bad, None).is_some(), "{bad:?} passed");
+        }
+        for good in [
+            "/",
+            "/mcp",
+            "/mcp?x=/../",
+            "/file.json",
+            "/...",
+            "/.well-known/x",
+            "/a..b",
+            "/%2e%2e%2e",
+            "/%41",
+            "/%",
+            "/%2",
+            "/%zz",
+            "*",
+        ] {
+            assert_eq!(refusal("GET", good, None), None, "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn connect_and_authority_form_are_refused() {
+        assert!(refusal("CONNECT", "a.example:443", None).is_some());
+        assert!(refusal("CONNECT", "/mcp", None).is_some());
+        assert!(refusal("GET", "a.example:443", None).is_some());
+        assert_eq!(refusal("OPTIONS", "*", None), None);
+    }
+
+    #[test]
+    fn a_host_header_must_match_the_target_authority() {
+        let absolute = "http://localhost:8080/mcp";
+        assert_eq!(refusal("POST", absolute, None), None);
+        assert_eq!(refusal("POST", absolute, Some("LOCALHOST:8080")), None);
+        assert!(refusal("POST", absolute, Some("evil.example")).is_some());
+        assert!(refusal("POST", absolute, Some("localhost")).is_some());
+        assert_eq!(refusal("POST", "/mcp", Some("evil.example")), None);
     }
 
     #[test]

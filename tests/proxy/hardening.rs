@@ -1398,3 +1398,261 @@ async fn idle_http2_connections_are_closed() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Issue 21: stalled HTTP/2 streams, shutdown, the connection gauge, targets
+// ---------------------------------------------------------------------------
+
+/// The metrics text from the admin address.
+async fn metrics(admin: &str) -> anyhow::Result<String> {
+    let (status, text) = get(&format!("{admin}/metrics")).await?;
+    anyhow::ensure!(status == 200, "/metrics answered {status}");
+    Ok(text)
+}
+
+/// The `mcp_id_guard_client_connections` gauge.
+async fn client_connections(admin: &str) -> anyhow::Result<String> {
+    let text = metrics(admin).await?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("mcp_id_guard_client_connections "))
+        .map(str::to_owned)
+        .context("no client_connections gauge")
+}
+
+/// Waits (bounded) until the gauge reads `expected`.
+async fn wait_client_connections(admin: &str, expected: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + OK_TIMEOUT;
+    loop {
+        let open = client_connections(admin).await?;
+        if open == expected {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "client_connections stayed {open}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An HTTP/2 client that sets `INITIAL_WINDOW_SIZE` 20, opens a stream from
+/// an upstream that streams for ever, and reads its socket but never opens
+/// the stream's window: the socket never blocks, so only a per-response
+/// rule sees it. With `--send-timeout 300ms` and one upstream connection,
+/// the stream is ended within a bounded time, its upstream response
+/// dropped, and the next request gets the connection (not 503).
+#[tokio::test]
+async fn stalled_http2_streams_free_their_upstream_connection() -> anyhow::Result<()> {
+    let (upstream, mut started, mut dropped) = flood_upstream().await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &format!("http://{}", upstream.addr),
+        "--send-timeout",
+        "300ms",
+        "--max-upstream-connections",
+        "1",
+        "--upstream-queue-timeout",
+        "300ms",
+        "--header-read-timeout",
+        "30s",
+        "--keep-alive-timeout",
+        "30s",
+    ])
+    .await?;
+    let tcp = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+    let (mut client, connection) = tokio::time::timeout(
+        OK_TIMEOUT,
+        h2::client::Builder::new()
+            .initial_window_size(20)
+            .handshake::<_, bytes::Bytes>(tcp),
+    )
+    .await??;
+    // The connection task keeps reading the socket.
+    let connection = tokio::spawn(connection);
+    let request = http::Request::get(format!("http://{}/flood", guard.addr)).body(())?;
+    let (response, _) = client.send_request(request, true)?;
+    let response = tokio::time::timeout(OK_TIMEOUT, response).await??;
+    assert_eq!(response.status(), 200);
+    tokio::time::timeout(OK_TIMEOUT, started.recv())
+        .await
+        .context("the upstream stream did not start")?;
+    let mut body = response.into_body();
+    let since = Instant::now();
+    // Whatever the window lets through is read; capacity is never released.
+    let ended = tokio::time::timeout(OK_TIMEOUT, async {
+        let mut received = 0;
+        loop {
+            match body.data().await {
+                Some(Ok(data)) => received += data.len(),
+                Some(Err(error)) => return (received, Some(error)),
+                None => return (received, None),
+            }
+        }
+    })
+    .await;
+    println!("stalled stream: {ended:?} after {:?}", since.elapsed());
+    let (received, error) = ended
+        .map_err(|_| anyhow::anyhow!("the stalled stream was still open after {OK_TIMEOUT:?}"))?;
+    assert!(received <= 20, "{received} bytes through a 20-byte window");
+    assert!(error.is_some(), "the stalled stream ended cleanly");
+    assert!(
+        since.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        since.elapsed()
+    );
+    tokio::time::timeout(OK_TIMEOUT, dropped.recv())
+        .await
+        .context("the upstream response was not dropped")?;
+    connection.abort();
+
+    // The one upstream connection serves the next request.
+    let mut next = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+    next.write_all(b"GET /flood HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut status_line = [0u8; 12];
+    tokio::time::timeout(OK_TIMEOUT, next.read_exact(&mut status_line)).await??;
+    assert_eq!(&status_line, b"HTTP/1.1 200", "the next request");
+    Ok(())
+}
+
+/// The gauge of client connections counts clients only: 0 with none
+/// connected (the accept loop waiting for one holds no connection), 1 with
+/// one, 0 again once it is gone.
+#[tokio::test]
+async fn client_connections_gauge_counts_clients_only() -> anyhow::Result<()> {
+    let guard = Guard::start(&[
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ])
+    .await?;
+    let admin = admin_base(&guard).await?;
+    assert_eq!(
+        client_connections(&admin).await?,
+        "0",
+        "no client connected"
+    );
+    let mut client = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+    client.write_all(b"GE").await?;
+    wait_client_connections(&admin, "1").await?;
+    drop(client);
+    wait_client_connections(&admin, "0").await?;
+    Ok(())
+}
+
+/// After SIGTERM the head limit still applies: a connection that sent `GE`
+/// and one that sent the HTTP/2 preface and SETTINGS (and never answers the
+/// GOAWAY ping) are cut after `--header-read-timeout`, so the process exits
+/// long before its 20 s grace period.
+#[tokio::test]
+async fn sigterm_still_cuts_unfinished_heads() -> anyhow::Result<()> {
+    let mut guard = Guard::start(&[
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--grace-period",
+        "20s",
+        "--header-read-timeout",
+        SHORT,
+        "--admin-listen",
+        "127.0.0.1:0",
+    ])
+    .await?;
+    let admin = admin_base(&guard).await?;
+    let mut half = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+    half.write_all(b"GE").await?;
+    let mut preface = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+    // The preface, then an empty SETTINGS frame.
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await?;
+    wait_client_connections(&admin, "2").await?;
+    let since = Instant::now();
+    guard.sigterm()?;
+    let status = guard.wait_exit(OK_TIMEOUT).await?;
+    println!("exited {status} {:?} after SIGTERM", since.elapsed());
+    assert!(status.success(), "{status}");
+    assert!(
+        since.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        since.elapsed()
+    );
+    drop((half, preface));
+    Ok(())
+}
+
+/// Sends `raw` on a new connection; returns the response's status code.
+async fn raw_status(addr: &str, raw: &str) -> anyhow::Result<u16> {
+    let mut stream = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(addr)).await??;
+    stream.write_all(raw.as_bytes()).await?;
+    let mut line = [0u8; 12];
+    tokio::time::timeout(OK_TIMEOUT, stream.read_exact(&mut line)).await??;
+    let text = std::str::from_utf8(&line)?;
+    text.strip_prefix("HTTP/1.1 ")
+        .context("no status line")?
+        .parse()
+        .with_context(|| format!("status line {text:?}"))
+}
+
+/// Targets that could leave the upstream's prefix or name another target
+/// than the one the Host policy checked get 400 and never reach the
+/// upstream: dot segments (plain or percent-encoded), `CONNECT`, and, under
+/// `--preserve-host`, a `Host` header that differs from an absolute-form
+/// target's or HTTP/2 `:authority`.
+#[tokio::test]
+async fn escaping_and_mismatched_targets_get_400() -> anyhow::Result<()> {
+    let (upstream, mut started, _dropped) = flood_upstream().await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &format!("http://{}/mcp", upstream.addr),
+        "--preserve-host",
+    ])
+    .await?;
+    let addr = guard.addr.clone();
+    let ok = format!("GET /x HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    assert_eq!(raw_status(&addr, &ok).await?, 200, "a plain target");
+    tokio::time::timeout(OK_TIMEOUT, started.recv()).await?;
+    for target in [
+        "/../admin",
+        "/x/../../admin",
+        "/%2e%2e/admin",
+        "/%2E%2E/admin",
+        "/.%2e/admin",
+        "/..%2fadmin",
+    ] {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        assert_eq!(raw_status(&addr, &raw).await?, 400, "{target}");
+    }
+    let connect = format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    assert_eq!(raw_status(&addr, &connect).await?, 400, "CONNECT");
+    // The policy checks the absolute-form target's authority (a loopback
+    // name); the Host header names another host.
+    let mismatched = format!("GET http://{addr}/x HTTP/1.1\r\nHost: evil.example\r\n\r\n");
+    assert_eq!(raw_status(&addr, &mismatched).await?, 400, "Host differs");
+    let matching = format!("GET http://{addr}/x HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    assert_eq!(raw_status(&addr, &matching).await?, 200, "Host matches");
+    tokio::time::timeout(OK_TIMEOUT, started.recv()).await?;
+
+    // HTTP/2: `:authority` checked, a `Host` header naming another host.
+    let tcp = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&addr)).await??;
+    let (client, connection) =
+        tokio::time::timeout(OK_TIMEOUT, h2::client::handshake(tcp)).await??;
+    let connection = tokio::spawn(connection);
+    let mut client = tokio::time::timeout(OK_TIMEOUT, client.ready()).await??;
+    let request = http::Request::get(format!("http://{addr}/x"))
+        .header("host", "evil.example")
+        .body(())?;
+    let (response, _) = client.send_request(request, true)?;
+    let response = tokio::time::timeout(OK_TIMEOUT, response).await??;
+    assert_eq!(
+        response.status(),
+        400,
+        "HTTP/2 Host differs from :authority"
+    );
+    connection.abort();
+    assert!(
+        started.try_recv().is_err(),
+        "a refused request reached the upstream"
+    );
+    Ok(())
+}

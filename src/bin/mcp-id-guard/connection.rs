@@ -158,6 +158,16 @@ impl Activity {
         self.signal();
     }
 
+    /// When a connection closed for a timeout must be gone: soon after its
+    /// last request ended.
+    fn closing_deadline(&self) -> Option<(Instant, &'static str)> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let idle_since = self.idle_since.load(Ordering::Relaxed);
+        Some((self.at(idle_since) + CLOSE_BOUND, "did not close in time"))
+    }
+
     /// When the connection must close if nothing changes, and why; `None`
     /// while a request is in progress (its own timers apply).
     fn deadline(&self, limits: &Limits) -> Option<(Instant, &'static str)> {
@@ -205,38 +215,202 @@ impl Drop for ActiveRequest {
 }
 
 /// A response body that keeps its request active until it is dropped
-/// (sent whole, or abandoned with the connection).
+/// (sent whole, or abandoned with the connection), and that gives up on a
+/// client that takes nothing for the send limit.
+///
+/// The blocked-write rule of the watchdog does not see an HTTP/2 stream
+/// whose flow-control window the client never opens: the socket stays
+/// writable, hyper just stops asking the body for data (and with it stop
+/// the upstream's idle timer, which runs only when the body is polled).
+/// So once a frame has been handed over and the body is not done, a timer
+/// task of the response's own watches for the next poll: when none comes
+/// within the limit, it drops the body at once (freeing the upstream
+/// connection and ending the request's exchange), fails the next poll (hyper
+/// resets the stream if it ever polls again) and has the connection closed,
+/// which resets the stream the client holds.
 pub(crate) struct Tracked<B> {
-    body: B,
-    _active: ActiveRequest,
+    state: State<B>,
+    send: Option<Duration>,
+    /// The stall error was returned: the body is over.
+    failed: bool,
 }
 
+enum State<B> {
+    /// No frame handed over yet, or no send limit: no timer.
+    Plain(B, ActiveRequest),
+    /// Watched by a stall timer, which may take the body away.
+    Watched(Arc<Stall<B>>),
+    /// Only while moving from `Plain` to `Watched`.
+    Moving,
+}
+
+/// A streaming response's body, shared with its stall timer.
+struct Stall<B> {
+    /// The body and its request's token; `None` once the timer gave up.
+    slot: std::sync::Mutex<Option<(B, ActiveRequest)>>,
+    activity: Arc<Activity>,
+    /// When a frame was handed over that hyper has not followed with another
+    /// poll (ms since the connection's start), or `NONE`.
+    handed: AtomicU64,
+    /// The response was dropped: the timer ends.
+    ended: tokio::sync::Notify,
+}
+
+impl<B> Stall<B> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(B, ActiveRequest)>> {
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Why a response body failed: the client took nothing for the send limit.
+#[derive(Debug)]
+struct SendStalled(Duration);
+
+impl fmt::Display for SendStalled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the client took no response data for {:?}", self.0)
+    }
+}
+
+impl std::error::Error for SendStalled {}
+
 impl<B> Tracked<B> {
-    pub(crate) fn new(body: B, active: ActiveRequest) -> Self {
+    pub(crate) fn new(body: B, active: ActiveRequest, send: Option<Duration>) -> Self {
         Self {
-            body,
-            _active: active,
+            state: State::Plain(body, active),
+            send,
+            failed: false,
         }
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
+impl<B> Drop for Tracked<B> {
+    fn drop(&mut self) {
+        if let State::Watched(stall) = &self.state {
+            // The body and token go now, not when the timer next wakes.
+            drop(stall.lock().take());
+            stall.ended.notify_one();
+        }
+    }
+}
+
+/// Gives up on `stall`'s response once a handed-over frame has not been
+/// followed by a poll for `limit` (see [`Tracked`]).
+async fn watch_stall<B>(stall: Arc<Stall<B>>, limit: Duration) {
+    loop {
+        let handed = stall.handed.load(Ordering::Acquire);
+        // While hyper polls (or the body waits for the upstream) nothing is
+        // stalled; look again a limit later.
+        let at = if handed == NONE {
+            Instant::now() + limit
+        } else {
+            stall.activity.at(handed) + limit
+        };
+        if handed != NONE && at <= Instant::now() {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(at) => {}
+            () = stall.ended.notified() => return,
+        }
+    }
+    let Some(taken) = stall.lock().take() else {
+        return;
+    };
+    tracing::debug!(
+        timeout = ?limit,
+        "the client took no response data in time; dropping the response and closing the connection"
+    );
+    drop(taken);
+    stall.activity.request_close();
+}
+
+impl<B> Body for Tracked<B>
+where
+    B: Body + Unpin + Send + 'static,
+    B::Error: Into<mcp_id_guard::proxy::BoxError>,
+{
     type Data = B::Data;
-    type Error = B::Error;
+    type Error = mcp_id_guard::proxy::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let this = &mut *self;
+        let stall = match &mut this.state {
+            State::Plain(body, _) => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                let (Some(limit), Poll::Ready(Some(Ok(_)))) = (this.send, &polled) else {
+                    return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
+                };
+                if body.is_end_stream() {
+                    return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
+                }
+                // A frame handed over and more to come: from now on the
+                // response is watched.
+                let State::Plain(body, active) = std::mem::replace(&mut this.state, State::Moving)
+                else {
+                    unreachable!("matched above")
+                };
+                let activity = Arc::clone(&active.0);
+                let stall = Arc::new(Stall {
+                    handed: AtomicU64::new(activity.now_ms()),
+                    activity,
+                    slot: std::sync::Mutex::new(Some((body, active))),
+                    ended: tokio::sync::Notify::new(),
+                });
+                tokio::spawn(watch_stall(Arc::clone(&stall), limit));
+                this.state = State::Watched(stall);
+                return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
+            }
+            State::Watched(stall) => stall,
+            State::Moving => return Poll::Ready(None),
+        };
+        if this.failed {
+            return Poll::Ready(None);
+        }
+        stall.handed.store(NONE, Ordering::Release);
+        let mut slot = stall.lock();
+        let Some((body, _)) = slot.as_mut() else {
+            this.failed = true;
+            let limit = this.send.unwrap_or_default();
+            return Poll::Ready(Some(Err(Box::new(SendStalled(limit)))));
+        };
+        let polled = Pin::new(&mut *body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) && !body.is_end_stream() {
+            stall
+                .handed
+                .store(stall.activity.now_ms(), Ordering::Release);
+        }
+        polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.state {
+            State::Plain(body, _) => body.is_end_stream(),
+            State::Watched(stall) => {
+                self.failed
+                    || stall
+                        .lock()
+                        .as_ref()
+                        .is_some_and(|(body, _)| body.is_end_stream())
+            }
+            State::Moving => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.state {
+            State::Plain(body, _) => body.size_hint(),
+            State::Watched(stall) => stall
+                .lock()
+                .as_ref()
+                .map_or_else(SizeHint::default, |(body, _)| body.size_hint()),
+            State::Moving => SizeHint::with_exact(0),
+        }
     }
 }
 
@@ -448,10 +622,19 @@ pub(crate) async fn drive<C, E>(
     loop {
         let now = Instant::now();
         let signals = activity.signals.load(Ordering::SeqCst);
-        let mut deadline = if closing {
-            hard_deadline.map(|at| (at, "did not close in time"))
-        } else {
-            activity.deadline(&limits)
+        // A connection told to close (shutdown, or a request that still had
+        // to finish) keeps its head and keep-alive deadlines: a client that
+        // never finishes its head, or never acknowledges HTTP/2's GOAWAY,
+        // would otherwise hold shutdown for the whole grace period.
+        let mut deadline = match hard_deadline.filter(|_| closing) {
+            Some(at) => Some((at, "did not close in time")),
+            // Closed for a timeout, with the requests that were let finish
+            // now done: a stalled HTTP/2 stream that hyper still holds must
+            // not keep the connection for the keep-alive limit.
+            None if closing && activity.close.load(Ordering::Relaxed) => {
+                activity.closing_deadline()
+            }
+            None => activity.deadline(&limits),
         };
         if let Some(send_at) = activity.send_deadline(&limits) {
             if deadline.is_none_or(|(at, _)| send_at < at) {
@@ -483,7 +666,9 @@ pub(crate) async fn drive<C, E>(
             }
             continue;
         }
-        let bound = shortest.filter(|_| !closing).map(|limit| now + limit);
+        let bound = shortest
+            .filter(|_| !closing || hard_deadline.is_none())
+            .map(|limit| now + limit);
         let look = match (deadline.map(|(at, _)| at), bound) {
             (Some(at), Some(bound)) => Some(at.min(bound)),
             (at, bound) => at.or(bound),

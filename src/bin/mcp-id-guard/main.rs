@@ -256,9 +256,11 @@ async fn run(args: Args) -> Result<(), String> {
                 );
             }
         }
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
+        // Wait for room without holding a permit while `accept` waits: the
+        // permits in use are the open connections (`/metrics` reads them).
+        tokio::select! {
+            permit = permits.acquire() => match permit {
+                Ok(permit) => drop(permit),
                 Err(_) => break "the connection table closed",
             },
             signal = &mut shutdown => break signal,
@@ -279,7 +281,6 @@ async fn run(args: Args) -> Result<(), String> {
                             "accept failed; retrying in {backoff:?} ({suppressed} more failures since the last such line)"
                         );
                     }
-                    drop(permit);
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         signal = &mut shutdown => break signal,
@@ -289,6 +290,10 @@ async fn run(args: Args) -> Result<(), String> {
                 }
             },
             signal = &mut shutdown => break signal,
+        };
+        // Only this loop takes permits, so the one seen free above still is.
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            continue;
         };
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "could not set TCP_NODELAY");
@@ -300,6 +305,7 @@ async fn run(args: Args) -> Result<(), String> {
         let hosts = hosts.clone();
         let watched = Arc::clone(&activity);
         let body_idle = limits.body_idle;
+        let send = limits.send;
         let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
             let active = watched.request_started(request.version() == http::Version::HTTP_2);
@@ -353,7 +359,9 @@ async fn run(args: Args) -> Result<(), String> {
                 if let (Some(metrics), Some(started)) = (&metrics, started) {
                     metrics.answered(response.status(), failure, started.elapsed());
                 }
-                Ok::<_, Infallible>(response.map(|body| connection::Tracked::new(body, active)))
+                Ok::<_, Infallible>(
+                    response.map(|body| connection::Tracked::new(body, active, send)),
+                )
             }
         });
         let served = server
