@@ -13,7 +13,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 
 use crate::protocol::has_media_type;
-use crate::restore::{Part, Restorer};
+use crate::restore::{Binding, Part, Restorer};
 use crate::sse::SseRewriter;
 use crate::table::{Answer, Registration, Table};
 use crate::unanswered::Unanswered;
@@ -166,10 +166,13 @@ pub(crate) struct Restoring {
     /// The request carried server-side ids (or the stream may replay
     /// answers to such requests): restore them.
     pub(crate) restore: bool,
-    /// A stream of this session that is no request's own (a `GET`): a
+    /// The session the response belongs to: only ids issued for it are
+    /// restored.
+    pub(crate) session: Option<HeaderValue>,
+    /// A stream of the session that is no request's own (a resumed `GET`): a
     /// response on it answers a request whose own stream ended early, and
     /// frees its abandoned id.
-    pub(crate) session: Option<HeaderValue>,
+    pub(crate) frees: bool,
 }
 
 /// A body being read. What reading needs is made at its first chunk: an
@@ -177,7 +180,10 @@ pub(crate) struct Restoring {
 #[derive(Debug)]
 struct Reading {
     table: Arc<Table>,
-    session: Option<HeaderValue>,
+    /// The digest of the session whose ids are restored.
+    session: u64,
+    /// The session whose abandoned ids answers free (a resumed `GET`).
+    frees: Option<HeaderValue>,
     /// The longest id token held back.
     max_id: usize,
     /// Client ids may be restored: the length of the body may change.
@@ -199,9 +205,13 @@ struct Streaming {
 impl Reading {
     fn streaming(&mut self) -> &mut Streaming {
         let (max_id, watch, restores, json) = (self.max_id, self.watch, self.restores, self.json);
+        let binding = Binding {
+            minter: Arc::clone(self.table.minter()),
+            session: self.session,
+        };
         self.streaming.get_or_insert_with(|| {
             let stream = if json {
-                let restorer = Restorer::new(max_id, watch);
+                let restorer = Restorer::new(max_id, watch).bound(binding);
                 Stream::Json {
                     restorer: if restores {
                         restorer
@@ -212,7 +222,7 @@ impl Reading {
                     last: None,
                 }
             } else {
-                let rewriter = SseRewriter::new(max_id, watch);
+                let rewriter = SseRewriter::new(max_id, watch).bound(binding);
                 Stream::Sse(if restores {
                     rewriter
                 } else {
@@ -277,8 +287,12 @@ impl Reading {
             return registration.as_ref().is_some_and(Registration::awaits_any);
         };
         note_restored(&self.table, streaming.stream.take_restored());
+        let refused = streaming.stream.take_refused();
+        if refused > 0 {
+            self.table.note_refused(refused);
+        }
         let answered = streaming.stream.take_answered();
-        if let Some(session) = &self.session {
+        if let Some(session) = &self.frees {
             for (key, restored) in answered {
                 // Only an id the server knew as the client's own can be
                 // abandoned; a restored one was unique.
@@ -352,6 +366,13 @@ impl Stream {
         }
     }
 
+    fn take_refused(&mut self) -> usize {
+        match self {
+            Stream::Json { restorer, .. } => restorer.take_refused(),
+            Stream::Sse(rewriter) => rewriter.take_refused(),
+        }
+    }
+
     fn take_answered(&mut self) -> Vec<Answer> {
         match self {
             Stream::Json { restorer, .. } => restorer.take_answered().collect(),
@@ -415,29 +436,17 @@ impl<B: Body> ResponseBody<B> {
         let restores = restoring
             .as_ref()
             .is_some_and(|restoring| restoring.restore);
-        let watches_session = stand_in.is_none()
-            && restoring
-                .as_ref()
-                .is_some_and(|restoring| restoring.session.is_some());
-        let watch = awaits || watches_session;
+        let frees =
+            stand_in.is_none() && restoring.as_ref().is_some_and(|restoring| restoring.frees);
+        let watch = awaits || frees;
         // A compressed body cannot be read: nothing in it counts as answered.
-        if !(watch || restores) || parts.headers.contains_key(CONTENT_ENCODING) {
-            return Response::from_parts(parts, Self::inner(body, registration));
-        }
-        let Some((table, max_id, session)) = restoring
-            .map(|restoring| (restoring.table, restoring.max_id, restoring.session))
-            .or_else(|| {
-                let table = Arc::clone(registration.as_ref()?.table());
-                Some((table, usize::MAX, None))
-            })
-        else {
-            return Response::from_parts(parts, Self::inner(body, registration));
-        };
-        let json = if has_media_type(&parts.headers, "application/json") {
-            true
-        } else if has_media_type(&parts.headers, "text/event-stream") {
-            false
-        } else {
+        let readable = (watch || restores) && !parts.headers.contains_key(CONTENT_ENCODING);
+        let json = has_media_type(&parts.headers, "application/json");
+        let (Some(restoring), true, true) = (
+            restoring,
+            readable,
+            json || has_media_type(&parts.headers, "text/event-stream"),
+        ) else {
             return Response::from_parts(parts, Self::inner(body, registration));
         };
         // Only restoring changes the bytes; a body only watched keeps its
@@ -445,10 +454,17 @@ impl<B: Body> ResponseBody<B> {
         if restores {
             parts.headers.remove(CONTENT_LENGTH);
         }
+        // A tracked request always has a session; an empty one matches no id
+        // issued for a real session.
+        let session = restoring
+            .session
+            .as_ref()
+            .map_or(&[][..], HeaderValue::as_bytes);
         let reading = Reading {
-            table,
-            session: session.filter(|_| watches_session),
-            max_id,
+            session: restoring.table.minter().session_digest(session),
+            frees: restoring.session.filter(|_| frees),
+            table: restoring.table,
+            max_id: restoring.max_id,
             restores,
             watch,
             json,

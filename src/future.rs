@@ -58,6 +58,8 @@ where
         max_wait: Duration,
         /// The longest id a client could have sent.
         max_id: usize,
+        /// The session, whose ids the response restores.
+        session: Option<http::HeaderValue>,
     },
     /// Waiting for the inner service's response.
     Calling {
@@ -216,7 +218,8 @@ where
                                             table: Arc::clone(&read.table),
                                             max_id: read.config.max_body_bytes,
                                             restore,
-                                            session: None,
+                                            session: read.headers.session.clone(),
+                                            frees: false,
                                         }
                                     }),
                                     registration,
@@ -234,6 +237,7 @@ where
                                     deadline: None,
                                     max_wait: read.config.max_queue_wait,
                                     max_id: read.config.max_body_bytes,
+                                    session: read.headers.session.clone(),
                                 },
                                 Prepared::Answer(response) => State::Answered {
                                     response: Some(response),
@@ -256,6 +260,7 @@ where
                     deadline,
                     max_wait,
                     max_id,
+                    session,
                 } => match ticket.poll_turn(cx) {
                     Poll::Ready(server_id) => {
                         match (service.take(), pending.take(), registration.take()) {
@@ -265,7 +270,8 @@ where
                                     table: Arc::clone(registration.table()),
                                     max_id: *max_id,
                                     restore: remapped,
-                                    session: None,
+                                    session: session.take(),
+                                    frees: false,
                                 });
                                 let future =
                                     service.call(pending.into_request(server_id.as_deref()));

@@ -18,12 +18,18 @@
 //! or a number.
 //!
 //! # Remapped ids
-//! A remapped id is a JSON string `"mcp-id-guard:<tag>:<counter>:<original>"`
-//! where `<tag>` is a random per-layer instance tag (so ids from several guard
-//! replicas in front of one server never collide), `<counter>` makes it unique
-//! within the instance, and `<original>` is the client's id exactly as it was
-//! written. Restoring therefore needs no lookup table, works for any replica and
-//! gives back the original bytes.
+//! A remapped id is a JSON string `"mcp-id-guard:<mac>:<counter>:<original>"`
+//! where `<original>` is the client's id exactly as it was written,
+//! `<counter>` makes it unique within the layer (it starts at a random point,
+//! so ids from several guard replicas in front of one server do not collide),
+//! and `<mac>` is a keyed MAC (SipHash-2-4, 64 bits, hex) over the session the
+//! id was issued in, the counter and the original. Restoring needs no lookup
+//! table and gives back the original bytes, but only for an id this layer's
+//! secret issued for the session the response belongs to: an id of another
+//! session, or one nobody issued, passes as the server wrote it (replicas
+//! that share [`IdGuardLayer::id_secret`](crate::IdGuardLayer::id_secret)
+//! restore each other's ids). An upstream that leaks another session's
+//! answer is not dressed up as a correct one.
 
 use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
@@ -197,44 +203,136 @@ pub(crate) fn is_reserved(key: &str) -> bool {
     key.starts_with(RESERVED_PREFIX)
 }
 
-/// Mints server-side ids for one layer instance.
-#[derive(Debug)]
+/// Mints server-side ids for one layer instance, and restores the ones its
+/// secret issued.
 pub(crate) struct IdMinter {
-    tag: String,
+    /// SipHash-2-4's two key words.
+    key: (u64, u64),
     counter: AtomicU64,
 }
 
+impl std::fmt::Debug for IdMinter {
+    // The secret stays out of debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdMinter").finish_non_exhaustive()
+    }
+}
+
+/// What restoring a server-side id gives.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Restored {
+    /// Not a server-side id: it goes on as it is.
+    Not,
+    /// Issued by this secret for this session: the client's original id.
+    Original(String),
+    /// Written like a server-side id but not issued by this secret for this
+    /// session: it goes on as it is, and is counted.
+    Foreign,
+}
+
+/// 64 random bits from the OS-seeded `RandomState`, mixed with the time and
+/// the process id (processes started from one image separate).
+fn random_word(salt: u64) -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(salt);
+    hasher.write_u32(std::process::id());
+    if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(since_epoch.as_nanos());
+    }
+    hasher.finish()
+}
+
 impl IdMinter {
+    /// A minter with a random secret of its own.
     pub(crate) fn new() -> Self {
-        // `RandomState` is seeded from the OS per process and varies per
-        // instance; mixing in the time and pid separates processes started from
-        // one image with the same seed source.
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
-        {
-            hasher.write_u128(since_epoch.as_nanos());
-        }
+        let secret = (random_word(1), random_word(2));
+        let mut minter = Self::with_key(secret);
+        // A random start keeps replicas sharing a secret apart.
+        minter.counter = AtomicU64::new(random_word(3) >> 2);
+        minter
+    }
+
+    /// A minter whose ids replicas with the same secret restore.
+    pub(crate) fn with_secret(secret: [u8; 16]) -> Self {
+        let (low, high) = secret.split_at(8);
+        let word = |bytes: &[u8]| u64::from_le_bytes(bytes.try_into().unwrap_or_default());
+        let mut minter = Self::with_key((word(low), word(high)));
+        minter.counter = AtomicU64::new(random_word(3) >> 2);
+        minter
+    }
+
+    fn with_key(key: (u64, u64)) -> Self {
         Self {
-            tag: format!("{:016x}", hasher.finish()),
+            key,
             counter: AtomicU64::new(0),
         }
     }
 
-    /// The JSON text of a fresh server-side id carrying `original` (the
-    /// client's id JSON text) inside it.
-    pub(crate) fn mint(&self, original: &str) -> Vec<u8> {
-        let serial = self.counter.fetch_add(1, Ordering::Relaxed);
+    fn hasher(&self) -> siphasher::sip::SipHasher24 {
+        siphasher::sip::SipHasher24::new_with_keys(self.key.0, self.key.1)
+    }
+
+    /// The keyed digest of a session id that server-side ids are bound to:
+    /// what a response keeps to check its ids, instead of the session id
+    /// itself (which can be kilobytes long).
+    pub(crate) fn session_digest(&self, session: &[u8]) -> u64 {
+        let mut hasher = self.hasher();
+        hasher.write(session);
+        hasher.finish()
+    }
+
+    /// The MAC of an id issued in the session of `digest` with `serial` for
+    /// `original` (length-prefixed, so no two inputs read alike).
+    fn mac(&self, digest: u64, serial: &[u8], original: &[u8]) -> u64 {
+        let mut hasher = self.hasher();
+        hasher.write_u64(digest);
+        for part in [serial, original] {
+            hasher.write_u64(part.len() as u64);
+            hasher.write(part);
+        }
+        hasher.finish()
+    }
+
+    /// The JSON text of a fresh server-side id for a request of `session`
+    /// carrying `original` (the client's id JSON text) inside it.
+    pub(crate) fn mint_in(&self, session: &[u8], original: &str) -> Vec<u8> {
+        let serial = self.counter.fetch_add(1, Ordering::Relaxed).to_string();
+        let digest = self.session_digest(session);
+        let mac = self.mac(digest, serial.as_bytes(), original.as_bytes());
         let mut out = Vec::with_capacity(RESERVED_PREFIX.len() + original.len() + 48);
         out.push(b'"');
         out.extend_from_slice(RESERVED_PREFIX.as_bytes());
-        out.extend_from_slice(self.tag.as_bytes());
+        out.extend_from_slice(format!("{mac:016x}").as_bytes());
         out.push(b':');
-        out.extend_from_slice(serial.to_string().as_bytes());
+        out.extend_from_slice(serial.as_bytes());
         out.push(b':');
         escape_into(&mut out, original);
         out.push(b'"');
         out
+    }
+
+    /// A server-side id for the empty session (the unit tests', the
+    /// benchmarks' and the fuzz targets' minter).
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn mint(&self, original: &str) -> Vec<u8> {
+        self.mint_in(b"", original)
+    }
+
+    /// Restores `raw` (an id's JSON text) in a response of the session whose
+    /// [`session_digest`](Self::session_digest) is `digest`: only an id this
+    /// secret issued for that session gives back its original.
+    pub(crate) fn restore_in(&self, digest: u64, raw: &str) -> Restored {
+        let Some(parts) = parse(raw) else {
+            return Restored::Not;
+        };
+        let mac = self.mac(digest, parts.serial.as_bytes(), parts.original.as_bytes());
+        // Compared as whole words; a timing difference tells nothing an
+        // attacker can use without the key to compute candidate tags.
+        if mac == parts.mac {
+            Restored::Original(parts.original)
+        } else {
+            Restored::Foreign
+        }
     }
 }
 
@@ -251,14 +349,27 @@ fn escape_into(out: &mut Vec<u8>, text: &str) {
     }
 }
 
-/// If `raw` (an id's JSON text) is a server-side id minted by any guard
-/// instance, returns the client's original id JSON text carried inside it.
+/// The parts of a well-formed server-side id.
+struct Parts {
+    mac: u64,
+    serial: String,
+    original: String,
+}
+
+/// If `raw` (an id's JSON text) is written like a server-side id, returns
+/// the client's original id JSON text carried inside it, whoever issued it
+/// (the unbound restorer of the crate's own tests, benchmarks and fuzz
+/// targets; responses are restored by [`IdMinter::restore_in`]).
 ///
 /// Only ids written the way guards write them, with the prefix spelled out
 /// literally, are restored: servers echo ids as they received them, and this
 /// keeps the SSE rewriter's fast path (a search for the literal prefix) exact,
 /// so its output never depends on how the stream was chunked.
 pub(crate) fn restore(raw: &str) -> Option<String> {
+    parse(raw).map(|parts| parts.original)
+}
+
+fn parse(raw: &str) -> Option<Parts> {
     if !raw
         .strip_prefix('"')
         .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
@@ -283,7 +394,14 @@ pub(crate) fn restore(raw: &str) -> Option<String> {
         return None;
     }
     let value = serde_json::from_str::<&RawValue>(original).ok()?;
-    (value.get().len() == original.len()).then(|| original.to_owned())
+    if value.get().len() != original.len() {
+        return None;
+    }
+    Some(Parts {
+        mac: u64::from_str_radix(tag, 16).ok()?,
+        serial: serial.to_owned(),
+        original: original.to_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -420,10 +538,53 @@ mod tests {
     }
 
     #[test]
-    fn minted_ids_are_unique_and_tags_differ_per_instance() {
+    fn minted_ids_are_unique_and_secrets_differ_per_instance() {
         let (a, b) = (IdMinter::new(), IdMinter::new());
         assert_ne!(a.mint("1"), a.mint("1"));
-        assert_ne!(a.tag, b.tag);
+        assert_ne!(a.key, b.key);
+        // Replicas sharing a secret count from different points.
+        let secret = *b"0123456789abcdef";
+        let (c, d) = (IdMinter::with_secret(secret), IdMinter::with_secret(secret));
+        assert_ne!(c.mint_in(b"s", "1"), d.mint_in(b"s", "1"));
+    }
+
+    /// Only an id this secret issued for this session is restored; another
+    /// session's, another secret's, a forged one and a tampered one are
+    /// refused, and anything else is no server-side id at all.
+    #[test]
+    fn restoring_is_bound_to_the_secret_and_the_session() {
+        let secret = *b"0123456789abcdef";
+        let minter = IdMinter::with_secret(secret);
+        let issued = String::from_utf8(minter.mint_in(b"session-y", "1")).unwrap();
+        let (y, x) = (
+            minter.session_digest(b"session-y"),
+            minter.session_digest(b"session-x"),
+        );
+        assert_eq!(
+            minter.restore_in(y, &issued),
+            Restored::Original("1".to_owned())
+        );
+        let replica = IdMinter::with_secret(secret);
+        assert_eq!(
+            replica.restore_in(replica.session_digest(b"session-y"), &issued),
+            Restored::Original("1".to_owned()),
+            "a replica with the same secret restores it"
+        );
+        assert_eq!(minter.restore_in(x, &issued), Restored::Foreign);
+        let other = IdMinter::new();
+        assert_eq!(
+            other.restore_in(other.session_digest(b"session-y"), &issued),
+            Restored::Foreign
+        );
+        let forged = r#""mcp-id-guard:0123456789abcdef:999999:42""#;
+        assert_eq!(minter.restore_in(y, forged), Restored::Foreign);
+        let tampered = issued.replacen(":1\"", ":2\"", 1);
+        assert_ne!(tampered, issued);
+        assert_eq!(
+            minter.restore_in(y, &tampered),
+            Restored::Foreign
+        );
+        assert_eq!(minter.restore_in(y, "1"), Restored::Not);
     }
 
     #[test]

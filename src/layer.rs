@@ -5,6 +5,7 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use crate::config::{Config, OnDuplicate};
+use crate::id::IdMinter;
 use crate::service::IdGuard;
 use crate::stats::Stats;
 use crate::table::Table;
@@ -91,7 +92,8 @@ impl IdGuardLayer {
     /// (default `false`). The server then never sees an id twice in a session
     /// (the spec's strict rule), and several guard instances in front of one
     /// server cannot collide without sharing any state: each instance's ids
-    /// carry its own random tag. Duplicates are still handled by the policy.
+    /// count from a random point of its own. Duplicates are still handled by
+    /// the policy.
     pub fn rewrite_all_ids(mut self, enabled: bool) -> Self {
         self.config.rewrite_all_ids = enabled;
         self
@@ -192,6 +194,30 @@ impl IdGuardLayer {
     /// ```
     pub fn restart_window(mut self, window: Duration) -> Self {
         self.config.restart_window = Some(window);
+        self
+    }
+
+    /// Sets the secret that binds each server-side id to its session
+    /// (default: random per layer). A response's server-side id is restored
+    /// only if this secret issued it for the session the response belongs
+    /// to: an upstream that answers with another session's id, or one nobody
+    /// issued, has it passed on unrestored (counted in
+    /// [`Stats::restore_refused_total`]) rather than dressed up as the
+    /// client's own answer. Give replicas behind one load balancer the same
+    /// secret, so that a stream resumed on another replica is restored too.
+    ///
+    /// Call it first: it gives the layer a new, empty table.
+    ///
+    /// ```
+    /// use mcp_id_guard::IdGuardLayer;
+    ///
+    /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
+    /// let replica_a = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
+    /// let replica_b = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
+    /// # let _ = (replica_a, replica_b);
+    /// ```
+    pub fn id_secret(mut self, secret: [u8; 16]) -> Self {
+        self.table = Arc::new(Table::with_minter(IdMinter::with_secret(secret)));
         self
     }
 

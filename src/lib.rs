@@ -115,14 +115,20 @@
 //! tracked, and the server answers it with its own error.
 //!
 //! A remapped request reaches the server with the id
-//! `"mcp-id-guard:<instance tag>:<counter>:<original id JSON>"`; the top-level
-//! `id` of every JSON-RPC response carrying such an id is replaced by the
-//! original, in `application/json` and `text/event-stream` responses, on the
-//! POST's own stream and on `GET` streams (standalone or resumed with
-//! `Last-Event-ID`). The id carries everything needed, so restoring keeps no
-//! state and any guard instance restores any other's ids. A client id that
-//! already starts with `mcp-id-guard:` is itself remapped, so restoring
-//! unwraps exactly one level. Nothing else in a message changes.
+//! `"mcp-id-guard:<mac>:<counter>:<original id JSON>"`, where `<mac>` is a
+//! keyed MAC (SipHash-2-4) over the session, the counter and the original;
+//! the top-level `id` of every JSON-RPC response carrying such an id is
+//! replaced by the original, in `application/json` and `text/event-stream`
+//! responses, on the POST's own stream and on `GET` streams (standalone or
+//! resumed with `Last-Event-ID`), **only if this guard's secret issued it for
+//! the session the response belongs to**. Another session's id, or one nobody
+//! issued, goes on as the server wrote it (counted in
+//! [`Stats::restore_refused_total`]): an upstream that leaks one session's
+//! answer into another's is never dressed up as a correct answer. The id
+//! carries everything needed, so restoring keeps no state, and guard
+//! instances sharing [`IdGuardLayer::id_secret`] restore each other's ids. A
+//! client id that already starts with `mcp-id-guard:` is itself remapped, so
+//! restoring unwraps exactly one level. Nothing else in a message changes.
 //!
 //! Responses are restored as they stream: bytes go on as they arrive, and
 //! only a response's `id` is held back (with at most 64 KiB after it) until
@@ -201,7 +207,8 @@
 //! With [`IdGuardLayer::rewrite_all_ids`] every tracked request gets a
 //! server-side id, colliding or not: the server never sees an id twice in a
 //! session, and several guard instances in front of one server cannot collide
-//! without sharing state (each instance's ids carry its own random tag).
+//! without sharing state (each instance counts from a random point of its
+//! own).
 //!
 //! # Answers the guard gives itself
 //! | case | status | JSON-RPC error |

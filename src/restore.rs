@@ -17,10 +17,12 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::envelope::scan::{Event, KeyName, Scanner};
-use crate::id::{id_key, restore, RESERVED_PREFIX};
+use crate::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
 use crate::table::Answer;
 
 /// How much the restorer holds after an id while it waits to learn whether
@@ -101,6 +103,11 @@ pub(crate) struct Restorer {
     /// Restore server-side ids (else only watch): only a response that may
     /// carry ids this guard issued for its request is restored.
     restoring: bool,
+    /// Whose ids are restored: only those the minter issued for the session
+    /// (else any well-formed one: the crate's own tests and fuzz targets).
+    binding: Option<Binding>,
+    /// Ids written like server-side ids that the binding did not issue.
+    refused: usize,
     restored: usize,
     /// Responses of the current text, counted as answered once it ends (the
     /// client has the whole response then).
@@ -108,6 +115,14 @@ pub(crate) struct Restorer {
     answered: Vec<Answer>,
     /// Absolute offset of the first byte not yet emitted or held.
     emitted: usize,
+}
+
+/// The ids a response may have restored: those `minter` issued for the
+/// session the response belongs to (by its digest).
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
+    pub(crate) minter: Arc<IdMinter>,
+    pub(crate) session: u64,
 }
 
 impl Restorer {
@@ -125,6 +140,8 @@ impl Restorer {
             max_id: longest_server_id(max_id),
             watch,
             restoring: true,
+            binding: None,
+            refused: 0,
             restored: 0,
             answering: Vec::new(),
             answered: Vec::new(),
@@ -136,6 +153,17 @@ impl Restorer {
     pub(crate) fn without_restoring(mut self) -> Self {
         self.restoring = false;
         self
+    }
+
+    /// A restorer that restores only the ids `binding` issued.
+    pub(crate) fn bound(mut self, binding: Binding) -> Self {
+        self.binding = Some(binding);
+        self
+    }
+
+    /// How many server-side-looking ids were refused since the last call.
+    pub(crate) fn take_refused(&mut self) -> usize {
+        std::mem::take(&mut self.refused)
     }
 
     /// How many ids were restored since the last call.
@@ -380,7 +408,20 @@ impl Restorer {
     fn conclude(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
         self.absorb(position, at);
         let id = self.held_id().map(str::to_owned);
-        let original = id.as_deref().filter(|_| self.restoring).and_then(restore);
+        // A foreign id is counted even where nothing is restored: it is the
+        // sign of an upstream that mixes sessions up.
+        let verdict = id.as_deref().map(|id| match &self.binding {
+            None => restore(id).map_or(Restored::Not, Restored::Original),
+            Some(binding) => binding.minter.restore_in(binding.session, id),
+        });
+        let original = match verdict {
+            Some(Restored::Original(original)) if self.restoring => Some(original),
+            Some(Restored::Foreign) => {
+                self.refused += 1;
+                None
+            }
+            _ => None,
+        };
         if self.watch && self.answering.len() < MAX_ANSWERING {
             if let Some(id) = &id {
                 self.answering.push((

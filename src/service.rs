@@ -172,10 +172,8 @@ where
                 request.headers_mut().remove(ACCEPT_ENCODING);
                 // Only a resumed stream replays answers (spec 2025-11-25,
                 // resumability); a standalone one carries none.
-                let session = headers
-                    .session
-                    .clone()
-                    .filter(|_| request.headers().contains_key("last-event-id"));
+                let frees = request.headers().contains_key("last-event-id");
+                let session = headers.session.clone();
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
                     Some(Restoring {
@@ -183,6 +181,7 @@ where
                         max_id: self.config.max_body_bytes,
                         restore: true,
                         session,
+                        frees,
                     }),
                 )
             }

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::restore::{Part, Restorer};
+use crate::restore::{Binding, Part, Restorer};
 use crate::table::Answer;
 
 /// The longest field name the framer keeps to recognise it; longer ones are
@@ -90,6 +90,17 @@ impl SseRewriter {
     pub(crate) fn without_restoring(mut self) -> Self {
         self.restorer = self.restorer.without_restoring();
         self
+    }
+
+    /// A rewriter that restores only the ids `binding` issued.
+    pub(crate) fn bound(mut self, binding: Binding) -> Self {
+        self.restorer = self.restorer.bound(binding);
+        self
+    }
+
+    /// How many server-side-looking ids were refused since the last call.
+    pub(crate) fn take_refused(&mut self) -> usize {
+        self.restorer.take_refused()
     }
 
     /// The responses whose events passed whole since the last call (only

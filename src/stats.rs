@@ -46,6 +46,10 @@ pub struct Stats {
     pub cancelled_total: u64,
     /// Client ids put back into responses (JSON or SSE, POST or GET streams).
     pub restored_total: u64,
+    /// Ids in responses written like server-side ids that this guard did not
+    /// issue for the response's session (another session's, or forged): passed
+    /// on as the server wrote them, never restored.
+    pub restore_refused_total: u64,
     /// Bytes the session table holds now (an estimate of heap and inline
     /// size): in-flight and queued requests, abandoned ids, and sessions seen
     /// starting during the restart window, with their keys and session ids.
@@ -95,6 +99,10 @@ impl Stats {
             ("mcp_id_guard_queued_total", self.queued_total),
             ("mcp_id_guard_cancelled_total", self.cancelled_total),
             ("mcp_id_guard_restored_total", self.restored_total),
+            (
+                "mcp_id_guard_restore_refused_total",
+                self.restore_refused_total,
+            ),
             (
                 "mcp_id_guard_abandoned_evicted_total",
                 self.abandoned_evicted_total,
@@ -172,7 +180,7 @@ mod tests {
         let values = Values::default();
         metrics::with_local_recorder(&values, || stats.record());
         let values = values.0.lock().unwrap();
-        assert_eq!(values.len(), 12, "{values:?}");
+        assert_eq!(values.len(), 13, "{values:?}");
         assert_eq!(values["mcp_id_guard_in_flight_requests"], 3.0);
         assert_eq!(values["mcp_id_guard_table_bytes"], 4096.0);
         assert_eq!(values["mcp_id_guard_remapped_total"], 7.0);

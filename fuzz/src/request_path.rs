@@ -560,8 +560,9 @@ struct Harness {
     shadows: HashMap<(Vec<u8>, String), usize>,
     /// Sessions and keys any cancellation has named.
     cancelled: HashSet<(Vec<u8>, String)>,
-    /// Every server-side id minted so far.
-    minted: HashSet<String>,
+    /// Every server-side id minted so far, with the session it was minted
+    /// for: only there is it restored (an id is bound to its session).
+    minted: HashMap<String, Vec<u8>>,
     /// Every id the inner service saw, per session.
     server_ids: HashMap<Vec<u8>, Vec<String>>,
     passed: u64,
@@ -631,7 +632,7 @@ impl Harness {
             pending: Vec::new(),
             shadows: HashMap::new(),
             cancelled: HashSet::new(),
-            minted: HashSet::new(),
+            minted: HashMap::new(),
             server_ids: HashMap::new(),
             passed: 0,
             remapped: 0,
@@ -1130,7 +1131,12 @@ impl Harness {
                         Some(original),
                         "a remapped id carries the original text"
                     );
-                    assert!(self.minted.insert(token.clone()), "a server-side id reused");
+                    assert!(
+                        self.minted
+                            .insert(token.clone(), session.to_vec())
+                            .is_none(),
+                        "a server-side id reused"
+                    );
                     alignment.as_is.push(false);
                     alignment.remapped += 1;
                 }
@@ -1181,16 +1187,20 @@ impl Harness {
         else {
             return Ok(Vec::new());
         };
-        let remapped = seen.iter().any(|id| self.minted.contains(id));
+        let remapped = seen.iter().any(|id| self.minted.contains_key(id));
         let restores = if sent.tracked {
             remapped
         } else {
             sent.method == Method::GET && sent.session.is_some()
         };
         let restorable = matches!(forwarded.format, Format::Json | Format::Sse);
+        // Only an id the guard minted for this very session is restored: one
+        // of another session, or one nobody minted, goes on as written.
+        let issued_here =
+            |id: &String| self.minted.get(id).map(Vec::as_slice) == sent.session.as_deref();
         let restored: Vec<Option<String>> = seen
             .iter()
-            .map(|id| oracle::restore(id).filter(|_| restores && restorable))
+            .map(|id| oracle::restore(id).filter(|_| restores && restorable && issued_here(id)))
             .collect();
         if sent.tracked && restorable {
             let received: Vec<&String> = restored

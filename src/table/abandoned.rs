@@ -101,7 +101,7 @@ impl Table {
                 }
                 state.entries.remove(position);
                 self.abandoned.fetch_sub(1, Ordering::Relaxed);
-                self.grant_waiters(&mut shard.next_serial, state, delta);
+                self.grant_waiters(&mut shard.next_serial, session.id.as_bytes(), state, delta);
             }
             if state.is_empty() {
                 *delta -= state.cost() as isize;
@@ -276,7 +276,12 @@ impl Table {
         // Its record in the shard's expiry queue stays, and gives back the
         // record's bytes when it expires (finding no entry by then).
         self.abandoned.fetch_sub(1, Ordering::Relaxed);
-        self.grant_waiters(&mut shard.next_serial, state, &mut delta);
+        self.grant_waiters(
+            &mut shard.next_serial,
+            session.id.as_bytes(),
+            state,
+            &mut delta,
+        );
         if state.is_empty() {
             delta -= state.cost() as isize;
             key_slot.remove();

@@ -196,7 +196,7 @@ pub(crate) struct Table {
     /// Hashes session ids and collision keys. Keyed per layer (seeded by the
     /// OS), so that clients cannot choose ids that pile up in one bucket.
     hasher: RandomState,
-    minter: IdMinter,
+    minter: Arc<IdMinter>,
     abandoned: AtomicUsize,
     /// Bytes charged for what the table holds (see [`budget`]).
     used: AtomicUsize,
@@ -213,6 +213,11 @@ pub(crate) struct Table {
     queued_total: AtomicU64,
     cancelled_total: AtomicU64,
     restored_total: AtomicU64,
+    /// Ids written like server-side ids that this table's minter did not
+    /// issue for the response's session, passed on unrestored.
+    refused_total: AtomicU64,
+    /// When a refusal was last logged (ms since `created`; 0: never).
+    refusal_logged_at: AtomicU64,
 }
 
 /// How one admitted request goes to the inner service.
@@ -270,10 +275,15 @@ fn shard_index(session_hash: u64) -> usize {
 
 impl Table {
     pub(crate) fn new() -> Self {
+        Self::with_minter(IdMinter::new())
+    }
+
+    /// A table whose server-side ids `minter` issues (and restores).
+    pub(crate) fn with_minter(minter: IdMinter) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
-            minter: IdMinter::new(),
+            minter: Arc::new(minter),
             abandoned: AtomicUsize::new(0),
             used: AtomicUsize::new(0),
             evictions: Mutex::new(VecDeque::new()),
@@ -285,7 +295,14 @@ impl Table {
             queued_total: AtomicU64::new(0),
             cancelled_total: AtomicU64::new(0),
             restored_total: AtomicU64::new(0),
+            refused_total: AtomicU64::new(0),
+            refusal_logged_at: AtomicU64::new(0),
         }
+    }
+
+    /// The minter of this table's server-side ids.
+    pub(crate) fn minter(&self) -> &Arc<IdMinter> {
+        &self.minter
     }
 
     /// A short, non-reversible tag of a session id for logs: session ids are
@@ -320,8 +337,9 @@ impl Table {
         }
     }
 
-    fn mint(&self, raw: &str) -> Arc<[u8]> {
-        Arc::from(self.minter.mint(raw))
+    /// A server-side id for a request of `session` with the client id `raw`.
+    fn mint(&self, session: &[u8], raw: &str) -> Arc<[u8]> {
+        Arc::from(self.minter.mint_in(session, raw))
     }
 
     /// The decision function: checks the ids of one POST's requests (in body
@@ -498,7 +516,7 @@ impl Table {
                 if !remap_anyway {
                     shard.restart_remapped_total += 1;
                 }
-                let server_id = self.mint(probe.raw);
+                let server_id = self.mint(session, probe.raw);
                 routes.push(Route::Remapped {
                     server_id: Arc::clone(&server_id),
                     duplicate,
@@ -602,7 +620,7 @@ impl Table {
         target.cancelled = true;
         let server_id = target.server_id.text(state.key.as_bytes());
         let mut delta = 0;
-        self.grant_waiters(&mut shard.next_serial, state, &mut delta);
+        self.grant_waiters(&mut shard.next_serial, session, state, &mut delta);
         drop(locked);
         self.apply(delta);
         self.cancelled_total.fetch_add(1, Ordering::Relaxed);
@@ -612,15 +630,21 @@ impl Table {
     /// Hands the id to waiting requests, first come first served, while the
     /// client has no live request with it. Adds the change in bytes to
     /// `delta`.
-    fn grant_waiters(&self, serials: &mut u64, state: &mut KeyState, delta: &mut isize) {
+    fn grant_waiters(
+        &self,
+        serials: &mut u64,
+        session: &[u8],
+        state: &mut KeyState,
+        delta: &mut isize,
+    ) {
         while let Some(waiter) = state.waiters.front() {
             // Waiters exist only under `Queue`, where any live request blocks.
             if state.blocks(true) {
                 return;
             }
             let serial = ShardState::serial(serials);
-            let remap =
-                (waiter.always_remap || state.has_abandoned()).then(|| self.mint(&waiter.raw_id));
+            let remap = (waiter.always_remap || state.has_abandoned())
+                .then(|| self.mint(session, &waiter.raw_id));
             let server_id = match &remap {
                 Some(server_id) => ServerId::Minted(Arc::clone(server_id)),
                 None => ServerId::own(&waiter.raw_id, state.key.as_bytes()),
@@ -652,6 +676,32 @@ impl Table {
             .fetch_add(count as u64, Ordering::Relaxed);
     }
 
+    /// Counts server-side-looking ids in responses that this guard did not
+    /// issue for the response's session (another session's, or forged), and
+    /// logs it at most once per interval: an upstream that mixes sessions up
+    /// is what the guard exists for, and must be seen.
+    pub(crate) fn note_refused(&self, count: usize) {
+        let total = self
+            .refused_total
+            .fetch_add(count as u64, Ordering::Relaxed)
+            + count as u64;
+        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.refusal_logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
+        if due
+            && self
+                .refusal_logged_at
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                refused_total = total,
+                "a response carried a server-side id this guard did not issue for its session \
+                 (another session's, or forged); passed on unrestored"
+            );
+        }
+    }
+
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = Stats {
             abandoned_ids: self.abandoned.load(Ordering::Relaxed),
@@ -659,6 +709,7 @@ impl Table {
             queued_total: self.queued_total.load(Ordering::Relaxed),
             cancelled_total: self.cancelled_total.load(Ordering::Relaxed),
             restored_total: self.restored_total.load(Ordering::Relaxed),
+            restore_refused_total: self.refused_total.load(Ordering::Relaxed),
             abandoned_evicted_total: self.evicted_total.load(Ordering::Relaxed),
             ..Stats::default()
         };

@@ -244,7 +244,7 @@ impl Table {
                     state.entries.remove(position);
                 }
             }
-            self.grant_waiters(serials, state, delta);
+            self.grant_waiters(serials, session.id.as_bytes(), state, delta);
         }
         if state.is_empty() {
             *delta -= state.cost() as isize;

@@ -8,6 +8,7 @@ mod support;
 
 mod axum_composition;
 mod bad_input;
+mod bound_ids;
 #[cfg(feature = "internals")]
 mod fuzz_regressions;
 mod hostile_input;

@@ -85,13 +85,14 @@ struct Live {
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = self.guard.stats();
-        let counters: [(&str, &str, u64); 8] = [
+        let counters: [(&str, &str, u64); 9] = [
             ("mcp_id_guard_passed", "Requests forwarded with the client's own id", stats.passed_total),
             ("mcp_id_guard_remapped", "Requests forwarded with a server-side id", stats.remapped_total),
             ("mcp_id_guard_rejected", "Requests the guard answered itself (duplicate under reject, over the per-session cap or the table budget, session id too long)", stats.rejected_total),
             ("mcp_id_guard_queued", "Requests that waited for their id under the queue policy", stats.queued_total),
             ("mcp_id_guard_cancelled", "notifications/cancelled that named a request of the session", stats.cancelled_total),
             ("mcp_id_guard_restored", "Client ids put back into responses", stats.restored_total),
+            ("mcp_id_guard_restore_refused", "Ids in responses written like server-side ids this guard did not issue for the response's session (another session's, or forged), passed on unrestored", stats.restore_refused_total),
             ("mcp_id_guard_abandoned_evicted", "Abandoned ids forgotten early to stay within the table's byte budget or count cap", stats.abandoned_evicted_total),
             ("mcp_id_guard_restart_remapped", "Requests remapped because their session started before this process (restart window)", stats.restart_remapped_total),
         ];

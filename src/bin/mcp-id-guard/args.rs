@@ -62,6 +62,14 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_REWRITE_ALL_IDS")]
     pub(crate) rewrite_all_ids: bool,
 
+    /// A file holding the secret (32 hex digits: 16 bytes) that binds each
+    /// server-side id to its session: only an id this secret issued for the
+    /// response's session is restored. Give every replica behind one load
+    /// balancer the same file, so a stream resumed on another replica is
+    /// restored too. Default: a random secret per process.
+    #[arg(long, env = "MCP_ID_GUARD_ID_SECRET_FILE", value_name = "PATH")]
+    pub(crate) id_secret_file: Option<std::path::PathBuf>,
+
     /// How long the id of a request its client gave up on (disconnected,
     /// cancelled) stays shadowed, so the server's late answer cannot reach a
     /// new request with that id (e.g. 5m; 0 turns shadowing off). Pick a
@@ -351,4 +359,25 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
             "{text:?}: unknown unit (use ms, s or m, e.g. 5s or 500ms)"
         )),
     }
+}
+
+/// Reads an id secret file: 32 hex digits (surrounding white space allowed).
+pub(crate) fn read_id_secret(path: &std::path::Path) -> Result<[u8; 16], String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read the id secret file {}: {error}", path.display()))?;
+    let hex = text.trim();
+    let invalid = || {
+        format!(
+            "the id secret file {} must hold 32 hex digits (16 bytes), e.g. from `openssl rand -hex 16`",
+            path.display()
+        )
+    };
+    if hex.len() != 32 || !hex.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return Err(invalid());
+    }
+    let mut secret = [0; 16];
+    for (index, byte) in secret.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * index..2 * index + 2], 16).map_err(|_| invalid())?;
+    }
+    Ok(secret)
 }

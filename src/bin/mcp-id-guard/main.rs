@@ -130,7 +130,11 @@ async fn run(args: Args) -> Result<(), String> {
         Policy::Queue => OnDuplicate::Queue,
     };
     let reject_status = args.reject_status;
-    let guard = IdGuardLayer::new()
+    let guard = match &args.id_secret_file {
+        Some(path) => IdGuardLayer::new().id_secret(args::read_id_secret(path)?),
+        None => IdGuardLayer::new(),
+    };
+    let guard = guard
         .on_duplicate(policy)
         .reject_status(reject_status)
         .max_body_bytes(args.max_body_bytes)
@@ -499,7 +503,30 @@ async fn shutdown_signal() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::{parse_duration, parse_reject_status};
+    use crate::args::{parse_duration, parse_reject_status, read_id_secret};
+
+    #[test]
+    fn id_secret_files_hold_32_hex_digits() {
+        let dir = std::env::temp_dir().join(format!("mcp-id-guard-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, "000102030405060708090a0b0c0d0e0F\n").unwrap();
+        assert_eq!(
+            read_id_secret(&file).unwrap(),
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+        );
+        for bad in [
+            "",
+            "0011",
+            "zz0102030405060708090a0b0c0d0e0f",
+            "000102030405060708090a0b0c0d0e0f00",
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(read_id_secret(&file).is_err(), "{bad:?}");
+        }
+        assert!(read_id_secret(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn durations() {

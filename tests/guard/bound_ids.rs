@@ -1,0 +1,226 @@
+//! Restoring is bound to the session: a response's server-side id is put
+//! back to the client's id only if this guard's secret issued it for the
+//! session the response belongs to. An upstream that leaks another session's
+//! answer (the failure the guard exists for; the TypeScript SDK shipped one,
+//! CVE-2026-25536), or forges a server-side id, has it passed on as it wrote
+//! it, where a client sees an id it never sent, instead of an answer dressed
+//! up as its own.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use mcp_id_guard::{IdGuardLayer, RequestBody};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::support::ids::is_server_side;
+use crate::support::wait::within;
+
+type Inner = Request<RequestBody<Full<Bytes>>>;
+
+/// What the scripted server answers a request with: a JSON-RPC id text.
+type Script = Arc<Mutex<Vec<String>>>;
+
+/// A server that records the id of every POST it receives and answers each
+/// with the id the script gives next (or the id it received), as JSON for a
+/// POST and as one SSE event for a GET.
+fn scripted(
+    seen: Script,
+    answers: Script,
+) -> impl Service<
+    Inner,
+    Response = Response<Full<Bytes>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |request: Inner| {
+        let (seen, answers) = (Arc::clone(&seen), Arc::clone(&answers));
+        async move {
+            let is_get = request.method() == http::Method::GET;
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let received = serde_json::from_slice::<serde_json::Value>(&body)
+                .map(|message| message["id"].to_string())
+                .ok();
+            if let Some(id) = &received {
+                seen.lock().unwrap().push(id.clone());
+            }
+            let next = answers.lock().unwrap().pop();
+            let id = next.or(received).unwrap_or_else(|| "null".to_owned());
+            let message = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"for":{id}}}}}"#);
+            let response = if is_get {
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Full::new(Bytes::from(format!(
+                        "id: 9\ndata: {message}\n\n"
+                    ))))
+            } else {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(message)))
+            };
+            Ok(response.unwrap())
+        }
+    })
+}
+
+fn post(session: &str, id: &str) -> Request<Full<Bytes>> {
+    Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("mcp-session-id", session)
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{}}}}"#
+        ))))
+        .unwrap()
+}
+
+fn resumed_get(session: &str) -> Request<Full<Bytes>> {
+    Request::get("/mcp")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .header("last-event-id", "8")
+        .body(Full::default())
+        .unwrap()
+}
+
+async fn text(response: Response<mcp_id_guard::ResponseBody<Full<Bytes>>>) -> String {
+    let body = within(response.into_body().collect()).await.unwrap();
+    String::from_utf8(body.to_bytes().to_vec()).unwrap()
+}
+
+/// Session X's request is remapped; the upstream then answers session Y's
+/// request with X's live server-side id, and a GET of Y with a forged one.
+/// Neither is restored, both are counted; X's own answer still is.
+#[tokio::test]
+async fn another_sessions_id_and_a_forged_one_are_not_restored() {
+    let (seen, answers) = (Script::default(), Script::default());
+    let layer = IdGuardLayer::new();
+    let mut guard = layer.layer(scripted(Arc::clone(&seen), Arc::clone(&answers)));
+
+    // X: two `1`s in flight, the second goes remapped.
+    let first_x = guard
+        .ready()
+        .await
+        .unwrap()
+        .call(post("session-x", "1"))
+        .await
+        .unwrap();
+    let second_x = guard
+        .ready()
+        .await
+        .unwrap()
+        .call(post("session-x", "1"))
+        .await
+        .unwrap();
+    let x_server_id = seen.lock().unwrap()[1].clone();
+    assert!(is_server_side(&x_server_id), "{x_server_id}");
+    assert_eq!(
+        text(second_x).await,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"for":"#.to_owned() + &x_server_id + "}}",
+        "X's own answer is restored"
+    );
+
+    // Y's remapped `1` is answered with X's server-side id (X's data): a
+    // guard that restored it would hand Y X's answer as its own `1`.
+    let first_y = guard
+        .ready()
+        .await
+        .unwrap()
+        .call(post("session-y", "1"))
+        .await
+        .unwrap();
+    answers.lock().unwrap().push(x_server_id.clone());
+    let leaked = guard
+        .ready()
+        .await
+        .unwrap()
+        .call(post("session-y", "1"))
+        .await
+        .unwrap();
+    assert!(
+        is_server_side(&seen.lock().unwrap()[3]),
+        "Y's second 1 went remapped"
+    );
+    assert_eq!(
+        text(leaked).await,
+        format!(r#"{{"jsonrpc":"2.0","id":{x_server_id},"result":{{"for":{x_server_id}}}}}"#),
+        "another session's server-side id reaches Y as the server wrote it"
+    );
+    drop(first_y);
+    let forged = r#""mcp-id-guard:0123456789abcdef:999999:42""#;
+    answers.lock().unwrap().push(forged.to_owned());
+    let replayed = guard
+        .ready()
+        .await
+        .unwrap()
+        .call(resumed_get("session-y"))
+        .await
+        .unwrap();
+    assert_eq!(
+        text(replayed).await,
+        format!("id: 9\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{forged},\"result\":{{\"for\":{forged}}}}}\n\n"),
+        "a forged server-side id is never restored"
+    );
+    let stats = layer.stats();
+    assert_eq!(
+        (stats.restored_total, stats.restore_refused_total),
+        (1, 2),
+        "{stats:?}"
+    );
+    drop(first_x);
+}
+
+/// Replicas that share the secret restore each other's ids: a stream resumed
+/// on another replica gets the client's id back. A replica with another
+/// secret does not.
+#[tokio::test]
+async fn replicas_sharing_the_secret_restore_each_others_ids() {
+    let secret = *b"replicas secret!";
+    let (seen, answers) = (Script::default(), Script::default());
+    let server = scripted(Arc::clone(&seen), Arc::clone(&answers));
+    let replica = |layer: IdGuardLayer| layer.rewrite_all_ids(true).layer(server.clone());
+    let mut a = replica(IdGuardLayer::new().id_secret(secret));
+    let mut b = replica(IdGuardLayer::new().id_secret(secret));
+    let mut other = replica(IdGuardLayer::new());
+
+    let answered = a
+        .ready()
+        .await
+        .unwrap()
+        .call(post("session-z", "1"))
+        .await
+        .unwrap();
+    drop(answered);
+    let server_id = seen.lock().unwrap()[0].clone();
+    assert!(is_server_side(&server_id), "{server_id}");
+
+    answers.lock().unwrap().push(server_id.clone());
+    let resumed = b
+        .ready()
+        .await
+        .unwrap()
+        .call(resumed_get("session-z"))
+        .await
+        .unwrap();
+    assert_eq!(
+        text(resumed).await,
+        format!(
+            "id: 9\ndata: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"for\":{server_id}}}}}\n\n"
+        ),
+        "the replica with the same secret restores it"
+    );
+    answers.lock().unwrap().push(server_id.clone());
+    let elsewhere = other
+        .ready()
+        .await
+        .unwrap()
+        .call(resumed_get("session-z"))
+        .await
+        .unwrap();
+    assert!(
+        text(elsewhere)
+            .await
+            .contains(&format!("\"id\":{server_id}")),
+        "a replica with another secret does not"
+    );
+}
