@@ -11,7 +11,6 @@
 //! The settings go through their environment variables: a binary without
 //! them ignores those and shows the flood on the very assertions that fail.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use super::hardening::{admin_base, get};
 use crate::support::process::Guard;
@@ -32,9 +32,6 @@ const STREAMS: usize = 3000;
 const FLOOD_FOR: Duration = Duration::from_secs(10);
 /// Streams sent at once before they are reset.
 const BATCH: usize = 100;
-/// How long after a batch its streams are reset: part of the attack (the
-/// requests are complete and forwarded by then), not a synchronisation.
-const RESET_AFTER: Duration = Duration::from_millis(50);
 /// The default --max-requests-per-connection.
 const CAP: usize = 1000;
 /// The default --max-client-resets.
@@ -44,15 +41,15 @@ const RESETS: usize = 250;
 /// its own id at once, except on `/hold`, where it never answers.
 struct Recording {
     served: Served,
-    arrived: Arc<AtomicUsize>,
+    arrived: Arc<watch::Sender<usize>>,
 }
 
 impl Recording {
     async fn start() -> anyhow::Result<Self> {
-        let arrived = Arc::new(AtomicUsize::new(0));
+        let arrived = Arc::new(watch::Sender::new(0));
         let count = Arc::clone(&arrived);
         let service = tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            count.fetch_add(1, Ordering::SeqCst);
+            count.send_modify(|count| *count += 1);
             async move {
                 if request.uri().path() == "/hold" {
                     std::future::pending::<()>().await;
@@ -86,10 +83,10 @@ impl Recording {
     /// stay the same for 300 ms (bounded by `OK_TIMEOUT`).
     async fn settled(&self) -> usize {
         let deadline = Instant::now() + OK_TIMEOUT;
-        let mut last = self.arrived.load(Ordering::SeqCst);
+        let mut last = *self.arrived.borrow();
         loop {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let now = self.arrived.load(Ordering::SeqCst);
+            let now = *self.arrived.borrow();
             if now == last || Instant::now() > deadline {
                 return now;
             }
@@ -105,16 +102,34 @@ struct Flood {
     sent: usize,
     /// The proxy's GOAWAY stopped the flood.
     go_away: bool,
-    /// Another error stopped it.
+    /// What stopped it (the GOAWAY, or another error).
     error: Option<String>,
-    took: Duration,
+}
+
+/// When the attack resets a batch's streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResetWhen {
+    /// Once each was answered: the requests completed, then were reset.
+    Answered,
+    /// Once each was forwarded to the upstream (or answered by the proxy):
+    /// before its response.
+    Forwarded,
 }
 
 /// One h2c (prior knowledge) connection to `addr` that sends complete
 /// `tools/call` POSTs to `path` in batches of [`BATCH`] and resets each
-/// stream [`RESET_AFTER`] later, until [`STREAMS`] streams, [`FLOOD_FOR`], or
-/// the proxy's GOAWAY.
-async fn reset_flood(addr: &str, path: &str) -> anyhow::Result<Flood> {
+/// stream of a batch once they are all answered or forwarded (`when`),
+/// until [`STREAMS`] streams, [`FLOOD_FOR`], or the proxy's GOAWAY. Streams
+/// are reset only once hyper has accepted them (it has called the proxy's
+/// service): hyper's own limit on resets of streams it has not accepted
+/// yet, which closes the classic rapid reset, never sees them.
+async fn reset_flood(
+    upstream: &Recording,
+    addr: &str,
+    path: &str,
+    when: ResetWhen,
+) -> anyhow::Result<Flood> {
+    use futures::StreamExt;
     let started = Instant::now();
     let tcp = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(addr)).await??;
     let (mut client, connection) =
@@ -125,6 +140,9 @@ async fn reset_flood(addr: &str, path: &str) -> anyhow::Result<Flood> {
     let mut stopped: Option<h2::Error> = None;
     'flood: while sent < STREAMS && started.elapsed() < FLOOD_FOR {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut responses = futures::stream::FuturesUnordered::new();
+        let mut arrivals = upstream.arrived.subscribe();
+        let before = *arrivals.borrow_and_update();
         for _ in 0..BATCH {
             client = match tokio::time::timeout(OK_TIMEOUT, client.clone().ready()).await {
                 Err(_) => anyhow::bail!("no stream capacity within {OK_TIMEOUT:?}"),
@@ -151,7 +169,10 @@ async fn reset_flood(addr: &str, path: &str) -> anyhow::Result<Flood> {
                     Ok((response, stream))
                 });
             match sending {
-                Ok(stream) => batch.push(stream),
+                Ok((response, stream)) => {
+                    batch.push(stream);
+                    responses.push(response);
+                }
                 Err(error) => {
                     stopped = Some(error);
                     break 'flood;
@@ -159,29 +180,45 @@ async fn reset_flood(addr: &str, path: &str) -> anyhow::Result<Flood> {
             }
             sent += 1;
         }
-        tokio::time::sleep(RESET_AFTER).await;
-        for (response, mut stream) in batch {
+        let accepted = async {
+            let mut answered = 0;
+            loop {
+                let forwarded = match when {
+                    ResetWhen::Answered => 0,
+                    ResetWhen::Forwarded => *arrivals.borrow_and_update() - before,
+                };
+                if answered + forwarded >= batch.len() {
+                    return;
+                }
+                tokio::select! {
+                    Some(_) = responses.next() => answered += 1,
+                    Ok(()) = arrivals.changed() => {}
+                }
+            }
+        };
+        tokio::time::timeout(OK_TIMEOUT, accepted)
+            .await
+            .context("the batch was neither answered nor forwarded")?;
+        for mut stream in batch {
             stream.send_reset(h2::Reason::CANCEL);
-            drop(response);
         }
     }
     drop(client);
     // The connection's own end: after a GOAWAY it finishes (or is cut).
     let ended = tokio::time::timeout(OK_TIMEOUT, connection).await;
-    let go_away = stopped.as_ref().is_some_and(|error| error.is_go_away() && error.is_remote());
-    let error = stopped
-        .filter(|_| !go_away)
-        .map(|error| format!("{error}; connection ended: {ended:?}"));
+    let go_away = stopped
+        .as_ref()
+        .is_some_and(|error| error.is_go_away() && error.is_remote());
+    let error = stopped.map(|error| format!("{error}; connection ended: {ended:?}"));
     Ok(Flood {
         sent,
         go_away,
         error,
-        took: started.elapsed(),
     })
 }
 
 /// The attack against the defaults: complete requests, each stream
-/// reset 50 ms later (after its answer, so no reset is premature). The
+/// reset once its batch is answered (so no reset is premature). The
 /// upstream sees at most the default cap of 1000 and a GOAWAY ends the flood
 /// (the old proxy: all 3000 streams reach the upstream, no GOAWAY). The
 /// control with both limits off shows the flood.
@@ -203,13 +240,18 @@ async fn reset_flood_stops_at_the_request_cap() -> anyhow::Result<()> {
             env,
         )
         .await?;
-        let flood = reset_flood(&guard.addr, "/mcp").await?;
+        let started = Instant::now();
+        let flood = reset_flood(&upstream, &guard.addr, "/mcp", ResetWhen::Answered).await?;
+        let took = started.elapsed();
         let reached = upstream.settled().await;
-        println!("{what}: {flood:?}; {reached} requests reached the upstream");
+        println!("{what}: {flood:?} in {took:?}; {reached} requests reached the upstream");
         if env.is_empty() {
             // Exactly the requests counted up to the cap may be forwarded;
             // those after it are answered by the proxy. No slack needed.
-            assert!(reached <= CAP, "{what}: {reached} requests reached the upstream");
+            assert!(
+                reached <= CAP,
+                "{what}: {reached} requests reached the upstream"
+            );
             assert!(flood.go_away, "{what}: no GOAWAY: {flood:?}");
             assert!(flood.sent < STREAMS, "{what}: {flood:?}");
             let (_, metrics) = get(&format!("{}/metrics", admin_base(&guard).await?)).await?;
@@ -220,7 +262,10 @@ async fn reset_flood_stops_at_the_request_cap() -> anyhow::Result<()> {
         } else {
             assert!(!flood.go_away, "{what}: {flood:?}");
             assert_eq!(flood.error, None, "{what}");
-            assert!(reached >= 2 * CAP, "{what}: only {reached} reached the upstream");
+            assert!(
+                reached >= 2 * CAP,
+                "{what}: only {reached} reached the upstream"
+            );
         }
     }
     Ok(())
@@ -249,16 +294,23 @@ async fn premature_resets_close_the_connection() -> anyhow::Result<()> {
             ],
         )
         .await?;
-        let flood = reset_flood(&guard.addr, "/hold").await?;
+        let started = Instant::now();
+        let flood = reset_flood(&upstream, &guard.addr, "/hold", ResetWhen::Forwarded).await?;
+        let took = started.elapsed();
         let reached = upstream.settled().await;
-        println!("--max-client-resets {resets}: {flood:?}; {reached} requests reached the upstream");
+        println!(
+            "--max-client-resets {resets}: {flood:?} in {took:?}; {reached} requests reached the upstream"
+        );
         if resets == "0" {
             assert!(!flood.go_away, "{flood:?}");
             assert!(reached >= 2 * CAP, "only {reached} reached the upstream");
             continue;
         }
         assert!(flood.go_away, "no GOAWAY: {flood:?}");
-        assert!(reached <= RESETS + BATCH, "{reached} requests reached the upstream");
+        assert!(
+            reached <= RESETS + BATCH,
+            "{reached} requests reached the upstream"
+        );
         let (_, metrics) = get(&format!("{}/metrics", admin_base(&guard).await?)).await?;
         assert!(
             metrics.contains("mcp_id_guard_connections_closed_total{reason=\"client_resets\"} 1"),
@@ -291,7 +343,7 @@ async fn completed_streams_are_not_counted_as_resets() -> anyhow::Result<()> {
     let (client, connection) =
         tokio::time::timeout(OK_TIMEOUT, h2::client::handshake(tcp)).await??;
     tokio::spawn(connection);
-    let calls = (0..300).map(|id| {
+    let call = |id: usize| {
         let client = client.clone();
         let uri = format!("http://{}/mcp", guard.addr);
         async move {
@@ -310,14 +362,21 @@ async fn completed_streams_are_not_counted_as_resets() -> anyhow::Result<()> {
             }
             anyhow::Ok(())
         }
-    });
+    };
+    // One call first: the client then knows the proxy's stream limit (200),
+    // and queues the others instead of opening streams the proxy refuses.
+    tokio::time::timeout(OK_TIMEOUT, call(0)).await??;
+    let calls = (1..300).map(call);
     tokio::time::timeout(OK_TIMEOUT, futures::future::try_join_all(calls)).await??;
     let (_, metrics) = get(&format!("{}/metrics", admin_base(&guard).await?)).await?;
     assert!(
         metrics.contains("mcp_id_guard_client_resets_total 0"),
         "{metrics}"
     );
-    assert!(!metrics.contains("mcp_id_guard_connections_closed_total{"), "{metrics}");
+    assert!(
+        !metrics.contains("mcp_id_guard_connections_closed_total{"),
+        "{metrics}"
+    );
     Ok(())
 }
 
@@ -335,7 +394,8 @@ async fn http1_keep_alive_stops_at_the_request_cap() -> anyhow::Result<()> {
             &[("MCP_ID_GUARD_MAX_REQUESTS_PER_CONNECTION", cap)],
         )
         .await?;
-        let mut client = tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
+        let mut client =
+            tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
         let mut requests = String::new();
         for id in 1..=5 {
             let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {}})
@@ -356,7 +416,11 @@ async fn http1_keep_alive_stops_at_the_request_cap() -> anyhow::Result<()> {
                     Ok(0) | Err(_) => return true,
                     Ok(n) => received.extend_from_slice(&buffer[..n]),
                 }
-                if String::from_utf8_lossy(&received).matches("HTTP/1.1 200").count() == 5 {
+                if String::from_utf8_lossy(&received)
+                    .matches("HTTP/1.1 200")
+                    .count()
+                    == 5
+                {
                     return false;
                 }
             }
