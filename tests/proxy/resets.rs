@@ -274,9 +274,12 @@ async fn reset_flood_stops_at_the_request_cap() -> anyhow::Result<()> {
 /// Streams reset before their response (the upstream holds every call): with
 /// the request cap off, the default reset budget (250 per minute, at least
 /// half the streams) closes the connection with a GOAWAY. The upstream sees
-/// at most the budget plus one batch: the batch whose resets cross the
-/// budget was forwarded whole before they arrived. With the budget off too
-/// (the old proxy) all 3000 reach the upstream.
+/// at most the budget plus two batches: the batch whose resets cross the
+/// budget was forwarded whole before they arrived, and a reset is counted
+/// only when the stream's own task notices it and drops the request, while
+/// the connection's task may meanwhile hand the next batch (sent right after
+/// the resets) to the proxy (seen: 250 resets counted with 393 streams in).
+/// With the budget off too (the old proxy) all 3000 reach the upstream.
 #[tokio::test]
 async fn premature_resets_close_the_connection() -> anyhow::Result<()> {
     for resets in ["250", "0"] {
@@ -308,7 +311,7 @@ async fn premature_resets_close_the_connection() -> anyhow::Result<()> {
         }
         assert!(flood.go_away, "no GOAWAY: {flood:?}");
         assert!(
-            reached <= RESETS + BATCH,
+            reached <= RESETS + 2 * BATCH,
             "{reached} requests reached the upstream"
         );
         let (_, metrics) = get(&format!("{}/metrics", admin_base(&guard).await?)).await?;

@@ -306,9 +306,9 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_MAX_CLIENT_RESETS", default_value_t = 250)]
     pub(crate) max_client_resets: u32,
 
-    /// The window --max-client-resets counts in, from a connection's first
-    /// stream, then anew (e.g. 1m, 30s). Longer windows catch slower floods;
-    /// 0 turns the reset limit off.
+    /// The window --max-client-resets counts in: from a connection's start,
+    /// then anew from the first reset after it is over (e.g. 1m, 30s).
+    /// Longer windows catch slower floods; 0 turns the reset limit off.
     #[arg(
         long,
         env = "MCP_ID_GUARD_CLIENT_RESET_WINDOW",

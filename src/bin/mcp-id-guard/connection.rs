@@ -124,12 +124,13 @@ pub(crate) enum Admission {
     Refuse(Closing),
 }
 
-/// The streams of the current reset window (see [`ResetBudget`]).
+/// The current reset window (see [`ResetBudget`]).
 #[derive(Debug, Default)]
 struct ResetWindow {
     /// When the window started (ms since the connection's start).
     started: u64,
-    streams: u32,
+    /// `Activity::streams` when it started.
+    streams_before: u64,
     resets: u32,
 }
 
@@ -161,7 +162,10 @@ pub(crate) struct Activity {
     closing: AtomicU8,
     max_requests: Option<u64>,
     resets: Option<ResetBudget>,
-    /// Only locked on HTTP/2 connections with a reset budget.
+    /// HTTP/2 streams (requests) that arrived on the connection.
+    streams: AtomicU64,
+    /// Only locked when the client resets a stream (and the connection has
+    /// a reset budget): nothing per request but a count.
     reset_window: Mutex<ResetWindow>,
     /// The watchdog has let go of the connection: bodies dropped from now on
     /// are dropped with it, not reset by the client.
@@ -183,6 +187,7 @@ impl Activity {
             closing: AtomicU8::new(0),
             max_requests: limits.max_requests,
             resets: limits.resets,
+            streams: AtomicU64::new(0),
             reset_window: Mutex::new(ResetWindow::default()),
             gone: AtomicBool::new(false),
             metrics,
@@ -230,12 +235,7 @@ impl Activity {
             Admission::Serve
         };
         if http2 {
-            if let Some(budget) = self.resets {
-                let now = self.now_ms();
-                let mut window = self.reset_window.lock().unwrap_or_else(|e| e.into_inner());
-                window.roll(now, budget.window);
-                window.streams = window.streams.saturating_add(1);
-            }
+            self.streams.fetch_add(1, Ordering::Relaxed);
         }
         let active = ActiveRequest {
             activity: Arc::clone(self),
@@ -279,15 +279,16 @@ impl Activity {
         };
         let (resets, streams) = {
             let now = self.now_ms();
+            let streams = self.streams.load(Ordering::Relaxed);
             let mut window = self.reset_window.lock().unwrap_or_else(|e| e.into_inner());
-            window.roll(now, budget.window);
+            window.roll(now, budget.window, streams);
             window.resets = window.resets.saturating_add(1);
-            (window.resets, window.streams)
+            (window.resets, streams - window.streams_before)
         };
         // At least half: a client that cancels some of many calls keeps its
         // connection; one whose streams are mostly resets does not.
         if resets >= budget.max
-            && u64::from(resets) * 2 >= u64::from(streams)
+            && u64::from(resets) * 2 >= streams
             && self.close_for(Closing::ClientResets)
         {
             tracing::info!(
@@ -370,13 +371,14 @@ impl Activity {
 }
 
 impl ResetWindow {
-    /// Starts a new window when the current one is over.
-    fn roll(&mut self, now: u64, window: Duration) {
+    /// Starts a new window when the current one is over (`streams`: the
+    /// connection's streams so far).
+    fn roll(&mut self, now: u64, window: Duration, streams: u64) {
         let length = u64::try_from(window.as_millis()).unwrap_or(NONE);
         if now.saturating_sub(self.started) >= length {
             *self = Self {
                 started: now,
-                streams: 0,
+                streams_before: streams,
                 resets: 0,
             };
         }

@@ -597,6 +597,9 @@ mod tests {
         assert_eq!(args.max_session_id_bytes, 8 * 1024);
         assert_eq!(args.max_table_bytes, 64 * 1024 * 1024);
         assert!(!args.rewrite_all_ids);
+        assert_eq!(args.max_requests_per_connection, 1000);
+        assert_eq!(args.max_client_resets, 250);
+        assert_eq!(args.client_reset_window, Duration::from_secs(60));
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",
