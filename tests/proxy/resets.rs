@@ -30,8 +30,10 @@ use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION};
 const STREAMS: usize = 3000;
 /// Or until this much time has passed.
 const FLOOD_FOR: Duration = Duration::from_secs(10);
-/// Streams sent at once before they are reset.
-const BATCH: usize = 100;
+/// Streams sent at once before they are reset: not a divisor of the cap, so
+/// that streams past it are sent before the GOAWAY can arrive (hyper's
+/// limit of concurrent streams is 200).
+const BATCH: usize = 150;
 /// The default --max-requests-per-connection.
 const CAP: usize = 1000;
 /// The default --max-client-resets.
@@ -100,6 +102,8 @@ impl Recording {
 struct Flood {
     /// Streams opened (requests sent whole).
     sent: usize,
+    /// Streams the proxy refused (REFUSED_STREAM).
+    refused: usize,
     /// The proxy's GOAWAY stopped the flood.
     go_away: bool,
     /// What stopped it (the GOAWAY, or another error).
@@ -137,6 +141,7 @@ async fn reset_flood(
     let connection = tokio::spawn(connection);
     let uri = format!("http://{addr}{path}");
     let mut sent = 0;
+    let mut refused = 0;
     let mut stopped: Option<h2::Error> = None;
     'flood: while sent < STREAMS && started.elapsed() < FLOOD_FOR {
         let mut batch = Vec::with_capacity(BATCH);
@@ -191,7 +196,14 @@ async fn reset_flood(
                     return;
                 }
                 tokio::select! {
-                    Some(_) = responses.next() => answered += 1,
+                    Some(response) = responses.next() => {
+                        answered += 1;
+                        if let Err(error) = response {
+                            if error.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                                refused += 1;
+                            }
+                        }
+                    }
                     Ok(()) = arrivals.changed() => {}
                 }
             }
@@ -212,6 +224,7 @@ async fn reset_flood(
     let error = stopped.map(|error| format!("{error}; connection ended: {ended:?}"));
     Ok(Flood {
         sent,
+        refused,
         go_away,
         error,
     })
@@ -259,6 +272,15 @@ async fn reset_flood_stops_at_the_request_cap() -> anyhow::Result<()> {
                 metrics.contains("mcp_id_guard_connections_closed_total{reason=\"request_cap\"} 1"),
                 "{metrics}"
             );
+            // Streams past the cap, sent before the GOAWAY arrived, were
+            // refused (retryable), not forwarded.
+            if flood.refused > 0 {
+                let line = format!(
+                    "mcp_id_guard_refused_total{{kind=\"connection_closing\"}} {}",
+                    flood.refused
+                );
+                assert!(metrics.contains(&line), "{line} missing: {metrics}");
+            }
         } else {
             assert!(!flood.go_away, "{what}: {flood:?}");
             assert_eq!(flood.error, None, "{what}");

@@ -401,6 +401,13 @@ impl fmt::Debug for ActiveRequest {
     }
 }
 
+impl ActiveRequest {
+    /// Its exchange ended here (a refused stream): not a reset by the client.
+    pub(crate) fn finish(&mut self) {
+        self.ended = true;
+    }
+}
+
 impl Drop for ActiveRequest {
     // The watchdog is not woken (as in `Activity::bytes_read`): the idle
     // deadline starts now, so it is at least the shortest limit away.

@@ -320,7 +320,7 @@ async fn run(args: Args) -> Result<(), String> {
         let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
             let http2 = request.version() == http::Version::HTTP_2;
-            let (active, admission) = watched.request_started(http2);
+            let (mut active, admission) = watched.request_started(http2);
             let (parts, body) = request.into_parts();
             let request = Request::from_parts(
                 parts,
@@ -330,10 +330,17 @@ async fn run(args: Args) -> Result<(), String> {
             let metrics = metrics.clone();
             // Read the clock only when someone keeps the latency.
             let started = metrics.as_ref().map(|_| std::time::Instant::now());
-            // A connection past its budget forwards nothing more: what its
-            // client sent before it saw the GOAWAY (or, pipelined, before
-            // the `Connection: close`) is answered here.
+            // A connection past its budget forwards nothing more. HTTP/2
+            // streams its client opened before it saw the GOAWAY are
+            // refused (REFUSED_STREAM: not processed, safe to send again on
+            // a new connection, which h2 clients do by themselves); a
+            // pipelined HTTP/1.1 request gets a 503 here.
+            let mut refuse_stream = false;
             let closing = match admission {
+                connection::Admission::Refuse(_) if http2 => {
+                    refuse_stream = true;
+                    None
+                }
                 connection::Admission::Refuse(reason) => Some(connection_closing(reason)),
                 _ => None,
             };
@@ -351,6 +358,15 @@ async fn run(args: Args) -> Result<(), String> {
             };
             let closing_kind = matches!(admission, connection::Admission::Refuse(_));
             async move {
+                if refuse_stream {
+                    if let Some(metrics) = &metrics {
+                        metrics.refused("connection_closing");
+                    }
+                    // hyper resets the stream with the reason it finds in
+                    // the error; not a reset by the client.
+                    active.finish();
+                    return Err(h2::Error::from(h2::Reason::REFUSED_STREAM));
+                }
                 let (mut response, failure) = if let Some(response) = too_large {
                     if let Some(metrics) = &metrics {
                         metrics.refused(if closing_kind {
@@ -375,8 +391,12 @@ async fn run(args: Args) -> Result<(), String> {
                     (response, None)
                 } else {
                     poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx))
-                        .await?;
-                    let response = service.call(request).await?;
+                        .await
+                        .unwrap_or_else(|never: Infallible| match never {});
+                    let response = service
+                        .call(request)
+                        .await
+                        .unwrap_or_else(|never: Infallible| match never {});
                     let failure = response.extensions().get::<UpstreamFailure>().copied();
                     (
                         response.map(|body| Either::Left(Either::Left(body))),
@@ -395,7 +415,7 @@ async fn run(args: Args) -> Result<(), String> {
                 if let (Some(metrics), Some(started)) = (&metrics, started) {
                     metrics.answered(response.status(), failure, started.elapsed());
                 }
-                Ok::<_, Infallible>(response.map(|body| connection::Tracked::new(body, active)))
+                Ok::<_, h2::Error>(response.map(|body| connection::Tracked::new(body, active)))
             }
         });
         let served = server
@@ -468,8 +488,9 @@ fn header_too_large(max: usize) -> http::Response<Full<Bytes>> {
     )
 }
 
-/// `503` with a JSON-RPC error for a request that arrived on a connection
-/// the proxy is closing: the client may send it again on a new connection.
+/// `503` with a JSON-RPC error for an HTTP/1.1 request that arrived on a
+/// connection the proxy is closing (pipelined after its last request): the
+/// client may send it again on a new connection.
 fn connection_closing(reason: connection::Closing) -> http::Response<Full<Bytes>> {
     let why = match reason {
         connection::Closing::RequestCap => "this connection has carried its last request",
