@@ -285,10 +285,11 @@ pub(crate) struct Args {
     /// Requests one client connection may carry, as HTTP/1.1 keep-alive
     /// requests or HTTP/2 streams (nginx's keepalive_requests): the last one
     /// is answered with `Connection: close` (HTTP/1.1) or followed by a
-    /// GOAWAY (HTTP/2), and the client opens a new connection. Requests that
-    /// still arrive on it get 503 and never reach the upstream. However fast
-    /// a client resets its streams, one connection cannot push more requests
-    /// than this to the upstream. 0: off.
+    /// GOAWAY (HTTP/2), and the client opens a new connection. What still
+    /// arrives on it never reaches the upstream: HTTP/2 streams are refused
+    /// (REFUSED_STREAM, which clients retry), HTTP/1.1 requests get 503.
+    /// However fast a client resets its streams, one connection cannot push
+    /// more requests than this to the upstream. 0: off.
     #[arg(
         long,
         env = "MCP_ID_GUARD_MAX_REQUESTS_PER_CONNECTION",
@@ -300,9 +301,9 @@ pub(crate) struct Args {
     /// --client-reset-window on one connection (envoy's premature-reset
     /// protection): at this many, when they are also at least half of the
     /// streams it opened in the window, the connection gets a GOAWAY and
-    /// closes, and what still arrives on it gets 503. Each such stream may
-    /// have cost the upstream a whole request the client never read;
-    /// clients cancelling some of their calls stay far below. 0: off.
+    /// closes, and streams that still arrive on it are refused. Each such
+    /// stream may have cost the upstream a whole request the client never
+    /// read; clients cancelling some of their calls stay far below. 0: off.
     #[arg(long, env = "MCP_ID_GUARD_MAX_CLIENT_RESETS", default_value_t = 250)]
     pub(crate) max_client_resets: u32,
 
