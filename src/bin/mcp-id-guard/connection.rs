@@ -815,3 +815,67 @@ enum Event<E> {
     /// The time to look again came.
     Timer,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_requests: Option<u64>, resets: Option<u32>) -> Limits {
+        Limits {
+            header_read: None,
+            keep_alive: None,
+            body_idle: None,
+            send: None,
+            max_requests,
+            resets: resets.map(|max| ResetBudget {
+                max,
+                window: Duration::from_secs(60),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_cap_th_request_is_the_last_and_later_ones_are_refused() {
+        let activity = Activity::new(&limits(Some(3), None), None);
+        let admissions: Vec<_> = (0..5).map(|_| activity.request_started(false).1).collect();
+        let refused = Admission::Refuse(Closing::RequestCap);
+        assert_eq!(
+            admissions,
+            [
+                Admission::Serve,
+                Admission::Serve,
+                Admission::Last,
+                refused,
+                refused
+            ]
+        );
+        assert!(activity.close.load(Ordering::Relaxed));
+    }
+
+    /// Resets close the connection only once they are the budget and at
+    /// least half of the window's streams; finished streams and HTTP/1.1
+    /// requests dropped early are no resets.
+    #[test]
+    fn resets_count_only_when_they_are_half_of_the_streams() {
+        let activity = Activity::new(&limits(None, Some(4)), None);
+        for _ in 0..3 {
+            drop(activity.request_started(false).0);
+        }
+        let mut streams: Vec<_> = (0..10).map(|_| activity.request_started(true).0).collect();
+        for mut finished in streams.drain(..6) {
+            finished.finish();
+        }
+        // 4 resets of 10 streams: under half.
+        streams.clear();
+        assert_eq!(activity.closing(), None);
+        // 5 of 11, then 6 of 12: half.
+        drop(activity.request_started(true).0);
+        assert_eq!(activity.closing(), None);
+        drop(activity.request_started(true).0);
+        assert_eq!(activity.closing(), Some(Closing::ClientResets));
+        assert_eq!(
+            activity.request_started(true).1,
+            Admission::Refuse(Closing::ClientResets)
+        );
+    }
+}
