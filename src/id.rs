@@ -580,10 +580,7 @@ mod tests {
         assert_eq!(minter.restore_in(y, forged), Restored::Foreign);
         let tampered = issued.replacen(":1\"", ":2\"", 1);
         assert_ne!(tampered, issued);
-        assert_eq!(
-            minter.restore_in(y, &tampered),
-            Restored::Foreign
-        );
+        assert_eq!(minter.restore_in(y, &tampered), Restored::Foreign);
         assert_eq!(minter.restore_in(y, "1"), Restored::Not);
     }
 

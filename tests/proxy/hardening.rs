@@ -109,6 +109,12 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_ADMIN_LISTEN",
         "--log-format",
         "MCP_ID_GUARD_LOG_FORMAT",
+        "--max-requests-per-connection",
+        "MCP_ID_GUARD_MAX_REQUESTS_PER_CONNECTION",
+        "--max-client-resets",
+        "MCP_ID_GUARD_MAX_CLIENT_RESETS",
+        "--client-reset-window",
+        "MCP_ID_GUARD_CLIENT_RESET_WINDOW",
     ] {
         assert!(help.contains(expected), "{expected} missing from:\n{help}");
     }
@@ -1143,7 +1149,7 @@ async fn oversized_request_heads_get_431() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------
 
 /// GETs `url`; returns the status and body.
-async fn get(url: &str) -> anyhow::Result<(u16, String)> {
+pub(crate) async fn get(url: &str) -> anyhow::Result<(u16, String)> {
     let response = tokio::time::timeout(OK_TIMEOUT, reqwest::get(url)).await??;
     let status = response.status().as_u16();
     Ok((
@@ -1153,7 +1159,7 @@ async fn get(url: &str) -> anyhow::Result<(u16, String)> {
 }
 
 /// The admin address from the startup log.
-async fn admin_base(guard: &Guard) -> anyhow::Result<String> {
+pub(crate) async fn admin_base(guard: &Guard) -> anyhow::Result<String> {
     let lines = guard.wait_for_lines("admin endpoints on").await?;
     Ok(lines[0]
         .split("admin endpoints on ")

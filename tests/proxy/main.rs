@@ -17,5 +17,8 @@ mod headers;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;
+// Per-connection request cap and HTTP/2 reset budget of the binary.
+#[cfg(feature = "cli")]
+mod resets;
 mod rmcp;
 mod streaming;

@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 
 type StatusLabel = [(&'static str, u16); 1];
 type KindLabel = [(&'static str, &'static str); 1];
+type ReasonLabel = [(&'static str, &'static str); 1];
 
 /// What the proxy records as it serves: answers by status, upstream
 /// failures by kind, refusals by kind, and how long requests took to their
@@ -36,6 +37,8 @@ pub(crate) struct Metrics {
     responses: Family<StatusLabel, Counter>,
     upstream_failures: Family<KindLabel, Counter>,
     refused: Family<KindLabel, Counter>,
+    closed: Family<ReasonLabel, Counter>,
+    client_resets: Counter,
     duration: Histogram,
 }
 
@@ -45,6 +48,8 @@ impl Metrics {
             responses: Family::default(),
             upstream_failures: Family::default(),
             refused: Family::default(),
+            closed: Family::default(),
+            client_resets: Counter::default(),
             // 0.5 ms to about 16 s.
             duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         }
@@ -68,9 +73,22 @@ impl Metrics {
         self.duration.observe(elapsed.as_secs_f64());
     }
 
-    /// A request refused before the guard: `host`, `origin` or `header_size`.
+    /// A request refused before the guard: `host`, `origin`, `header_size`
+    /// or `connection_closing`.
     pub(crate) fn refused(&self, kind: &'static str) {
         self.refused.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    /// A client connection the proxy closes for one of its budgets.
+    pub(crate) fn closed(&self, reason: crate::connection::Closing) {
+        self.closed
+            .get_or_create(&[("reason", reason.as_str())])
+            .inc();
+    }
+
+    /// An HTTP/2 stream the client reset before its response ended.
+    pub(crate) fn client_reset(&self) {
+        self.client_resets.inc();
     }
 }
 
@@ -170,8 +188,20 @@ impl Admin {
         );
         registry.register(
             "mcp_id_guard_refused",
-            "Requests refused before the guard, by kind (host, origin, header_size)",
+            "Requests refused before the guard, by kind (host, origin, header_size, \
+             connection_closing: arrived on a connection closing for its request cap or resets)",
             metrics.refused.clone(),
+        );
+        registry.register(
+            "mcp_id_guard_connections_closed",
+            "Client connections the proxy closed itself, by reason (request_cap: \
+             --max-requests-per-connection; client_resets: --max-client-resets)",
+            metrics.closed.clone(),
+        );
+        registry.register(
+            "mcp_id_guard_client_resets",
+            "HTTP/2 streams the client reset before their response ended",
+            metrics.client_resets.clone(),
         );
         registry.register(
             "mcp_id_guard_request_duration_seconds",

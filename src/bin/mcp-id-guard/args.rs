@@ -290,6 +290,42 @@ pub(crate) struct Args {
     )]
     pub(crate) max_header_bytes: usize,
 
+    /// Requests one client connection may carry, as HTTP/1.1 keep-alive
+    /// requests or HTTP/2 streams (nginx's keepalive_requests): the last one
+    /// is answered with `Connection: close` (HTTP/1.1) or followed by a
+    /// GOAWAY (HTTP/2), and the client opens a new connection. What still
+    /// arrives on it never reaches the upstream: HTTP/2 streams are refused
+    /// (REFUSED_STREAM, which clients retry), HTTP/1.1 requests get 503.
+    /// However fast a client resets its streams, one connection cannot push
+    /// more requests than this to the upstream. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_REQUESTS_PER_CONNECTION",
+        default_value_t = 1000
+    )]
+    pub(crate) max_requests_per_connection: u64,
+
+    /// HTTP/2 streams a client may reset before their response ended, within
+    /// --client-reset-window on one connection (envoy's premature-reset
+    /// protection): at this many, when they are also at least half of the
+    /// streams it opened in the window, the connection gets a GOAWAY and
+    /// closes, and streams that still arrive on it are refused. Each such
+    /// stream may have cost the upstream a whole request the client never
+    /// read; clients cancelling some of their calls stay far below. 0: off.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_CLIENT_RESETS", default_value_t = 250)]
+    pub(crate) max_client_resets: u32,
+
+    /// The window --max-client-resets counts in: from a connection's start,
+    /// then anew from the first reset after it is over (e.g. 1m, 30s).
+    /// Longer windows catch slower floods; 0 turns the reset limit off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_CLIENT_RESET_WINDOW",
+        default_value = "1m",
+        value_parser = parse_duration
+    )]
+    pub(crate) client_reset_window: Duration,
+
     /// Serve /healthz, /readyz (the upstream accepts connections, else 503)
     /// and /metrics (Prometheus text format) on this address, e.g.
     /// 127.0.0.1:9090. Off by default. Keep it off the public network.

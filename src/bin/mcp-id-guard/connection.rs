@@ -9,13 +9,20 @@
 //! knows whether a request is in progress (from the service and the response
 //! body) and whether bytes have arrived since the connection went idle (from
 //! the socket), and closes the connection when its deadline passes.
+//!
+//! It also bounds what one connection may make the upstream do: how many
+//! requests it may carry, and how many HTTP/2 streams its client may reset
+//! before their response ended (a "rapid reset" that completes each request
+//! first, so that hyper's own limit on resets of streams not yet accepted
+//! never sees it). Past either, the connection is closed gracefully (GOAWAY
+//! on HTTP/2) and what still arrives on it is answered here, not forwarded.
 
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -46,6 +53,85 @@ pub(crate) struct Limits {
     /// The longest a write to the client may stay blocked (the client does
     /// not read what it asked for).
     pub(crate) send: Option<Duration>,
+    /// Requests one connection may carry.
+    pub(crate) max_requests: Option<u64>,
+    /// Streams an HTTP/2 client may reset before their response ended.
+    pub(crate) resets: Option<ResetBudget>,
+}
+
+/// How many HTTP/2 streams a client may reset before their response ended:
+/// the connection closes once `max` were, within one `window`, and they are
+/// at least half the streams it opened in that window (so that a busy client
+/// that cancels some of its calls is not cut).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResetBudget {
+    pub(crate) max: u32,
+    pub(crate) window: Duration,
+}
+
+/// Why the proxy closes a connection that its client would keep open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Closing {
+    /// The connection carried its --max-requests-per-connection.
+    RequestCap,
+    /// Its client reset too many streams (--max-client-resets).
+    ClientResets,
+}
+
+impl Closing {
+    const fn code(self) -> u8 {
+        match self {
+            Self::RequestCap => 1,
+            Self::ClientResets => 2,
+        }
+    }
+
+    const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::RequestCap),
+            2 => Some(Self::ClientResets),
+            _ => None,
+        }
+    }
+
+    /// The label of `mcp_id_guard_connections_closed_total`.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::RequestCap => "request_cap",
+            Self::ClientResets => "client_resets",
+        }
+    }
+
+    fn why(self) -> &'static str {
+        match self {
+            Self::RequestCap => "it carried its last request (--max-requests-per-connection)",
+            Self::ClientResets => {
+                "its client reset too many streams before their response (--max-client-resets)"
+            }
+        }
+    }
+}
+
+/// What a request that has just arrived may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Go to the upstream.
+    Serve,
+    /// Go to the upstream; it is the connection's last (HTTP/1.1: answer it
+    /// with `Connection: close`).
+    Last,
+    /// The connection is closing (see [`Closing`]): answer it here.
+    Refuse(Closing),
+}
+
+/// The current reset window (see [`ResetBudget`]).
+#[derive(Debug, Default)]
+struct ResetWindow {
+    /// When the window started (ms since the connection's start).
+    started: u64,
+    /// `Activity::streams` when it started.
+    streams_before: u64,
+    resets: u32,
 }
 
 /// What the watchdog knows about one connection, shared with its socket, its
@@ -67,8 +153,24 @@ pub(crate) struct Activity {
     /// Since when a write to the client has been blocked (ms since
     /// `start`), or `NONE`.
     write_blocked: AtomicU64,
-    /// A request body timed out: close the connection.
+    /// A request body timed out, or a [`Closing`] budget ran out: close the
+    /// connection.
     close: AtomicBool,
+    /// Requests that arrived on the connection.
+    requests: AtomicU64,
+    /// [`Closing::code`] once the connection is closing for a budget, else 0.
+    closing: AtomicU8,
+    max_requests: Option<u64>,
+    resets: Option<ResetBudget>,
+    /// HTTP/2 streams (requests) that arrived on the connection.
+    streams: AtomicU64,
+    /// Only locked when the client resets a stream (and the connection has
+    /// a reset budget): nothing per request but a count.
+    reset_window: Mutex<ResetWindow>,
+    /// The watchdog has let go of the connection: bodies dropped from now on
+    /// are dropped with it, not reset by the client.
+    gone: AtomicBool,
+    metrics: Option<Arc<crate::admin::Metrics>>,
     /// How many times the watchdog was woken: the connection must close
     /// early (a request body timed out) or a write to the client got
     /// blocked. Counted before each wake-up, so the watchdog, which reads
@@ -79,8 +181,16 @@ pub(crate) struct Activity {
 }
 
 impl Activity {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(limits: &Limits, metrics: Option<Arc<crate::admin::Metrics>>) -> Arc<Self> {
         Arc::new(Self {
+            requests: AtomicU64::new(0),
+            closing: AtomicU8::new(0),
+            max_requests: limits.max_requests,
+            resets: limits.resets,
+            streams: AtomicU64::new(0),
+            reset_window: Mutex::new(ResetWindow::default()),
+            gone: AtomicBool::new(false),
+            metrics,
             start: Instant::now(),
             active: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
@@ -103,15 +213,92 @@ impl Activity {
     }
 
     /// A request has arrived; it is active until the returned token (moved
-    /// into its response body) is dropped.
-    pub(crate) fn request_started(self: &Arc<Self>, http2: bool) -> ActiveRequest {
+    /// into its response body) is dropped. The admission says whether it may
+    /// go to the upstream.
+    pub(crate) fn request_started(self: &Arc<Self>, http2: bool) -> (ActiveRequest, Admission) {
         self.served.store(true, Ordering::Relaxed);
         if http2 {
             self.http2.store(true, Ordering::Relaxed);
         }
         self.active.fetch_add(1, Ordering::AcqRel);
         self.head_started.store(NONE, Ordering::Relaxed);
-        ActiveRequest(Arc::clone(self))
+        let count = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let admission = if let Some(closing) = self.closing() {
+            Admission::Refuse(closing)
+        } else if self.max_requests.is_some_and(|max| count >= max) {
+            if self.close_for(Closing::RequestCap) {
+                Admission::Last
+            } else {
+                Admission::Refuse(self.closing().unwrap_or(Closing::RequestCap))
+            }
+        } else {
+            Admission::Serve
+        };
+        if http2 {
+            self.streams.fetch_add(1, Ordering::Relaxed);
+        }
+        let active = ActiveRequest {
+            activity: Arc::clone(self),
+            http2,
+            ended: false,
+        };
+        (active, admission)
+    }
+
+    /// Why the connection is closing for a budget, if it is.
+    fn closing(&self) -> Option<Closing> {
+        Closing::from_code(self.closing.load(Ordering::Acquire))
+    }
+
+    /// Closes the connection for `reason`; `false` when it was already
+    /// closing for one.
+    fn close_for(&self, reason: Closing) -> bool {
+        let first = self
+            .closing
+            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            if let Some(metrics) = &self.metrics {
+                metrics.closed(reason);
+            }
+            self.request_close();
+        }
+        first
+    }
+
+    /// The client reset an HTTP/2 stream before its response ended.
+    fn client_reset(&self) {
+        if self.gone.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.client_reset();
+        }
+        let Some(budget) = self.resets else {
+            return;
+        };
+        let (resets, streams) = {
+            let now = self.now_ms();
+            let streams = self.streams.load(Ordering::Relaxed);
+            let mut window = self.reset_window.lock().unwrap_or_else(|e| e.into_inner());
+            window.roll(now, budget.window, streams);
+            window.resets = window.resets.saturating_add(1);
+            (window.resets, streams - window.streams_before)
+        };
+        // At least half: a client that cancels some of many calls keeps its
+        // connection; one whose streams are mostly resets does not.
+        if resets >= budget.max
+            && u64::from(resets) * 2 >= streams
+            && self.close_for(Closing::ClientResets)
+        {
+            tracing::info!(
+                resets,
+                streams,
+                window = ?budget.window,
+                "closing an HTTP/2 connection whose client reset {resets} of its {streams} \
+                 latest streams before their response (--max-client-resets)"
+            );
+        }
     }
 
     /// Bytes arrived from the client. The watchdog is not woken: the head's
@@ -193,8 +380,30 @@ impl Activity {
     }
 }
 
+impl ResetWindow {
+    /// Starts a new window when the current one is over (`streams`: the
+    /// connection's streams so far).
+    fn roll(&mut self, now: u64, window: Duration, streams: u64) {
+        let length = u64::try_from(window.as_millis()).unwrap_or(NONE);
+        if now.saturating_sub(self.started) >= length {
+            *self = Self {
+                started: now,
+                streams_before: streams,
+                resets: 0,
+            };
+        }
+    }
+}
+
 /// One request in progress on a connection (see [`Activity::request_started`]).
-pub(crate) struct ActiveRequest(Arc<Activity>);
+pub(crate) struct ActiveRequest {
+    activity: Arc<Activity>,
+    http2: bool,
+    /// Its response ended (whole, or with an error not of the client's
+    /// making). Dropped before that on HTTP/2, the stream was reset by the
+    /// client: hyper drops the service future or the response body then.
+    ended: bool,
+}
 
 impl fmt::Debug for ActiveRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -202,11 +411,21 @@ impl fmt::Debug for ActiveRequest {
     }
 }
 
+impl ActiveRequest {
+    /// Its exchange ended here (a refused stream): not a reset by the client.
+    pub(crate) fn finish(&mut self) {
+        self.ended = true;
+    }
+}
+
 impl Drop for ActiveRequest {
     // The watchdog is not woken (as in `Activity::bytes_read`): the idle
     // deadline starts now, so it is at least the shortest limit away.
     fn drop(&mut self) {
-        let activity = &self.0;
+        let activity = &self.activity;
+        if self.http2 && !self.ended {
+            activity.client_reset();
+        }
         activity
             .idle_since
             .store(activity.now_ms(), Ordering::Relaxed);
@@ -228,7 +447,7 @@ impl Drop for ActiveRequest {
 /// connection and ending the request's exchange), fails the next poll (hyper
 /// resets the stream if it ever polls again) and has the connection closed,
 /// which resets the stream the client holds.
-pub(crate) struct Tracked<B> {
+pub(crate) struct Tracked<B: Body> {
     state: State<B>,
     send: Option<Duration>,
     /// The stall error was returned: the body is over.
@@ -276,7 +495,7 @@ impl fmt::Display for SendStalled {
 
 impl std::error::Error for SendStalled {}
 
-impl<B> Tracked<B> {
+impl<B: Body> Tracked<B> {
     pub(crate) fn new(body: B, active: ActiveRequest, send: Option<Duration>) -> Self {
         Self {
             state: State::Plain(body, active),
@@ -286,12 +505,27 @@ impl<B> Tracked<B> {
     }
 }
 
-impl<B> Drop for Tracked<B> {
+/// hyper drops a body without polling it to its end once it says it is
+/// over (after its last data frame, or at once when empty): that is an end,
+/// not a client's reset.
+fn note_end_at_drop<B: Body>(body: &B, active: &mut ActiveRequest) {
+    if body.is_end_stream() {
+        active.ended = true;
+    }
+}
+
+impl<B: Body> Drop for Tracked<B> {
     fn drop(&mut self) {
-        if let State::Watched(stall) = &self.state {
-            // The body and token go now, not when the timer next wakes.
-            drop(stall.lock().take());
-            stall.ended.notify_one();
+        match &mut self.state {
+            State::Plain(body, active) => note_end_at_drop(body, active),
+            State::Watched(stall) => {
+                // The body and token go now, not when the timer next wakes.
+                if let Some((body, mut active)) = stall.lock().take() {
+                    note_end_at_drop(&body, &mut active);
+                }
+                stall.ended.notify_one();
+            }
+            State::Moving => {}
         }
     }
 }
@@ -341,8 +575,13 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
         let stall = match &mut this.state {
-            State::Plain(body, _) => {
+            State::Plain(body, active) => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
+                // An error ends the stream too: hyper resets it then, not
+                // the client.
+                if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+                    active.ended = true;
+                }
                 let (Some(limit), Poll::Ready(Some(Ok(_)))) = (this.send, &polled) else {
                     return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
                 };
@@ -355,7 +594,7 @@ where
                 else {
                     unreachable!("matched above")
                 };
-                let activity = Arc::clone(&active.0);
+                let activity = Arc::clone(&active.activity);
                 let stall = Arc::new(Stall {
                     handed: AtomicU64::new(activity.now_ms()),
                     activity,
@@ -374,12 +613,15 @@ where
         }
         stall.handed.store(NONE, Ordering::Release);
         let mut slot = stall.lock();
-        let Some((body, _)) = slot.as_mut() else {
+        let Some((body, active)) = slot.as_mut() else {
             this.failed = true;
             let limit = this.send.unwrap_or_default();
             return Poll::Ready(Some(Err(Box::new(SendStalled(limit)))));
         };
         let polled = Pin::new(&mut *body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            active.ended = true;
+        }
         if matches!(polled, Poll::Ready(Some(Ok(_)))) && !body.is_end_stream() {
             stall
                 .handed
@@ -605,6 +847,8 @@ pub(crate) async fn drive<C, E>(
         .flatten()
         .min();
     let mut connection = std::pin::pin!(connection);
+    // Dropped before the connection (declared after it).
+    let _gone = Gone(&activity);
     // Whether shutdown was signalled is looked at through a copy of the
     // receiver: `stop` holds the original.
     let mut signalled = shutdown.clone();
@@ -734,6 +978,9 @@ pub(crate) async fn drive<C, E>(
             }
             Event::Changed => {
                 if !closing && activity.close.load(Ordering::Relaxed) {
+                    if let Some(reason) = activity.closing() {
+                        tracing::debug!(%peer, "closing connection: {}", reason.why());
+                    }
                     closing = true;
                     graceful(connection.as_mut());
                     hard_deadline = Some(Instant::now() + CLOSE_BOUND);
@@ -741,6 +988,15 @@ pub(crate) async fn drive<C, E>(
             }
             Event::Timer => armed = None,
         }
+    }
+}
+
+/// Marks the connection's end for its bodies (see [`Activity::gone`]).
+struct Gone<'a>(&'a Activity);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        self.0.gone.store(true, Ordering::Release);
     }
 }
 
@@ -754,4 +1010,68 @@ enum Event<E> {
     Changed,
     /// The time to look again came.
     Timer,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_requests: Option<u64>, resets: Option<u32>) -> Limits {
+        Limits {
+            header_read: None,
+            keep_alive: None,
+            body_idle: None,
+            send: None,
+            max_requests,
+            resets: resets.map(|max| ResetBudget {
+                max,
+                window: Duration::from_secs(60),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_cap_th_request_is_the_last_and_later_ones_are_refused() {
+        let activity = Activity::new(&limits(Some(3), None), None);
+        let admissions: Vec<_> = (0..5).map(|_| activity.request_started(false).1).collect();
+        let refused = Admission::Refuse(Closing::RequestCap);
+        assert_eq!(
+            admissions,
+            [
+                Admission::Serve,
+                Admission::Serve,
+                Admission::Last,
+                refused,
+                refused
+            ]
+        );
+        assert!(activity.close.load(Ordering::Relaxed));
+    }
+
+    /// Resets close the connection only once they are the budget and at
+    /// least half of the window's streams; finished streams and HTTP/1.1
+    /// requests dropped early are no resets.
+    #[test]
+    fn resets_count_only_when_they_are_half_of_the_streams() {
+        let activity = Activity::new(&limits(None, Some(4)), None);
+        for _ in 0..3 {
+            drop(activity.request_started(false).0);
+        }
+        let mut streams: Vec<_> = (0..10).map(|_| activity.request_started(true).0).collect();
+        for mut finished in streams.drain(..6) {
+            finished.finish();
+        }
+        // 4 resets of 10 streams: under half.
+        streams.clear();
+        assert_eq!(activity.closing(), None);
+        // 5 of 11, then 6 of 12: half.
+        drop(activity.request_started(true).0);
+        assert_eq!(activity.closing(), None);
+        drop(activity.request_started(true).0);
+        assert_eq!(activity.closing(), Some(Closing::ClientResets));
+        assert_eq!(
+            activity.request_started(true).1,
+            Admission::Refuse(Closing::ClientResets)
+        );
+    }
 }

@@ -213,7 +213,24 @@ async fn run(args: Args) -> Result<(), String> {
         keep_alive: enabled(args.keep_alive_timeout),
         body_idle: enabled(args.request_body_timeout),
         send: enabled(args.send_timeout),
+        max_requests: (args.max_requests_per_connection > 0)
+            .then_some(args.max_requests_per_connection),
+        resets: (args.max_client_resets > 0 && !args.client_reset_window.is_zero()).then_some(
+            connection::ResetBudget {
+                max: args.max_client_resets,
+                window: args.client_reset_window,
+            },
+        ),
     };
+    tracing::info!(
+        "per client connection: at most {} requests, at most {} HTTP/2 streams reset by the client \
+         before their response",
+        shown_count(args.max_requests_per_connection),
+        match limits.resets {
+            Some(budget) => format!("{} per {:?}", budget.max, budget.window),
+            None => "any number of".to_owned(),
+        },
+    );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // One permit per open client connection: when none is left, the proxy
     // stops accepting (the kernel's backlog holds new connections) instead
@@ -302,7 +319,7 @@ async fn run(args: Args) -> Result<(), String> {
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "could not set TCP_NODELAY");
         }
-        let activity = connection::Activity::new();
+        let activity = connection::Activity::new(&limits, metrics.clone());
         // The client's address goes with the connection's service, not with
         // each request (an extension costs a map per request).
         let service = guard.layer(proxy.clone().with_client_addr(peer));
@@ -312,7 +329,8 @@ async fn run(args: Args) -> Result<(), String> {
         let send = limits.send;
         let metrics = metrics.clone();
         let per_connection = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let active = watched.request_started(request.version() == http::Version::HTTP_2);
+            let http2 = request.version() == http::Version::HTTP_2;
+            let (mut active, admission) = watched.request_started(http2);
             let (parts, body) = request.into_parts();
             let request = Request::from_parts(
                 parts,
@@ -322,19 +340,50 @@ async fn run(args: Args) -> Result<(), String> {
             let metrics = metrics.clone();
             // Read the clock only when someone keeps the latency.
             let started = metrics.as_ref().map(|_| std::time::Instant::now());
-            let too_large = max_header_bytes
-                .filter(|max| head_size(&request) > *max)
-                .map(|max| header_too_large(max).map(Either::Right));
+            // A connection past its budget forwards nothing more. HTTP/2
+            // streams its client opened before it saw the GOAWAY are
+            // refused (REFUSED_STREAM: not processed, safe to send again on
+            // a new connection, which h2 clients do by themselves); a
+            // pipelined HTTP/1.1 request gets a 503 here.
+            let mut refuse_stream = false;
+            let closing = match admission {
+                connection::Admission::Refuse(_) if http2 => {
+                    refuse_stream = true;
+                    None
+                }
+                connection::Admission::Refuse(reason) => Some(connection_closing(reason)),
+                _ => None,
+            };
+            let too_large = closing.or_else(|| {
+                max_header_bytes
+                    .filter(|max| head_size(&request) > *max)
+                    .map(header_too_large)
+            });
+            let too_large = too_large.map(|response| response.map(Either::Right));
             // Checked before the guard reads anything: a rebound page's
             // request never reaches the upstream.
             let refused = match too_large {
                 Some(_) => None,
                 None => hosts.check(&request).err(),
             };
+            let closing_kind = matches!(admission, connection::Admission::Refuse(_));
             async move {
-                let (response, failure) = if let Some(response) = too_large {
+                if refuse_stream {
                     if let Some(metrics) = &metrics {
-                        metrics.refused("header_size");
+                        metrics.refused("connection_closing");
+                    }
+                    // hyper resets the stream with the reason it finds in
+                    // the error; not a reset by the client.
+                    active.finish();
+                    return Err(h2::Error::from(h2::Reason::REFUSED_STREAM));
+                }
+                let (mut response, failure) = if let Some(response) = too_large {
+                    if let Some(metrics) = &metrics {
+                        metrics.refused(if closing_kind {
+                            "connection_closing"
+                        } else {
+                            "header_size"
+                        });
                     }
                     (response, None)
                 } else if let Some(refusal) = refused {
@@ -352,18 +401,31 @@ async fn run(args: Args) -> Result<(), String> {
                     (response, None)
                 } else {
                     poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx))
-                        .await?;
-                    let response = service.call(request).await?;
+                        .await
+                        .unwrap_or_else(|never: Infallible| match never {});
+                    let response = service
+                        .call(request)
+                        .await
+                        .unwrap_or_else(|never: Infallible| match never {});
                     let failure = response.extensions().get::<UpstreamFailure>().copied();
                     (
                         response.map(|body| Either::Left(Either::Left(body))),
                         failure,
                     )
                 };
+                if !http2 && admission != connection::Admission::Serve {
+                    // hyper closes an HTTP/1.1 connection after a response
+                    // that says so, whenever the watchdog's graceful close
+                    // lands.
+                    response.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
                 if let (Some(metrics), Some(started)) = (&metrics, started) {
                     metrics.answered(response.status(), failure, started.elapsed());
                 }
-                Ok::<_, Infallible>(
+                Ok::<_, h2::Error>(
                     response.map(|body| connection::Tracked::new(body, active, send)),
                 )
             }
@@ -431,16 +493,38 @@ fn head_size<B>(request: &Request<B>) -> usize {
 
 /// `431` with a JSON-RPC error (the body has not been read: `id` null).
 fn header_too_large(max: usize) -> http::Response<Full<Bytes>> {
+    error_reply(
+        http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        -32600,
+        &format!("Invalid Request: request headers exceed the limit of {max} bytes"),
+    )
+}
+
+/// `503` with a JSON-RPC error for an HTTP/1.1 request that arrived on a
+/// connection the proxy is closing (pipelined after its last request): the
+/// client may send it again on a new connection.
+fn connection_closing(reason: connection::Closing) -> http::Response<Full<Bytes>> {
+    let why = match reason {
+        connection::Closing::RequestCap => "this connection has carried its last request",
+        connection::Closing::ClientResets => "this connection reset too many requests",
+    };
+    error_reply(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        -32000,
+        &format!("Service Unavailable: {why}; send it again on a new connection"),
+    )
+}
+
+/// `status` with a JSON-RPC error whose `id` is null (the body has not been
+/// read).
+fn error_reply(status: http::StatusCode, code: i32, message: &str) -> http::Response<Full<Bytes>> {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": null,
-        "error": {
-            "code": -32600,
-            "message": format!("Invalid Request: request headers exceed the limit of {max} bytes"),
-        },
+        "error": { "code": code, "message": message },
     });
     let mut response = http::Response::new(Full::new(Bytes::from(body.to_string())));
-    *response.status_mut() = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    *response.status_mut() = status;
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
@@ -473,6 +557,15 @@ fn shown(limit: Duration) -> String {
         "off".to_owned()
     } else {
         format!("{limit:?}")
+    }
+}
+
+/// A count flag where `0` turns the limit off, for the startup line.
+fn shown_count(limit: u64) -> String {
+    if limit == 0 {
+        "any number of".to_owned()
+    } else {
+        limit.to_string()
     }
 }
 
@@ -560,6 +653,9 @@ mod tests {
         assert_eq!(args.max_session_id_bytes, 8 * 1024);
         assert_eq!(args.max_table_bytes, 64 * 1024 * 1024);
         assert!(!args.rewrite_all_ids);
+        assert_eq!(args.max_requests_per_connection, 1000);
+        assert_eq!(args.max_client_resets, 250);
+        assert_eq!(args.client_reset_window, Duration::from_secs(60));
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",
