@@ -54,7 +54,8 @@ wait_for_port "$upstream_port" "the echo server"
 # shellcheck disable=SC2086 # PROXY_ARGS is a word list
 valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
     "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
-    --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
+    --upstream "http://127.0.0.1:$upstream_port" \
+    --max-requests-per-connection 1000000 $PROXY_ARGS >"$work/proxy.log" 2>&1 &
 proxy_pid=$!
 pids+=("$proxy_pid")
 wait_for_port "$proxy_port" "mcp-id-guard under callgrind" 60

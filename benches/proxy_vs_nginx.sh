@@ -65,9 +65,11 @@ nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" 2>"$work/nginx/stderr.log" &
 pids+=($!)
 wait_for_port "$nginx_port" "nginx"
 
+# As many requests per connection as nginx's `keepalive_requests` below.
 # shellcheck disable=SC2086 # PROXY_ENV and PROXY_ARGS are word lists
 env $PROXY_ENV "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
-    --upstream "http://127.0.0.1:$upstream_port" $PROXY_ARGS >"$work/proxy.log" 2>&1 &
+    --upstream "http://127.0.0.1:$upstream_port" \
+    --max-requests-per-connection 1000000 $PROXY_ARGS >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for_port "$proxy_port" "mcp-id-guard"
 
