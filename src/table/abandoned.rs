@@ -7,6 +7,7 @@ use std::sync::{MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::budget::{self, Eviction};
+use super::examined;
 use super::session;
 use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS, SHARDS};
 
@@ -91,9 +92,7 @@ impl Table {
             .find_entry(key_hash, |state| state.holds(key_hash, record.serial));
         if let Ok(mut key_slot) = found {
             let state = key_slot.get_mut();
-            let position = state
-                .entries
-                .iter()
+            let position = examined::each(state.entries.iter())
                 .position(|entry| entry.serial == record.serial && entry.ended);
             if let Some(position) = position {
                 if let Some(entry) = state.entries.get_mut(position) {
@@ -261,10 +260,8 @@ impl Table {
             return;
         };
         let state = key_slot.get_mut();
-        let Some(position) = state
-            .entries
-            .iter()
-            .position(|entry| entry.ended && !entry.remapped())
+        let Some(position) =
+            examined::each(state.entries.iter()).position(|entry| entry.ended && !entry.remapped())
         else {
             return;
         };

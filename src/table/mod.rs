@@ -42,11 +42,14 @@
 mod abandoned;
 mod awaited;
 mod budget;
+mod examined;
 mod inline;
 mod queue;
 mod registration;
 mod restart;
 mod session;
+#[cfg(any(test, feature = "internals"))]
+mod track;
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -590,9 +593,7 @@ impl Table {
         // request while a live one has the id would leave the live one
         // running and the id taken (see the order above).
         let named = |wanted: fn(&Entry) -> bool| {
-            state
-                .entries
-                .iter()
+            examined::each(state.entries.iter())
                 .position(|entry| entry.at_server && !entry.cancelled && wanted(entry))
         };
         let position = named(|entry| entry.is_live() && !entry.remapped())

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::awaited::{Answer, Awaited};
 use super::budget::{self, Eviction};
+use super::examined;
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::{self, Session};
@@ -220,10 +221,8 @@ impl Table {
         };
         let state = slot.get_mut();
         let mut kept = None;
-        let position = state
-            .entries
-            .iter()
-            .position(|entry| entry.serial == serial);
+        let position =
+            examined::each(state.entries.iter()).position(|entry| entry.serial == serial);
         if let Some(position) = position {
             let entry = state.entries.get_mut(position)?;
             // A remapped request's id is unique: whatever the server still
@@ -270,10 +269,7 @@ impl Table {
                     .find_mut(*key_hash, |state| state.holds(*key_hash, serial))
             })
             .and_then(|state| {
-                state
-                    .entries
-                    .iter_mut()
-                    .find(|entry| entry.serial == serial)
+                examined::each(state.entries.iter_mut()).find(|entry| entry.serial == serial)
             });
         if let Some(entry) = entry {
             entry.at_server = true;

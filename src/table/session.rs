@@ -10,6 +10,7 @@ use hashbrown::HashTable;
 use std::mem::size_of;
 
 use super::budget::{heap, slot, ARC_HEADER};
+use super::examined;
 use super::inline::{InlineVec, SessionId, StoredKey, INLINE_KEY, INLINE_SESSION_ID};
 use super::queue::Waiter;
 use super::SessionRef;
@@ -154,13 +155,14 @@ impl KeyState {
 
     /// The hash is compared first: it is in the slot.
     pub(super) fn is(&self, probe: &Probe<'_>) -> bool {
+        examined::one();
         self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
     }
 
     /// Whether it holds the entry `serial` (serials are unique in a shard:
     /// this tells keys apart whose hashes are equal).
     pub(super) fn holds(&self, hash: u64, serial: u64) -> bool {
-        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
+        self.hash == hash && examined::each(self.entries.iter()).any(|entry| entry.serial == serial)
     }
 
     /// Whether a new request with this id is a duplicate for the policy, or
@@ -177,14 +179,13 @@ impl KeyState {
     }
 
     pub(super) fn blocks(&self, any_live: bool) -> bool {
-        self.entries
-            .iter()
+        examined::each(self.entries.iter())
             .any(|entry| entry.is_live() && (any_live || !entry.remapped()))
     }
 
     /// Whether a new request with this id must go with a server-side id.
     pub(super) fn has_abandoned(&self) -> bool {
-        self.entries.iter().any(Entry::is_abandoned)
+        examined::each(self.entries.iter()).any(Entry::is_abandoned)
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -229,6 +230,7 @@ pub(super) struct Probe<'a> {
 
 impl Probe<'_> {
     pub(super) fn same_key(&self, other: &Probe<'_>) -> bool {
+        examined::one();
         self.hash == other.hash && self.key == other.key
     }
 }
