@@ -7,6 +7,7 @@
 //! cargo bench --bench guard -- naive_vs_splice/ # 2. naive Value round trip
 //! cargo bench --bench guard -- sse/             # 3. SSE rewrite throughput
 //! cargo bench --bench guard -- sessions/        # 4. session scaling
+//! cargo bench --bench guard -- batches/         # 5. batch tracking cost
 //! python3 benches/summarize.py                  # the tables of BENCHMARKS.md
 //! ```
 //!
@@ -754,5 +755,46 @@ where
     }
 }
 
-criterion_group!(benches, overhead, naive_vs_splice, sse, sessions);
+// ---------------------------------------------------------------------------
+// 5. Batch tracking: admitting and ending one POST of many requests
+// ---------------------------------------------------------------------------
+
+/// Admission and release of one batch, straight on the session table, at
+/// sizes an operator reaches by raising `max_in_flight_per_session`: the
+/// time per request should not grow with the batch (it grew linearly, so a
+/// batch cost its size squared). Distinct ids, and one id repeated (every
+/// request but the first remapped onto one key of the table).
+fn batches(c: &mut Criterion) {
+    let mut group = c.benchmark_group("batches");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    for size in [1_000, 16_000, 100_000] {
+        for (pattern, one_id) in [("distinct", false), ("one_id", true)] {
+            let texts: Vec<String> = (0..size)
+                .map(|n| if one_id { 1 } else { n }.to_string())
+                .collect();
+            let ids: Vec<&str> = texts.iter().map(String::as_str).collect();
+            for end in [internals::BatchEnd::Answered, internals::BatchEnd::Dropped] {
+                let layer = IdGuardLayer::new()
+                    .max_in_flight_per_session(200_000)
+                    .max_table_bytes(1 << 30);
+                let tracker = internals::BatchTracker::new(&layer);
+                group.throughput(Throughput::Elements(size as u64));
+                let name = format!("{pattern}_{end:?}").to_lowercase();
+                group.bench_function(BenchmarkId::new(name, size), |b| {
+                    b.iter(|| {
+                        let admitted = tracker.track(b"batch-session", &ids, end);
+                        assert_eq!(admitted, size);
+                    });
+                });
+                assert_eq!(layer.stats().in_flight_requests, 0);
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, overhead, naive_vs_splice, sse, sessions, batches);
 criterion_main!(benches);

@@ -2,13 +2,17 @@
 //! crate's own benchmarks and fuzz targets. No stability promise.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::config::Config;
 use crate::edit::splice;
 use crate::envelope::{peek, Kind, Peeked};
 use crate::id::IdMinter;
 use crate::restore::restore_whole;
+use crate::table::Table;
+use crate::IdGuardLayer;
 
 /// Rewrites the id of every request in a JSON-RPC body (single or batch) to a
 /// freshly minted server-side id, as remapping does. `None` when the body is
@@ -122,5 +126,52 @@ fn joined(mut out: std::collections::VecDeque<Bytes>) -> Option<Bytes> {
                 .flat_map(|piece| piece.iter().copied())
                 .collect::<Vec<u8>>(),
         )),
+    }
+}
+
+/// How a tracked POST ends, for [`BatchTracker::track`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchEnd {
+    /// Every response passed to the client.
+    Answered,
+    /// The responses of the first half passed, then the exchange ended.
+    HalfAnswered,
+    /// The exchange ended before any response (the client went away).
+    Dropped,
+    /// Each request was named by a `notifications/cancelled`, then the
+    /// exchange ended before any response.
+    Cancelled,
+}
+
+/// A layer's session table, driven directly: admits one POST's request ids
+/// and ends the exchange, as the service does, without HTTP around it.
+#[derive(Debug)]
+pub struct BatchTracker {
+    config: Config,
+    table: Arc<Table>,
+}
+
+impl BatchTracker {
+    /// The table of `layer`, with its settings.
+    pub fn new(layer: &IdGuardLayer) -> Self {
+        let (config, table) = layer.parts();
+        Self { config, table }
+    }
+
+    /// Admits `ids` (JSON texts) as one POST of `session` and ends it as `end`
+    /// says; returns how many requests were admitted (0 when refused).
+    pub fn track(&self, session: &[u8], ids: &[&str], end: BatchEnd) -> usize {
+        let answered = match end {
+            BatchEnd::Answered => ids.len(),
+            BatchEnd::HalfAnswered => ids.len() / 2,
+            BatchEnd::Dropped | BatchEnd::Cancelled => 0,
+        };
+        self.table.track(
+            session,
+            ids,
+            answered,
+            end == BatchEnd::Cancelled,
+            &self.config,
+        )
     }
 }

@@ -226,6 +226,12 @@ impl IdGuardLayer {
     pub fn stats(&self) -> Stats {
         self.table.stats()
     }
+
+    /// Its settings and table, for the crate's benchmarks.
+    #[cfg(feature = "internals")]
+    pub(crate) fn parts(&self) -> (Config, Arc<Table>) {
+        (self.config, Arc::clone(&self.table))
+    }
 }
 
 impl<S> Layer<S> for IdGuardLayer {

@@ -7,7 +7,6 @@ use std::sync::{MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::budget::{self, Eviction};
-use super::session;
 use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS, SHARDS};
 
 /// A set of shards, one bit each; iterating empties it.
@@ -93,13 +92,10 @@ impl Table {
             let state = key_slot.get_mut();
             let position = state
                 .entries
-                .iter()
-                .position(|entry| entry.serial == record.serial && entry.ended);
+                .find(record.serial)
+                .filter(|&position| state.entries.get(position).ended);
             if let Some(position) = position {
-                if let Some(entry) = state.entries.get_mut(position) {
-                    *delta -= session::entry_cost(&entry.server_id) as isize;
-                }
-                state.entries.remove(position);
+                *delta -= state.entries.remove(position) as isize;
                 self.abandoned.fetch_sub(1, Ordering::Relaxed);
                 self.grant_waiters(&mut shard.next_serial, session.id.as_bytes(), state, delta);
             }
@@ -261,18 +257,15 @@ impl Table {
             return;
         };
         let state = key_slot.get_mut();
+        // Only the entry known by the client's own id can be abandoned.
         let Some(position) = state
             .entries
-            .iter()
-            .position(|entry| entry.ended && !entry.remapped())
+            .own()
+            .filter(|&position| state.entries.get(position).ended)
         else {
             return;
         };
-        let mut delta = 0;
-        if let Some(entry) = state.entries.get_mut(position) {
-            delta -= session::entry_cost(&entry.server_id) as isize;
-        }
-        state.entries.remove(position);
+        let mut delta = -(state.entries.remove(position) as isize);
         // Its record in the shard's expiry queue stays, and gives back the
         // record's bytes when it expires (finding no entry by then).
         self.abandoned.fetch_sub(1, Ordering::Relaxed);

@@ -105,6 +105,18 @@ impl<T> InlineVec<T> {
         }
     }
 
+    /// Keeps only the elements `keep` says yes to, in order.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        match self {
+            Self::One([one]) => {
+                if !keep(one) {
+                    *self = Self::default();
+                }
+            }
+            Self::Many(many) => many.retain(keep),
+        }
+    }
+
     /// Collects `items`, keeping a single one inline.
     pub(crate) fn collect(items: impl IntoIterator<Item = T>) -> Self {
         let mut items = items.into_iter();

@@ -42,11 +42,15 @@
 mod abandoned;
 mod awaited;
 mod budget;
+mod entries;
+mod examined;
 mod inline;
 mod queue;
 mod registration;
 mod restart;
 mod session;
+#[cfg(any(test, feature = "internals"))]
+mod track;
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -414,13 +418,30 @@ impl Table {
         // same batch. Every decision is taken against the state before this
         // POST, so all of them come first.
         let any_live_collides = config.on_duplicate != OnDuplicate::Remap || config.rewrite_all_ids;
+        // The batch's keys seen so far, by position: looking back at every
+        // earlier request would cost time in the square of a batch's size.
+        // A lone request needs none (and allocates nothing).
+        let mut seen: HashTable<usize> = HashTable::new();
+        let probes_len = probes.len();
         for index in 0..probes.len() {
             let (earlier, rest) = probes.split_at_mut(index);
             let probe = &rest[0];
             let state =
                 existing.and_then(|entry| entry.keys.find(probe.hash, |state| state.is(probe)));
-            let colliding = state.is_some_and(|state| state.is_taken(any_live_collides))
-                || earlier.iter().any(|other| other.same_key(probe));
+            let repeated = probes_len > 1
+                && match seen.entry(
+                    probe.hash,
+                    |&other| earlier[other].same_key(probe),
+                    |&other| earlier[other].hash,
+                ) {
+                    Slot::Occupied(_) => true,
+                    Slot::Vacant(vacant) => {
+                        vacant.insert(index);
+                        false
+                    }
+                };
+            let colliding =
+                state.is_some_and(|state| state.is_taken(any_live_collides)) || repeated;
             let abandoned = state.is_some_and(KeyState::has_abandoned);
             rest[0].colliding = colliding;
             rest[0].abandoned = abandoned;
@@ -534,6 +555,7 @@ impl Table {
                 cancelled: false,
                 ended: false,
                 at_server: true,
+                removed: false,
             });
             members.push(Member {
                 key_hash: probe.hash,
@@ -607,18 +629,17 @@ impl Table {
         // A live request comes before an abandoned one: naming an ended
         // request while a live one has the id would leave the live one
         // running and the id taken (see the order above).
-        let named = |wanted: fn(&Entry) -> bool| {
-            state
-                .entries
-                .iter()
-                .position(|entry| entry.at_server && !entry.cancelled && wanted(entry))
-        };
-        let position = named(|entry| entry.is_live() && !entry.remapped())
-            .or_else(|| named(Entry::is_live))
-            .or_else(|| named(Entry::is_abandoned))?;
-        let target = state.entries.get_mut(position)?;
-        target.cancelled = true;
-        let server_id = target.server_id.text(state.key.as_bytes());
+        let entries = &mut state.entries;
+        let own = entries.own().filter(|&position| {
+            let entry = entries.get(position);
+            entry.at_server && !entry.cancelled
+        });
+        let position = own
+            .filter(|&position| entries.get(position).is_live())
+            .or_else(|| entries.oldest_live_at_server())
+            .or_else(|| own.filter(|&position| entries.get(position).is_abandoned()))?;
+        entries.mark_cancelled(position);
+        let server_id = entries.get(position).server_id.text(state.key.as_bytes());
         let mut delta = 0;
         self.grant_waiters(&mut shard.next_serial, session, state, &mut delta);
         drop(locked);
@@ -665,6 +686,7 @@ impl Table {
                 cancelled: false,
                 ended: false,
                 at_server: false,
+                removed: false,
             });
             state.waiters.pop_front();
         }

@@ -12,7 +12,7 @@ use super::awaited::{Answer, Awaited};
 use super::budget::{self, Eviction};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
-use super::session::{self, Session};
+use super::session::Session;
 use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
 
 /// A forwarded request of a registration: its key's hash and its entry's
@@ -220,12 +220,8 @@ impl Table {
         };
         let state = slot.get_mut();
         let mut kept = None;
-        let position = state
-            .entries
-            .iter()
-            .position(|entry| entry.serial == serial);
-        if let Some(position) = position {
-            let entry = state.entries.get_mut(position)?;
+        if let Some(position) = state.entries.find(serial) {
+            let entry = state.entries.get(position);
             // A remapped request's id is unique: whatever the server still
             // does with it reaches no other request.
             let may_still_answer = registration.sent
@@ -234,15 +230,12 @@ impl Table {
                 && registration.awaited.awaits_own(member.key_hash);
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) => {
-                    entry.ended = true;
+                    state.entries.mark_ended(position);
                     self.abandoned.fetch_add(1, Ordering::Relaxed);
                     *delta += budget::ABANDONED as isize;
                     kept = Some(expires);
                 }
-                None => {
-                    *delta -= session::entry_cost(&entry.server_id) as isize;
-                    state.entries.remove(position);
-                }
+                None => *delta -= state.entries.remove(position) as isize,
             }
             self.grant_waiters(serials, session.id.as_bytes(), state, delta);
         }
@@ -270,13 +263,10 @@ impl Table {
                     .find_mut(*key_hash, |state| state.holds(*key_hash, serial))
             })
             .and_then(|state| {
-                state
-                    .entries
-                    .iter_mut()
-                    .find(|entry| entry.serial == serial)
+                let position = state.entries.find(serial)?;
+                state.entries.mark_at_server(position);
+                Some(())
             });
-        if let Some(entry) = entry {
-            entry.at_server = true;
-        }
+        debug_assert!(entry.is_some(), "a granted request holds its entry");
     }
 }

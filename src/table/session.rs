@@ -10,7 +10,9 @@ use hashbrown::HashTable;
 use std::mem::size_of;
 
 use super::budget::{heap, slot, ARC_HEADER};
-use super::inline::{InlineVec, SessionId, StoredKey, INLINE_KEY, INLINE_SESSION_ID};
+use super::entries::Entries;
+use super::examined;
+use super::inline::{SessionId, StoredKey, INLINE_KEY, INLINE_SESSION_ID};
 use super::queue::Waiter;
 use super::SessionRef;
 
@@ -48,7 +50,7 @@ pub(super) struct KeyState {
     pub(super) hash: u64,
     pub(super) key: StoredKey,
     /// Forwarded requests, oldest first.
-    pub(super) entries: InlineVec<Entry>,
+    pub(super) entries: Entries,
     /// Requests waiting for the id under [`OnDuplicate::Queue`], first come
     /// first served.
     pub(super) waiters: VecDeque<Arc<Waiter>>,
@@ -70,6 +72,8 @@ pub(super) struct Entry {
     /// holds its entry from the moment its turn comes until its future
     /// forwards it; a cancellation must not name it before the server has it.
     pub(super) at_server: bool,
+    /// Removed: a hole in [`Entries`], kept only for its serial.
+    pub(super) removed: bool,
 }
 
 impl Entry {
@@ -147,20 +151,21 @@ impl KeyState {
         Self {
             hash: probe.hash,
             key: StoredKey::new(probe.key.as_bytes()),
-            entries: InlineVec::default(),
+            entries: Entries::default(),
             waiters: VecDeque::new(),
         }
     }
 
     /// The hash is compared first: it is in the slot.
     pub(super) fn is(&self, probe: &Probe<'_>) -> bool {
+        examined::one();
         self.hash == probe.hash && self.key.as_bytes() == probe.key.as_bytes()
     }
 
     /// Whether it holds the entry `serial` (serials are unique in a shard:
     /// this tells keys apart whose hashes are equal).
     pub(super) fn holds(&self, hash: u64, serial: u64) -> bool {
-        self.hash == hash && self.entries.iter().any(|entry| entry.serial == serial)
+        self.hash == hash && self.entries.find(serial).is_some()
     }
 
     /// Whether a new request with this id is a duplicate for the policy, or
@@ -177,14 +182,12 @@ impl KeyState {
     }
 
     pub(super) fn blocks(&self, any_live: bool) -> bool {
-        self.entries
-            .iter()
-            .any(|entry| entry.is_live() && (any_live || !entry.remapped()))
+        self.entries.blocks(any_live)
     }
 
     /// Whether a new request with this id must go with a server-side id.
     pub(super) fn has_abandoned(&self) -> bool {
-        self.entries.iter().any(Entry::is_abandoned)
+        self.entries.has_abandoned()
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -229,6 +232,7 @@ pub(super) struct Probe<'a> {
 
 impl Probe<'_> {
     pub(super) fn same_key(&self, other: &Probe<'_>) -> bool {
+        examined::one();
         self.hash == other.hash && self.key == other.key
     }
 }

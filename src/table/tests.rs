@@ -872,3 +872,74 @@ fn expired_abandoned_ids_of_an_idle_shard_make_room() {
         end(held);
     }
 }
+
+/// How a tracked batch ends, for the cost tests.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Answered,
+    HalfAnswered,
+    Dropped,
+    Cancelled,
+}
+
+/// The entries and ids examined per request to admit and end one POST of
+/// `size` requests (distinct ids, or all the same one), after a POST of as
+/// many requests with the same ids is left in flight, and then to admit and
+/// end `size` lone requests with the first id beside them.
+fn examined_per_request(config: &Config, size: usize, one_id: bool, ending: Ending) -> f64 {
+    let table = Arc::new(Table::new());
+    let texts: Vec<String> = (0..size)
+        .map(|n| if one_id { 1 } else { n }.to_string())
+        .collect();
+    let ids: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let (answered, cancel) = match ending {
+        Ending::Answered => (size, false),
+        Ending::HalfAnswered => (size / 2, false),
+        Ending::Dropped => (0, false),
+        Ending::Cancelled => (0, true),
+    };
+    examined::take();
+    let held = table.admit(b"session-a", &ids, true, config);
+    table.track(b"session-a", &ids, answered, cancel, config);
+    for _ in 0..size {
+        table.track(b"session-a", &ids[..1], answered.min(1), cancel, config);
+    }
+    drop(held);
+    examined::take() as f64 / (3 * size) as f64
+}
+
+/// Tracking a batch costs the same per request however large the batch is
+/// (no request looks at every other one), for distinct ids and for one id
+/// repeated, under every policy, however the batch ends. Counts the entries
+/// and ids the table examines rather than timing anything.
+#[test]
+fn tracking_costs_the_same_per_request_at_any_batch_size() {
+    let mut superlinear = Vec::new();
+    for on_duplicate in [OnDuplicate::Remap, OnDuplicate::Reject, OnDuplicate::Queue] {
+        for rewrite_all_ids in [false, true] {
+            let config = Config {
+                max_in_flight_per_session: 200_000,
+                rewrite_all_ids,
+                ..config(on_duplicate)
+            };
+            for one_id in [false, true] {
+                for ending in [
+                    Ending::Answered,
+                    Ending::HalfAnswered,
+                    Ending::Dropped,
+                    Ending::Cancelled,
+                ] {
+                    let small = examined_per_request(&config, 500, one_id, ending);
+                    let large = examined_per_request(&config, 8_000, one_id, ending);
+                    if large > 2.0 * small.max(1.0) {
+                        superlinear.push(format!(
+                            "{on_duplicate:?} rewrite_all_ids={rewrite_all_ids} one_id={one_id} \
+                             {ending:?}: {small:.1} examined per request at 500, {large:.1} at 8000"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(superlinear.is_empty(), "{}", superlinear.join("\n"));
+}
