@@ -192,6 +192,8 @@ struct Reading {
     watch: bool,
     /// `application/json` (else `text/event-stream`).
     json: bool,
+    /// How many requests the POST carried (a batch's answers to remember).
+    requests: usize,
     streaming: Option<Box<Streaming>>,
 }
 
@@ -205,13 +207,16 @@ struct Streaming {
 impl Reading {
     fn streaming(&mut self) -> &mut Streaming {
         let (max_id, watch, restores, json) = (self.max_id, self.watch, self.restores, self.json);
+        let requests = self.requests;
         let binding = Binding {
             minter: Arc::clone(self.table.minter()),
             session: self.session,
         };
         self.streaming.get_or_insert_with(|| {
             let stream = if json {
-                let restorer = Restorer::new(max_id, watch).bound(binding);
+                let restorer = Restorer::new(max_id, watch)
+                    .bound(binding)
+                    .answering_up_to(requests);
                 Stream::Json {
                     restorer: if restores {
                         restorer
@@ -222,7 +227,9 @@ impl Reading {
                     last: None,
                 }
             } else {
-                let rewriter = SseRewriter::new(max_id, watch).bound(binding);
+                let rewriter = SseRewriter::new(max_id, watch)
+                    .bound(binding)
+                    .answering_up_to(requests);
                 Stream::Sse(if restores {
                     rewriter
                 } else {
@@ -468,6 +475,7 @@ impl<B: Body> ResponseBody<B> {
             restores,
             watch,
             json,
+            requests: registration.as_ref().map_or(0, Registration::requests),
             streaming: None,
         };
         let kind = ResponseKind::Read {

@@ -32,7 +32,8 @@ use crate::table::Answer;
 /// server wrote it, a response goes on restored.
 const WINDOW: usize = 64 * 1024;
 
-/// At most this many responses of one text are remembered as answered: a
+/// At least this many responses of one text are remembered as answered (more
+/// when the request was a larger batch, see [`Restorer::answering_up_to`]): a
 /// server could send a batch of millions. One not remembered only means its
 /// id is kept abandoned when the exchange ends, the safe side.
 const MAX_ANSWERING: usize = 4096;
@@ -108,6 +109,8 @@ pub(crate) struct Restorer {
     binding: Option<Binding>,
     /// Ids written like server-side ids that the binding did not issue.
     refused: usize,
+    /// The most responses of one text remembered as answered.
+    max_answering: usize,
     restored: usize,
     /// Responses of the current text, counted as answered once it ends (the
     /// client has the whole response then).
@@ -142,6 +145,7 @@ impl Restorer {
             restoring: true,
             binding: None,
             refused: 0,
+            max_answering: MAX_ANSWERING,
             restored: 0,
             answering: Vec::new(),
             answered: Vec::new(),
@@ -164,6 +168,14 @@ impl Restorer {
     /// How many server-side-looking ids were refused since the last call.
     pub(crate) fn take_refused(&mut self) -> usize {
         std::mem::take(&mut self.refused)
+    }
+
+    /// Remembers up to `requests` answers of one text (at least the default
+    /// bound): the answer to each request of a batch that large frees its id.
+    /// Bounded by what the client sent, not by what the server writes.
+    pub(crate) fn answering_up_to(mut self, requests: usize) -> Self {
+        self.max_answering = requests.max(MAX_ANSWERING);
+        self
     }
 
     /// How many ids were restored since the last call.
@@ -422,7 +434,7 @@ impl Restorer {
             }
             _ => None,
         };
-        if self.watch && self.answering.len() < MAX_ANSWERING {
+        if self.watch && self.answering.len() < self.max_answering {
             if let Some(id) = &id {
                 self.answering.push((
                     id_key(original.as_deref().unwrap_or(id)),

@@ -103,6 +103,12 @@ impl SseRewriter {
         self.restorer.take_refused()
     }
 
+    /// See [`Restorer::answering_up_to`].
+    pub(crate) fn answering_up_to(mut self, requests: usize) -> Self {
+        self.restorer = self.restorer.answering_up_to(requests);
+        self
+    }
+
     /// The responses whose events passed whole since the last call (only
     /// when watching).
     pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Answer> {

@@ -77,6 +77,11 @@ impl Registration {
         !self.awaited.is_empty()
     }
 
+    /// How many requests the POST carried.
+    pub(crate) fn requests(&self) -> usize {
+        self.count
+    }
+
     /// Whether a response is still awaited.
     pub(crate) fn awaits_any(&self) -> bool {
         !self.awaited.is_empty()

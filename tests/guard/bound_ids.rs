@@ -224,3 +224,35 @@ async fn replicas_sharing_the_secret_restore_each_others_ids() {
         "a replica with another secret does not"
     );
 }
+
+/// Every answer of a large batch frees its id, past the restorer's default
+/// bound of remembered answers (4 096 per text): the bound follows the
+/// number of requests the client sent.
+#[tokio::test]
+async fn every_answer_of_a_large_batch_frees_its_id() {
+    let (echo, _probe) = crate::support::inner::echo();
+    let layer = IdGuardLayer::new().max_in_flight_per_session(20_000);
+    let mut guard = layer.layer(echo);
+    let batch: Vec<String> = (0..10_000)
+        .map(|n| format!(r#"{{"jsonrpc":"2.0","id":{n},"method":"ping"}}"#))
+        .collect();
+    let request: Request<Full<Bytes>> = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("mcp-session-id", "session-batch")
+        .body(Full::new(Bytes::from(format!("[{}]", batch.join(",")))))
+        .unwrap();
+    let response = ServiceExt::<Request<Full<Bytes>>>::ready(&mut guard)
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap();
+    let body = within(response.into_body().collect()).await.unwrap().to_bytes();
+    assert!(body.starts_with(br#"[{"jsonrpc":"2.0","id":0,"result":{}}"#));
+    let stats = layer.stats();
+    assert_eq!(
+        (stats.in_flight_requests, stats.abandoned_ids),
+        (0, 0),
+        "{stats:?}"
+    );
+}
