@@ -119,7 +119,9 @@ fn fixed_response() -> Bytes {
 // ---------------------------------------------------------------------------
 
 /// A trivial server: reads the request body to its end, as a real server
-/// does, then answers a fixed `application/json` JSON-RPC response.
+/// does, then answers a fixed `application/json` JSON-RPC response; a request
+/// that came with a server-side id is answered under that id (a guard
+/// restores only the ids it issued for the session).
 #[derive(Clone)]
 struct Fixed {
     response: Bytes,
@@ -150,6 +152,7 @@ where
             body: request.into_body(),
             response: self.response.clone(),
             read: 0,
+            echoed: false,
         }
     }
 }
@@ -159,6 +162,20 @@ struct Drain<B> {
     body: B,
     response: Bytes,
     read: usize,
+    /// The first frame was looked at for a server-side id.
+    echoed: bool,
+}
+
+/// The server-side id a request body starts with
+/// (`{"jsonrpc":"2.0","id":"mcp-id-guard:…"`), if any.
+fn server_id_in(head: &[u8]) -> Option<&[u8]> {
+    let rest = head.strip_prefix(br#"{"jsonrpc":"2.0","id":"#)?;
+    if !rest.starts_with(br#""mcp-id-guard:"#) {
+        return None;
+    }
+    // Through the closing quote (the bench's originals hold no quote).
+    let end = rest[1..].iter().position(|&byte| byte == b'"')? + 2;
+    Some(&rest[..end])
 }
 
 impl<B: Body + Unpin> Future for Drain<B> {
@@ -171,6 +188,16 @@ impl<B: Body + Unpin> Future for Drain<B> {
                 Ok(frame) => {
                     if let Some(data) = frame.data_ref() {
                         this.read += data.remaining();
+                        if !std::mem::replace(&mut this.echoed, true) {
+                            if let Some(id) = server_id_in(data.chunk()) {
+                                let id = std::str::from_utf8(id).expect("JSON text");
+                                this.response = Bytes::from(
+                                    std::str::from_utf8(&this.response)
+                                        .expect("JSON text")
+                                        .replacen(SERVER_ID, id, 1),
+                                );
+                            }
+                        }
                     }
                 }
                 Err(_) => break,

@@ -3,6 +3,7 @@
 //! free) or may still be running it (its id stays abandoned).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::inline::InlineVec;
 use crate::id::IdKey;
@@ -32,7 +33,7 @@ pub(crate) enum Awaited {
     None,
     /// Inline while one: a lone request allocates nothing here.
     Few(InlineVec<Awaiting>),
-    Many(HashMap<Awaiting, usize>),
+    Many(HashMap<Awaiting, usize, BuildHasherDefault<Spread>>),
 }
 
 impl Awaited {
@@ -46,7 +47,7 @@ impl Awaited {
             }
             Self::Few(list) if list.len() < FEW => list.push(answer),
             Self::Few(list) => {
-                let mut map = HashMap::with_capacity(list.len() * 2);
+                let mut map = HashMap::with_capacity_and_hasher(list.len() * 2, Default::default());
                 for answer in std::mem::take(list).into_iter().chain([answer]) {
                     *map.entry(answer).or_insert(0) += 1;
                 }
@@ -140,5 +141,33 @@ mod tests {
             assert!(awaited.is_empty(), "size {size}");
             assert!(!awaited.awaits_own(0));
         }
+    }
+}
+
+/// The hasher of [`Awaited::Many`]: an awaited response's key is already the
+/// table's keyed hash of a collision key, so it is used as it is (a second
+/// hash of it would only cost time).
+#[derive(Debug, Default)]
+pub(crate) struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only the integers below are written; anything else still spreads.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 ^= value;
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        // `restored`: flips the low bits, so both kinds of one key differ.
+        self.0 ^= u64::from(value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }

@@ -247,7 +247,10 @@ async fn every_answer_of_a_large_batch_frees_its_id() {
         .call(request)
         .await
         .unwrap();
-    let body = within(response.into_body().collect()).await.unwrap().to_bytes();
+    let body = within(response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
     assert!(body.starts_with(br#"[{"jsonrpc":"2.0","id":0,"result":{}}"#));
     let stats = layer.stats();
     assert_eq!(
