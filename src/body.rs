@@ -252,24 +252,12 @@ impl Reading {
         if restores {
             return stream.push(chunk, out);
         }
-        match stream {
-            Stream::Json {
-                restorer,
-                offset,
-                last,
-            } => {
-                let start = *offset;
-                *offset += chunk.len();
-                let parts = [Part::Json(start..*offset)];
-                restorer.push(&chunk, start, &parts, scratch);
-                out.extend(last.replace(chunk));
-            }
-            Stream::Sse(rewriter) => {
-                rewriter.push(chunk.clone(), scratch);
-                out.push_back(chunk);
-            }
-        }
+        stream.read(chunk.clone(), scratch);
         scratch.clear();
+        match stream {
+            Stream::Json { last, .. } => out.extend(last.replace(chunk)),
+            Stream::Sse(_) => out.push_back(chunk),
+        }
     }
 
     /// The body ended: whatever is held goes to `out`.
@@ -331,22 +319,34 @@ enum Stream {
 }
 
 impl Stream {
-    fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+    /// Feeds a chunk to the restorer; what it lets go goes to `pieces`.
+    fn read(&mut self, chunk: Bytes, pieces: &mut VecDeque<Bytes>) {
         match self {
             Stream::Json {
-                restorer,
-                offset,
-                last,
+                restorer, offset, ..
             } => {
                 let start = *offset;
                 *offset += chunk.len();
+                restorer.push(&chunk, start, &[Part::Json(start..*offset)], pieces);
+            }
+            Stream::Sse(rewriter) => rewriter.push(chunk, pieces),
+        }
+    }
+
+    /// Reads a chunk; appends what can go on to `out` (a JSON body's last
+    /// piece is held back).
+    fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        match self {
+            Stream::Json { .. } => {
                 let mut pieces = VecDeque::new();
-                restorer.push(&chunk, start, &[Part::Json(start..*offset)], &mut pieces);
-                for piece in pieces {
-                    out.extend(last.replace(piece));
+                self.read(chunk, &mut pieces);
+                if let Stream::Json { last, .. } = self {
+                    for piece in pieces {
+                        out.extend(last.replace(piece));
+                    }
                 }
             }
-            Stream::Sse(rewriter) => rewriter.push(chunk, out),
+            Stream::Sse(_) => self.read(chunk, out),
         }
     }
 

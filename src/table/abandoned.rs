@@ -7,7 +7,7 @@ use std::sync::{MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::budget::{self, Eviction};
-use super::{Abandoned, ShardState, Table, EVICTION_LOG_INTERVAL_MS, SHARDS};
+use super::{Abandoned, ShardState, Table, SHARDS};
 
 /// A set of shards, one bit each; iterating empties it.
 #[derive(Debug, Default)]
@@ -210,15 +210,7 @@ impl Table {
     }
 
     pub(super) fn log_eviction(&self, evicted: u64) {
-        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.eviction_logged_at.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
-        if due
-            && self
-                .eviction_logged_at
-                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.log_due(&self.eviction_logged_at) {
             tracing::warn!(
                 evicted_total = evicted,
                 table_bytes = self.used.load(Ordering::Relaxed),

@@ -698,6 +698,17 @@ impl Table {
             .fetch_add(count as u64, Ordering::Relaxed);
     }
 
+    /// Whether a warning rate-limited by `logged_at` (ms since `created` of
+    /// its last line; 0: never) is due now; if so, records now.
+    fn log_due(&self, logged_at: &AtomicU64) -> bool {
+        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = logged_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
+        due && logged_at
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Counts server-side-looking ids in responses that this guard did not
     /// issue for the response's session (another session's, or forged), and
     /// logs it at most once per interval: an upstream that mixes sessions up
@@ -707,15 +718,7 @@ impl Table {
             .refused_total
             .fetch_add(count as u64, Ordering::Relaxed)
             + count as u64;
-        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = self.refusal_logged_at.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
-        if due
-            && self
-                .refusal_logged_at
-                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.log_due(&self.refusal_logged_at) {
             tracing::warn!(
                 refused_total = total,
                 "a response carried a server-side id this guard did not issue for its session \
