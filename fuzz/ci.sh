@@ -2,11 +2,11 @@
 # A short bounded run of both fuzz targets, so a change that breaks one of
 # their invariants fails where it lands (.ci/run calls this). Each target
 # starts from the committed seeds and regression inputs and runs for
-# FUZZ_SECONDS (default 60). Installs cargo-fuzz from crates.io when missing.
+# FUZZ_SECONDS (default 30). Installs cargo-fuzz from crates.io when missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-seconds="${FUZZ_SECONDS:-60}"
+seconds="${FUZZ_SECONDS:-30}"
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --version 0.13.2
 fi
