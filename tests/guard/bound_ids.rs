@@ -83,6 +83,15 @@ fn resumed_get(session: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// One exchange through `service` (always ready, never failing here).
+async fn send<S>(service: &mut S, request: Request<Full<Bytes>>) -> S::Response
+where
+    S: Service<Request<Full<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    service.ready().await.unwrap().call(request).await.unwrap()
+}
+
 async fn text(response: Response<mcp_id_guard::ResponseBody<Full<Bytes>>>) -> String {
     let body = within(response.into_body().collect()).await.unwrap();
     String::from_utf8(body.to_bytes().to_vec()).unwrap()
@@ -98,20 +107,8 @@ async fn another_sessions_id_and_a_forged_one_are_not_restored() {
     let mut guard = layer.layer(scripted(Arc::clone(&seen), Arc::clone(&answers)));
 
     // X: two `1`s in flight, the second goes remapped.
-    let first_x = guard
-        .ready()
-        .await
-        .unwrap()
-        .call(post("session-x", "1"))
-        .await
-        .unwrap();
-    let second_x = guard
-        .ready()
-        .await
-        .unwrap()
-        .call(post("session-x", "1"))
-        .await
-        .unwrap();
+    let first_x = send(&mut guard, post("session-x", "1")).await;
+    let second_x = send(&mut guard, post("session-x", "1")).await;
     let x_server_id = seen.lock().unwrap()[1].clone();
     assert!(is_server_side(&x_server_id), "{x_server_id}");
     assert_eq!(
@@ -122,21 +119,9 @@ async fn another_sessions_id_and_a_forged_one_are_not_restored() {
 
     // Y's remapped `1` is answered with X's server-side id (X's data): a
     // guard that restored it would hand Y X's answer as its own `1`.
-    let first_y = guard
-        .ready()
-        .await
-        .unwrap()
-        .call(post("session-y", "1"))
-        .await
-        .unwrap();
+    let first_y = send(&mut guard, post("session-y", "1")).await;
     answers.lock().unwrap().push(x_server_id.clone());
-    let leaked = guard
-        .ready()
-        .await
-        .unwrap()
-        .call(post("session-y", "1"))
-        .await
-        .unwrap();
+    let leaked = send(&mut guard, post("session-y", "1")).await;
     assert!(
         is_server_side(&seen.lock().unwrap()[3]),
         "Y's second 1 went remapped"
@@ -149,13 +134,7 @@ async fn another_sessions_id_and_a_forged_one_are_not_restored() {
     drop(first_y);
     let forged = r#""mcp-id-guard:0123456789abcdef:999999:42""#;
     answers.lock().unwrap().push(forged.to_owned());
-    let replayed = guard
-        .ready()
-        .await
-        .unwrap()
-        .call(resumed_get("session-y"))
-        .await
-        .unwrap();
+    let replayed = send(&mut guard, resumed_get("session-y")).await;
     assert_eq!(
         text(replayed).await,
         format!("id: 9\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{forged},\"result\":{{\"for\":{forged}}}}}\n\n"),
@@ -183,25 +162,13 @@ async fn replicas_sharing_the_secret_restore_each_others_ids() {
     let mut b = replica(IdGuardLayer::new().id_secret(secret));
     let mut other = replica(IdGuardLayer::new());
 
-    let answered = a
-        .ready()
-        .await
-        .unwrap()
-        .call(post("session-z", "1"))
-        .await
-        .unwrap();
+    let answered = send(&mut a, post("session-z", "1")).await;
     drop(answered);
     let server_id = seen.lock().unwrap()[0].clone();
     assert!(is_server_side(&server_id), "{server_id}");
 
     answers.lock().unwrap().push(server_id.clone());
-    let resumed = b
-        .ready()
-        .await
-        .unwrap()
-        .call(resumed_get("session-z"))
-        .await
-        .unwrap();
+    let resumed = send(&mut b, resumed_get("session-z")).await;
     assert_eq!(
         text(resumed).await,
         format!(
@@ -210,13 +177,7 @@ async fn replicas_sharing_the_secret_restore_each_others_ids() {
         "the replica with the same secret restores it"
     );
     answers.lock().unwrap().push(server_id.clone());
-    let elsewhere = other
-        .ready()
-        .await
-        .unwrap()
-        .call(resumed_get("session-z"))
-        .await
-        .unwrap();
+    let elsewhere = send(&mut other, resumed_get("session-z")).await;
     assert!(
         text(elsewhere)
             .await
@@ -241,12 +202,7 @@ async fn every_answer_of_a_large_batch_frees_its_id() {
         .header("mcp-session-id", "session-batch")
         .body(Full::new(Bytes::from(format!("[{}]", batch.join(",")))))
         .unwrap();
-    let response = ServiceExt::<Request<Full<Bytes>>>::ready(&mut guard)
-        .await
-        .unwrap()
-        .call(request)
-        .await
-        .unwrap();
+    let response = send(&mut guard, request).await;
     let body = within(response.into_body().collect())
         .await
         .unwrap()
