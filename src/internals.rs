@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::Config;
-use crate::edit::splice;
-use crate::envelope::{peek, Kind, Peeked};
-use crate::id::IdMinter;
-use crate::restore::restore_whole;
+use crate::guard::IdGuardLayer;
+use crate::table::config::Config;
 use crate::table::Table;
-use crate::IdGuardLayer;
+use crate::wire::edit::splice;
+use crate::wire::envelope::{peek, Kind, Peeked};
+use crate::wire::id::IdMinter;
+use crate::wire::restore::restore_whole;
 
 /// Rewrites the id of every request in a JSON-RPC body (single or batch) to a
 /// freshly minted server-side id, as remapping does. `None` when the body is
@@ -86,7 +86,7 @@ impl Minter {
 
 /// The incremental SSE rewriter used on `text/event-stream` responses.
 #[derive(Debug, Default)]
-pub struct SseRewriter(crate::sse::SseRewriter);
+pub struct SseRewriter(crate::wire::sse::SseRewriter);
 
 impl SseRewriter {
     /// Feeds one chunk; returns the bytes that can go on (joined into one

@@ -256,33 +256,17 @@
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
 
-mod body;
-mod config;
-mod edit;
-mod envelope;
-mod future;
-mod id;
+mod guard;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
-mod layer;
-mod prepare;
-mod protocol;
-mod reply;
-mod restore;
-mod service;
-mod sse;
-mod stats;
 mod table;
-mod unanswered;
+mod wire;
 
-pub use body::{RequestBody, ResponseBody};
-pub use config::OnDuplicate;
-pub use future::ResponseFuture;
-pub use layer::IdGuardLayer;
-pub use service::IdGuard;
-pub use stats::Stats;
-pub use unanswered::Unanswered;
+pub use guard::{
+    IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, ResponseFuture, Unanswered,
+};
+pub use table::Stats;
 
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]

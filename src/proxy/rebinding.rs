@@ -19,7 +19,7 @@ use http::{Request, Response, StatusCode};
 
 use super::body::ProxyBody;
 use super::warnings::RateLimit;
-use crate::reply;
+use crate::wire::answer;
 
 /// Host names a loopback listener answers to by default (any port).
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
@@ -456,7 +456,8 @@ impl Refusal {
             RefusalKind::Host => "Invalid Request: Host not allowed (DNS-rebinding protection)",
             RefusalKind::Origin => "Invalid Request: Origin not allowed (DNS-rebinding protection)",
         };
-        reply::single(self.status(), "null", reply::INVALID_REQUEST, message).map(ProxyBody::local)
+        answer::single(self.status(), "null", answer::INVALID_REQUEST, message)
+            .map(ProxyBody::local)
     }
 }
 

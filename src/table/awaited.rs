@@ -6,12 +6,6 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::inline::InlineVec;
-use crate::id::IdKey;
-
-/// A response that passed to the client: the collision key of the client id
-/// it carried, and whether that id was restored from a server-side id (the
-/// answer to a remapped request) or went to the server as it is.
-pub(crate) type Answer = (IdKey, bool);
 
 /// What a registration keeps of an awaited response: the table's keyed hash
 /// of the collision key (what its entries are found by; keeping the key

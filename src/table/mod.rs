@@ -42,6 +42,7 @@
 mod abandoned;
 mod awaited;
 mod budget;
+pub(crate) mod config;
 mod entries;
 mod examined;
 mod inline;
@@ -49,6 +50,7 @@ mod queue;
 mod registration;
 mod restart;
 mod session;
+mod stats;
 #[cfg(any(test, feature = "internals"))]
 mod track;
 
@@ -62,14 +64,14 @@ use std::time::Instant;
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
 
-use crate::config::{Config, OnDuplicate};
-use crate::id::{id_key_text, is_reserved, IdMinter};
-use crate::stats::Stats;
+use crate::wire::id::{id_key_text, is_reserved, IdMinter};
+use config::Config;
+pub use config::OnDuplicate;
 
-pub(crate) use awaited::Answer;
 pub(crate) use inline::InlineVec;
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
+pub use stats::Stats;
 
 use awaited::Awaited;
 use budget::Eviction;

@@ -8,12 +8,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::awaited::{Answer, Awaited};
+use super::awaited::Awaited;
 use super::budget::{self, Eviction};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::Session;
 use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
+use crate::wire::restore::Answer;
 
 /// A forwarded request of a registration: its key's hash and its entry's
 /// serial, all the release needs to find the entry.

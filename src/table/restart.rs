@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use hashbrown::hash_table::Entry as Slot;
 
 use super::{budget, Table, SHARDS};
-use crate::config::Config;
+use crate::table::config::Config;
 
 impl Table {
     /// Whether the restart window is still open; the first call after it

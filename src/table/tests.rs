@@ -2,7 +2,7 @@
 //! queue, abandoned ids, the byte budget and the restart window.
 
 use super::*;
-use crate::id::IdKey;
+use crate::wire::id::IdKey;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 

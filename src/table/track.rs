@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::{Admission, Route, Table};
-use crate::config::Config;
-use crate::id::id_key;
+use crate::table::config::Config;
+use crate::wire::id::id_key;
 
 impl Table {
     /// Admits `ids` as one POST of `session`; cancels each of them if

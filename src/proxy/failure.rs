@@ -7,8 +7,8 @@ use http::{Method, Response, StatusCode};
 use super::body::ProxyBody;
 use super::upstream::Url;
 use super::{Shared, UpstreamFailure, INTERNAL_ERROR};
-use crate::envelope::{peek, Peeked};
-use crate::reply;
+use crate::wire::answer;
+use crate::wire::envelope::{peek, Peeked};
 
 impl Shared {
     /// `502` with a JSON-RPC error, logged once per interval and kind: an
@@ -93,10 +93,10 @@ pub(super) fn local(
     message: &str,
 ) -> Response<ProxyBody> {
     let response = match ids {
-        ErrorIds::Null => reply::single(status, "null", code, message),
-        ErrorIds::Single(id) => reply::single(status, id, code, message),
+        ErrorIds::Null => answer::single(status, "null", code, message),
+        ErrorIds::Single(id) => answer::single(status, id, code, message),
         ErrorIds::Batch(ids) => {
-            reply::batch(status, code, ids.iter().map(|id| (id.as_str(), message)))
+            answer::batch(status, code, ids.iter().map(|id| (id.as_str(), message)))
         }
     };
     response.map(ProxyBody::local)

@@ -3,10 +3,10 @@
 //! restoring).
 //!
 //! It borrows: ids are located as byte ranges of the input, so callers can
-//! splice replacement bytes at exact offsets ([`crate::edit`]) without
+//! splice replacement bytes at exact offsets ([`crate::wire::edit`]) without
 //! re-serializing a message. Underneath is one incremental structural
 //! [`scan::Scanner`]: the request path runs it over a whole body, the
-//! response path ([`crate::restore`]) over a stream, chunk by chunk.
+//! response path ([`crate::wire::restore`]) over a stream, chunk by chunk.
 //!
 //! # Reading like the servers
 //! A client's body is read the way the most lenient server the guard fronts
@@ -16,7 +16,7 @@
 //!   skipped with memchr, never parsed), keys decoded (`"\u0069d"` is `id`),
 //!   and a key seen twice in a message refuses the body: Python and
 //!   JavaScript keep the last, serde refuses, so no reading is safe;
-//! - ids are compared by value ([`crate::id`]), and an id servers read
+//! - ids are compared by value ([`crate::wire::id`]), and an id servers read
 //!   differently refuses the body;
 //! - a body that starts like JSON but cannot be followed refuses the body:
 //!   some server's parser may still accept it;
@@ -29,13 +29,11 @@
 //! own error. A body whose first byte (after whitespace) is not `{` or `[` is
 //! no JSON-RPC message to any server and passes untracked.
 
-pub(crate) mod scan;
-
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
 
-use scan::{is_whitespace, plain_string, Event, Scanner, Sink};
+use crate::wire::scan::{is_whitespace, plain_string, Event, Scanner, Sink};
 
 /// What one JSON-RPC message in a body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +124,7 @@ pub(crate) enum Unreadable {
     /// A key appears twice in one message (or in a cancellation's `params`).
     DuplicateKey,
     /// A request (or cancellation) id that servers read differently; see
-    /// [`crate::id::key_of`].
+    /// [`crate::wire::id::key_of`].
     Id,
 }
 
@@ -424,12 +422,12 @@ fn string_text(token: &[u8]) -> Option<Cow<'_, [u8]>> {
 /// Whether the token is an id servers agree on.
 fn check_id(token: &[u8]) -> Result<(), Unreadable> {
     // The most common id, without from_utf8: its key is its text.
-    if crate::id::is_plain_integer(token) {
+    if crate::wire::id::is_plain_integer(token) {
         return Ok(());
     }
     std::str::from_utf8(token)
         .ok()
-        .and_then(crate::id::key_of)
+        .and_then(crate::wire::id::key_of)
         .map(|_| ())
         .ok_or(Unreadable::Id)
 }

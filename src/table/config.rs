@@ -14,14 +14,14 @@ pub enum OnDuplicate {
     /// the response. Every caller gets its own result. The default.
     #[default]
     Remap,
-    /// Answer it at once with [`IdGuardLayer::reject_status`] (400 by default)
+    /// Answer it at once with [`IdGuardLayer::reject_status`](crate::IdGuardLayer::reject_status) (400 by default)
     /// and a JSON-RPC `-32600` error carrying the offending id; it never
     /// reaches the inner service.
     Reject,
     /// Hold it until the earlier request with that id ends, then forward it
     /// with its own id: first come, first served per session and id. Costs
     /// latency (same-id requests of a session run one after another); a request
-    /// that waits longer than [`IdGuardLayer::max_queue_wait`] gets `503` and a
+    /// that waits longer than [`IdGuardLayer::max_queue_wait`](crate::IdGuardLayer::max_queue_wait) gets `503` and a
     /// JSON-RPC `-32000` error carrying its id. A batch containing a duplicate
     /// is refused as under `Reject`. Waiting uses tokio's timer.
     Queue,

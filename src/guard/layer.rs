@@ -4,11 +4,11 @@ use std::time::Duration;
 use http::StatusCode;
 use tower_layer::Layer;
 
-use crate::config::{Config, OnDuplicate};
-use crate::id::IdMinter;
-use crate::service::IdGuard;
-use crate::stats::Stats;
+use crate::guard::service::IdGuard;
+use crate::table::config::{Config, OnDuplicate};
+use crate::table::Stats;
 use crate::table::Table;
+use crate::wire::id::IdMinter;
 
 /// Applies [`IdGuard`] to a service.
 ///

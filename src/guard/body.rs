@@ -12,11 +12,12 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
-use crate::protocol::has_media_type;
-use crate::restore::{Binding, Part, Restorer};
-use crate::sse::SseRewriter;
-use crate::table::{Answer, Registration, Table};
-use crate::unanswered::Unanswered;
+use crate::guard::unanswered::Unanswered;
+use crate::table::{Registration, Table};
+use crate::wire::protocol::has_media_type;
+use crate::wire::restore::Answer;
+use crate::wire::restore::{Binding, Part, Restorer};
+use crate::wire::sse::SseRewriter;
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only

@@ -5,7 +5,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
-use crate::envelope::Unreadable;
+use crate::wire::envelope::Unreadable;
 
 /// JSON-RPC "Invalid Request".
 pub(crate) const INVALID_REQUEST: i32 = -32600;

@@ -162,26 +162,26 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::reply;
-use crate::Unanswered;
+use crate::guard::Unanswered;
+use crate::wire::answer;
 
-mod answer;
 mod body;
 mod capped;
+mod collect;
+mod failure;
 mod headers;
-mod peek;
 mod pool;
 mod rebinding;
 mod upstream;
 mod warnings;
 
-use peek::{is_peekable, read_whole};
+use collect::{is_peekable, read_whole};
 
 pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
-use answer::{error_chain, failed, is_timeout, local, ErrorIds};
+use failure::{error_chain, failed, is_timeout, local, ErrorIds};
 use pool::{Failure, Pool};
 use upstream::Upstream;
 
@@ -568,7 +568,7 @@ impl Proxy {
             let mut response = local(
                 StatusCode::BAD_REQUEST,
                 &ErrorIds::Null,
-                reply::INVALID_REQUEST,
+                answer::INVALID_REQUEST,
                 message,
             );
             response.extensions_mut().insert(Unanswered::NotSent);
@@ -584,8 +584,8 @@ impl Proxy {
                     let mut response = local(
                         StatusCode::BAD_REQUEST,
                         &ErrorIds::Null,
-                        reply::INVALID_REQUEST,
-                        reply::UNREADABLE_MESSAGE,
+                        answer::INVALID_REQUEST,
+                        answer::UNREADABLE_MESSAGE,
                     );
                     response.extensions_mut().insert(Unanswered::NotSent);
                     return response;
@@ -670,7 +670,7 @@ impl Proxy {
                     UpstreamFailure::Busy,
                     StatusCode::SERVICE_UNAVAILABLE,
                     &ErrorIds::sent(read.as_deref()),
-                    reply::SERVER_ERROR,
+                    answer::SERVER_ERROR,
                     "Service Unavailable: every upstream connection is busy; retry later",
                 )
             }

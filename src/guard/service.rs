@@ -6,14 +6,14 @@ use http::{Method, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::body::{RequestBody, ResponseBody, Restoring};
-use crate::config::Config;
-use crate::future::ResponseFuture;
-use crate::layer::IdGuardLayer;
-use crate::protocol::{has_media_type, RequestHeaders};
-use crate::reply;
-use crate::stats::Stats;
+use crate::guard::body::{RequestBody, ResponseBody, Restoring};
+use crate::guard::future::ResponseFuture;
+use crate::guard::layer::IdGuardLayer;
+use crate::table::config::Config;
+use crate::table::Stats;
 use crate::table::Table;
+use crate::wire::answer;
+use crate::wire::protocol::{has_media_type, RequestHeaders};
 
 /// Middleware that keeps concurrent requests with the same JSON-RPC id in one
 /// MCP session from receiving each other's responses.
@@ -135,7 +135,7 @@ where
                 .as_ref()
                 .is_some_and(|id| id.len() > self.config.max_session_id_bytes)
         {
-            return ResponseFuture::answered(reply::session_id_too_long(
+            return ResponseFuture::answered(answer::session_id_too_long(
                 &[],
                 false,
                 self.config.max_session_id_bytes,
@@ -188,7 +188,7 @@ where
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
                 if declared_length_over(&headers, limit) {
-                    return ResponseFuture::answered(reply::body_too_large(limit));
+                    return ResponseFuture::answered(answer::body_too_large(limit));
                 }
                 // The body must be read before the inner service is called, so
                 // the service that `poll_ready` readied goes into the future and

@@ -1,6 +1,6 @@
 //! Restoring client ids in JSON-RPC responses, as a stream: the one
 //! restorer behind both `application/json` bodies and the data of SSE events
-//! ([`crate::sse`]).
+//! ([`crate::wire::sse`]).
 //!
 //! Bytes go on as they arrive. The only ones held back are a message's
 //! top-level `id` token and what follows it until the message shows whether
@@ -21,9 +21,14 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::envelope::scan::{Event, KeyName, Scanner};
-use crate::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
-use crate::table::Answer;
+use crate::wire::id::IdKey;
+use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
+use crate::wire::scan::{Event, KeyName, Scanner};
+
+/// A response that passed to the client: the collision key of the client id
+/// it carried, and whether that id was restored from a server-side id (the
+/// answer to a remapped request) or went to the server as it is.
+pub(crate) type Answer = (IdKey, bool);
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
@@ -563,7 +568,7 @@ pub(crate) fn restore_whole(body: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::IdMinter;
+    use crate::wire::id::IdMinter;
 
     /// Restores `body` fed in pieces of `cut` bytes.
     fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Answer>) {

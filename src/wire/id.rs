@@ -76,7 +76,7 @@ pub(crate) fn key_of(raw: &str) -> Option<Cow<'_, str>> {
     match raw.as_bytes().first()? {
         // A string written without escapes is its own text: no decoding,
         // no allocation (see `string_text` in the envelope reader).
-        b'"' if crate::envelope::scan::plain_string(raw.as_bytes()).is_some() => {
+        b'"' if crate::wire::scan::plain_string(raw.as_bytes()).is_some() => {
             Some(Cow::Borrowed(&raw[1..raw.len() - 1]))
         }
         b'"' => serde_json::from_str::<Cow<'_, str>>(raw).ok(),

@@ -10,8 +10,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 
 use super::{BoxError, OutBody};
-use crate::body::Accumulated;
-use crate::protocol::has_media_type;
+use crate::guard::body::Accumulated;
+use crate::wire::protocol::has_media_type;
 
 /// The largest request body the proxy reads whole to learn its JSON-RPC id
 /// (the guard's default body limit).

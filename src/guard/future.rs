@@ -11,12 +11,12 @@ use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::body::{Accumulated, RequestBody, ResponseBody, Restoring};
-use crate::config::Config;
-use crate::prepare::{prepare, PendingForward, Prepared};
-use crate::protocol::{RequestHeaders, MCP_SESSION_ID};
-use crate::reply::{body_too_large, body_unreadable, queue_timeout};
+use crate::guard::admit::{prepare, PendingForward, Prepared};
+use crate::guard::body::{Accumulated, RequestBody, ResponseBody, Restoring};
+use crate::table::config::Config;
 use crate::table::{Registration, Table, Waiter};
+use crate::wire::answer::{body_too_large, body_unreadable, queue_timeout};
+use crate::wire::protocol::{RequestHeaders, MCP_SESSION_ID};
 
 /// Response future of [`IdGuard`](crate::IdGuard).
 ///

@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::restore::{Binding, Part, Restorer};
-use crate::table::Answer;
+use crate::wire::restore::Answer;
+use crate::wire::restore::{Binding, Part, Restorer};
 
 /// The longest field name the framer keeps to recognise it; longer ones are
 /// not `data`.
@@ -261,7 +261,7 @@ impl SseRewriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::{id_key, IdMinter};
+    use crate::wire::id::{id_key, IdMinter};
 
     fn rewrite_in_chunks(input: &[u8], cuts: &[usize]) -> Vec<u8> {
         let mut rewriter = SseRewriter::default();

@@ -10,13 +10,13 @@ use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODI
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::body::RequestBody;
-use crate::config::Config;
-use crate::edit::{splice, Edit};
-use crate::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
-use crate::protocol::RequestHeaders;
-use crate::reply;
+use crate::guard::body::RequestBody;
+use crate::table::config::Config;
 use crate::table::{Admission, InlineVec, Registration, Route, Table, Waiter};
+use crate::wire::answer;
+use crate::wire::edit::{splice, Edit};
+use crate::wire::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
+use crate::wire::protocol::RequestHeaders;
 
 /// What to do with a tracked POST once its body is read. Returned by value and
 /// consumed at once, so the variants' size difference does not matter.
@@ -114,12 +114,12 @@ pub(crate) fn prepare<B>(
     // Servers disagree on which of several headers counts (the first, the
     // last, or all joined): no reading is safe.
     if headers.several_sessions {
-        return Prepared::Answer(reply::several_sessions());
+        return Prepared::Answer(answer::several_sessions());
     }
     // A server that inflates request bodies reads a request the guard
     // cannot see in the compressed bytes.
     if headers.encoded {
-        return Prepared::Answer(reply::unreadable(Unreadable::Compressed));
+        return Prepared::Answer(answer::unreadable(Unreadable::Compressed));
     }
     let session_id_too_long = session.len() > config.max_session_id_bytes;
     // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
@@ -136,7 +136,7 @@ pub(crate) fn prepare<B>(
         }
         // No server reads it as JSON-RPC; the server gives its own error.
         Reading::NotJsonRpc => return untracked(pending),
-        Reading::Unreadable(why) => return Prepared::Answer(reply::unreadable(why)),
+        Reading::Unreadable(why) => return Prepared::Answer(answer::unreadable(why)),
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
@@ -160,12 +160,12 @@ pub(crate) fn prepare<B>(
                 "session at its in-flight limit; request refused"
             );
             let status = StatusCode::TOO_MANY_REQUESTS;
-            let code = reply::SERVER_ERROR;
-            let message = reply::OVER_CAPACITY_MESSAGE;
+            let code = answer::SERVER_ERROR;
+            let message = answer::OVER_CAPACITY_MESSAGE;
             return Prepared::Answer(if is_batch {
-                reply::batch(status, code, ids.iter().map(|id| (*id, message)))
+                answer::batch(status, code, ids.iter().map(|id| (*id, message)))
             } else {
-                reply::single(status, ids[0], code, message)
+                answer::single(status, ids[0], code, message)
             });
         }
         Some(Admission::OverBudget) => {
@@ -174,7 +174,7 @@ pub(crate) fn prepare<B>(
                 limit = config.max_table_bytes,
                 "table at its byte budget; request refused"
             );
-            return Prepared::Answer(reply::over_budget(&ids, is_batch));
+            return Prepared::Answer(answer::over_budget(&ids, is_batch));
         }
         Some(Admission::SessionIdTooLong) => {
             return session_refused(table, session, &ids, is_batch, config);
@@ -184,18 +184,18 @@ pub(crate) fn prepare<B>(
                 log_duplicate(config, table, session, id, "rejected");
             }
             let status = config.reject_status;
-            let code = reply::INVALID_REQUEST;
+            let code = answer::INVALID_REQUEST;
             return Prepared::Answer(if is_batch {
                 let messages = colliding.iter().map(|hit| {
                     if *hit {
-                        reply::DUPLICATE_MESSAGE
+                        answer::DUPLICATE_MESSAGE
                     } else {
-                        reply::BATCH_SIBLING_MESSAGE
+                        answer::BATCH_SIBLING_MESSAGE
                     }
                 });
-                reply::batch(status, code, ids.iter().copied().zip(messages))
+                answer::batch(status, code, ids.iter().copied().zip(messages))
             } else {
-                reply::single(status, ids[0], code, reply::DUPLICATE_MESSAGE)
+                answer::single(status, ids[0], code, answer::DUPLICATE_MESSAGE)
             });
         }
         Some(Admission::Queued {
@@ -284,7 +284,7 @@ fn session_refused<B>(
         limit = config.max_session_id_bytes,
         "session id too long; request refused"
     );
-    Prepared::Answer(reply::session_id_too_long(
+    Prepared::Answer(answer::session_id_too_long(
         ids,
         is_batch,
         config.max_session_id_bytes,

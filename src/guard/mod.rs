@@ -1,0 +1,18 @@
+//! The tower face of the guard: [`IdGuardLayer`] wraps a service in
+//! [`IdGuard`], which reads each POST's envelope, asks the session table
+//! for a decision ([`admit`]), and follows the response until the id is
+//! released.
+
+mod admit;
+pub(crate) mod body;
+mod future;
+mod layer;
+mod service;
+mod unanswered;
+
+pub use crate::table::OnDuplicate;
+pub use body::{RequestBody, ResponseBody};
+pub use future::ResponseFuture;
+pub use layer::IdGuardLayer;
+pub use service::IdGuard;
+pub use unanswered::Unanswered;
