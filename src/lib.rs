@@ -260,6 +260,7 @@ mod guard;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
+pub mod protect;
 mod table;
 mod wire;
 
