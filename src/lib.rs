@@ -262,6 +262,7 @@ mod guard;
 pub mod internals;
 pub mod protect;
 mod table;
+mod throttle;
 mod wire;
 
 pub use guard::{

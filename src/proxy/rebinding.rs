@@ -18,7 +18,7 @@ use http::header::{HOST, ORIGIN};
 use http::{Request, Response, StatusCode};
 
 use super::body::ProxyBody;
-use super::warnings::RateLimit;
+use crate::throttle::Throttle;
 use crate::wire::answer;
 
 /// Host names a loopback listener answers to by default (any port).
@@ -472,10 +472,10 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// Logs refusals at most once per interval per kind ([`RateLimit`]): a rebinding page
+/// Logs refusals at most once per interval per kind ([`Throttle`]): a rebinding page
 /// can send thousands of requests, and each would otherwise be a log line.
 #[derive(Debug, Default)]
-struct RefusalLog(RateLimit<2>);
+struct RefusalLog(Throttle<2>);
 
 impl RefusalLog {
     fn refused(&self, kind: RefusalKind, value: &str) {

@@ -1,64 +1,12 @@
 //! Upstream failure warnings at a bounded rate: an upstream that is down
 //! fails every request, and a line per request would flood the log.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
 use super::UpstreamFailure;
-
-/// At most one line per kind per interval.
-const INTERVAL: Duration = Duration::from_secs(10);
-
-/// One log line per kind per interval, with a count of what was not logged
-/// in between: what the proxy uses wherever a hostile client or a dead
-/// upstream could otherwise make it write a line per request.
-#[derive(Debug)]
-pub(crate) struct RateLimit<const KINDS: usize> {
-    start: Instant,
-    /// Per kind: when the next line may be written (ms since `start`).
-    next_ms: [AtomicU64; KINDS],
-    /// Per kind: events not logged since the last line.
-    suppressed: [AtomicU64; KINDS],
-}
-
-impl<const KINDS: usize> Default for RateLimit<KINDS> {
-    fn default() -> Self {
-        Self {
-            start: Instant::now(),
-            next_ms: std::array::from_fn(|_| AtomicU64::new(0)),
-            suppressed: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-impl<const KINDS: usize> RateLimit<KINDS> {
-    /// `Some(events not logged since the last line)` when a line about kind
-    /// `index` may be written now; else counts the event and says `None`.
-    pub(crate) fn ready(&self, index: usize) -> Option<u64> {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_ms[index].load(Ordering::Relaxed);
-        let interval = u64::try_from(INTERVAL.as_millis()).unwrap_or(u64::MAX);
-        let claimed = now >= next
-            && self.next_ms[index]
-                .compare_exchange(
-                    next,
-                    now.saturating_add(interval),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
-        if claimed {
-            Some(self.suppressed[index].swap(0, Ordering::Relaxed))
-        } else {
-            self.suppressed[index].fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
-}
+use crate::throttle::Throttle;
 
 /// Upstream failure warnings, one kind per [`UpstreamFailure`].
 #[derive(Debug, Default)]
-pub(crate) struct Warnings(RateLimit<{ UpstreamFailure::ALL.len() }>);
+pub(crate) struct Warnings(Throttle<{ UpstreamFailure::ALL.len() }>);
 
 impl Warnings {
     /// `Some(failures not logged since the last line)` when a line about
@@ -83,7 +31,5 @@ mod tests {
         assert_eq!(warnings.ready(UpstreamFailure::Unreachable), None);
         assert_eq!(warnings.ready(UpstreamFailure::Unreachable), None);
         assert_eq!(warnings.ready(UpstreamFailure::Busy), Some(0));
-        warnings.0.next_ms[0].store(0, Ordering::Relaxed);
-        assert_eq!(warnings.ready(UpstreamFailure::Unreachable), Some(2));
     }
 }
