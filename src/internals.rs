@@ -86,7 +86,7 @@ impl Minter {
 
 /// The incremental SSE rewriter used on `text/event-stream` responses.
 #[derive(Debug, Default)]
-pub struct SseRewriter(crate::wire::sse::SseRewriter);
+pub struct SseRewriter(crate::wire::sse::Rewriter);
 
 impl SseRewriter {
     /// Feeds one chunk; returns the bytes that can go on (joined into one

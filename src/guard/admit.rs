@@ -12,7 +12,7 @@ use http_body_util::Full;
 
 use crate::guard::body::RequestBody;
 use crate::table::config::Config;
-use crate::table::{Admission, InlineVec, Registration, Route, Table, Waiter};
+use crate::table::{Decision, InlineVec, Registration, Route, Table, Waiter};
 use crate::wire::answer;
 use crate::wire::edit::{splice, Edit};
 use crate::wire::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
@@ -153,7 +153,7 @@ pub(crate) fn prepare<B>(
     let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, is_batch, config));
     let (registration, restore, queued) = match admission {
         None => (None, false, None),
-        Some(Admission::OverCapacity) => {
+        Some(Decision::OverCapacity) => {
             tracing::warn!(
                 session = %table.session_tag(session),
                 limit = config.max_in_flight_per_session,
@@ -168,7 +168,7 @@ pub(crate) fn prepare<B>(
                 answer::single(status, ids[0], code, message)
             });
         }
-        Some(Admission::OverBudget) => {
+        Some(Decision::OverBudget) => {
             tracing::warn!(
                 session = %table.session_tag(session),
                 limit = config.max_table_bytes,
@@ -176,10 +176,10 @@ pub(crate) fn prepare<B>(
             );
             return Prepared::Answer(answer::over_budget(&ids, is_batch));
         }
-        Some(Admission::SessionIdTooLong) => {
+        Some(Decision::SessionIdTooLong) => {
             return session_refused(table, session, &ids, is_batch, config);
         }
-        Some(Admission::Duplicate { colliding }) => {
+        Some(Decision::Duplicate { colliding }) => {
             for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
                 log_duplicate(config, table, session, id, "rejected");
             }
@@ -198,7 +198,7 @@ pub(crate) fn prepare<B>(
                 answer::single(status, ids[0], code, answer::DUPLICATE_MESSAGE)
             });
         }
-        Some(Admission::Queued {
+        Some(Decision::Queued {
             registration,
             ticket,
         }) => {
@@ -206,7 +206,7 @@ pub(crate) fn prepare<B>(
             pending.reads_response();
             (Some(registration), false, Some(ticket))
         }
-        Some(Admission::Admitted {
+        Some(Decision::Admitted {
             registration,
             routes,
         }) => {

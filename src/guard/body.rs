@@ -15,9 +15,9 @@ use pin_project::pin_project;
 use crate::guard::unanswered::Unanswered;
 use crate::table::{Registration, Table};
 use crate::wire::protocol::has_media_type;
-use crate::wire::restore::Answer;
+use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
-use crate::wire::sse::SseRewriter;
+use crate::wire::sse::Rewriter;
 
 /// The request body the inner service receives: the client's body untouched,
 /// or, for a POST the guard had to read, the bytes it read (rewritten only
@@ -143,7 +143,7 @@ enum ResponseKind<B> {
         #[pin]
         body: B,
         registration: Option<Registration>,
-        reading: Reading,
+        reading: Reader,
         /// Restored pieces ready to go on.
         out: VecDeque<Bytes>,
         /// Boxed: rare, and every response carries the variant's size.
@@ -179,7 +179,7 @@ pub(crate) struct Restoring {
 /// A body being read. What reading needs is made at its first chunk: an
 /// exchange held open before its body is polled costs no allocation here.
 #[derive(Debug)]
-struct Reading {
+struct Reader {
     table: Arc<Table>,
     /// The digest of the session whose ids are restored.
     session: u64,
@@ -200,12 +200,12 @@ struct Reading {
 
 #[derive(Debug)]
 struct Streaming {
-    stream: Stream,
+    stream: Framing,
     /// What a body only watched would have sent on, dropped.
     scratch: VecDeque<Bytes>,
 }
 
-impl Reading {
+impl Reader {
     fn streaming(&mut self) -> &mut Streaming {
         let (max_id, watch, restores, json) = (self.max_id, self.watch, self.restores, self.json);
         let requests = self.requests;
@@ -218,7 +218,7 @@ impl Reading {
                 let restorer = Restorer::new(max_id, watch)
                     .bound(binding)
                     .answering_up_to(requests);
-                Stream::Json {
+                Framing::Json {
                     restorer: if restores {
                         restorer
                     } else {
@@ -228,10 +228,10 @@ impl Reading {
                     last: None,
                 }
             } else {
-                let rewriter = SseRewriter::new(max_id, watch)
+                let rewriter = Rewriter::new(max_id, watch)
                     .bound(binding)
                     .answering_up_to(requests);
-                Stream::Sse(if restores {
+                Framing::Sse(if restores {
                     rewriter
                 } else {
                     rewriter.without_restoring()
@@ -256,8 +256,8 @@ impl Reading {
         stream.read(chunk.clone(), scratch);
         scratch.clear();
         match stream {
-            Stream::Json { last, .. } => out.extend(last.replace(chunk)),
-            Stream::Sse(_) => out.push_back(chunk),
+            Framing::Json { last, .. } => out.extend(last.replace(chunk)),
+            Framing::Sse(_) => out.push_back(chunk),
         }
     }
 
@@ -268,7 +268,7 @@ impl Reading {
         if restores {
             return stream.finish(out);
         }
-        if let Stream::Json { last, .. } = stream {
+        if let Framing::Json { last, .. } = stream {
             out.extend(last.take());
         }
         stream.finish(scratch);
@@ -306,7 +306,7 @@ impl Reading {
 
 /// How a read body is framed.
 #[derive(Debug)]
-enum Stream {
+enum Framing {
     /// One JSON text (`application/json`). The last piece is held until the
     /// body ends, so the registration is released before the client has the
     /// whole response and an immediate reuse of the id never collides.
@@ -316,21 +316,21 @@ enum Stream {
         last: Option<Bytes>,
     },
     /// A `text/event-stream`.
-    Sse(SseRewriter),
+    Sse(Rewriter),
 }
 
-impl Stream {
+impl Framing {
     /// Feeds a chunk to the restorer; what it lets go goes to `pieces`.
     fn read(&mut self, chunk: Bytes, pieces: &mut VecDeque<Bytes>) {
         match self {
-            Stream::Json {
+            Framing::Json {
                 restorer, offset, ..
             } => {
                 let start = *offset;
                 *offset += chunk.len();
                 restorer.push(&chunk, start, &[Part::Json(start..*offset)], pieces);
             }
-            Stream::Sse(rewriter) => rewriter.push(chunk, pieces),
+            Framing::Sse(rewriter) => rewriter.push(chunk, pieces),
         }
     }
 
@@ -338,23 +338,23 @@ impl Stream {
     /// piece is held back).
     fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
         match self {
-            Stream::Json { .. } => {
+            Framing::Json { .. } => {
                 let mut pieces = VecDeque::new();
                 self.read(chunk, &mut pieces);
-                if let Stream::Json { last, .. } = self {
+                if let Framing::Json { last, .. } = self {
                     for piece in pieces {
                         out.extend(last.replace(piece));
                     }
                 }
             }
-            Stream::Sse(_) => self.read(chunk, out),
+            Framing::Sse(_) => self.read(chunk, out),
         }
     }
 
     /// The body ended: whatever is held goes to `out`.
     fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         match self {
-            Stream::Json {
+            Framing::Json {
                 restorer,
                 offset,
                 last,
@@ -363,28 +363,28 @@ impl Stream {
                 restorer.push(&Bytes::new(), *offset, &[Part::End(*offset)], out);
                 restorer.finish(out);
             }
-            Stream::Sse(rewriter) => rewriter.finish(out),
+            Framing::Sse(rewriter) => rewriter.finish(out),
         }
     }
 
     fn take_restored(&mut self) -> usize {
         match self {
-            Stream::Json { restorer, .. } => restorer.take_restored(),
-            Stream::Sse(rewriter) => rewriter.take_restored(),
+            Framing::Json { restorer, .. } => restorer.take_restored(),
+            Framing::Sse(rewriter) => rewriter.take_restored(),
         }
     }
 
     fn take_refused(&mut self) -> usize {
         match self {
-            Stream::Json { restorer, .. } => restorer.take_refused(),
-            Stream::Sse(rewriter) => rewriter.take_refused(),
+            Framing::Json { restorer, .. } => restorer.take_refused(),
+            Framing::Sse(rewriter) => rewriter.take_refused(),
         }
     }
 
-    fn take_answered(&mut self) -> Vec<Answer> {
+    fn take_answered(&mut self) -> Vec<Delivered> {
         match self {
-            Stream::Json { restorer, .. } => restorer.take_answered().collect(),
-            Stream::Sse(rewriter) => rewriter.take_answered().collect(),
+            Framing::Json { restorer, .. } => restorer.take_answered().collect(),
+            Framing::Sse(rewriter) => rewriter.take_answered().collect(),
         }
     }
 }
@@ -468,7 +468,7 @@ impl<B: Body> ResponseBody<B> {
             .session
             .as_ref()
             .map_or(&[][..], HeaderValue::as_bytes);
-        let reading = Reading {
+        let reading = Reader {
             session: restoring.table.minter().session_digest(session),
             frees: restoring.session.filter(|_| frees),
             table: restoring.table,

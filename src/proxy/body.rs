@@ -29,12 +29,12 @@ use super::BoxError;
 /// client went away) closes the upstream request.
 #[derive(Debug)]
 pub struct ProxyBody {
-    kind: Kind,
+    source: Source,
 }
 
 #[derive(Debug)]
-enum Kind {
-    Upstream(Box<Upstream>),
+enum Source {
+    Upstream(Box<UpstreamBody>),
     Local(Full<Bytes>),
 }
 
@@ -47,7 +47,7 @@ const GATHER_BYTES: usize = 64 * 1024;
 
 /// An upstream body, with the frames already taken from it.
 #[derive(Debug)]
-struct Upstream {
+struct UpstreamBody {
     body: Incoming,
     /// The connection the body arrives on, driven by this body's reader
     /// (see [`pool`](super::pool)); given back once the body has ended.
@@ -62,7 +62,7 @@ struct Upstream {
     failed: bool,
     /// hyper has had the chance to write what came before `broken`.
     flushed: bool,
-    idle: Option<Idle>,
+    idle: Option<IdleTimer>,
 }
 
 /// The idle timer of an upstream body. The timer is not reset on every
@@ -73,7 +73,7 @@ struct Upstream {
 /// has to wait, so an answer that arrives whole never touches the timer
 /// wheel or reads the clock.
 #[derive(Debug)]
-struct Idle {
+struct IdleTimer {
     limit: Duration,
     /// When the body started to wait after the last frame it took (or the
     /// head); `None` until it waits again after taking one.
@@ -95,13 +95,13 @@ impl std::error::Error for UpstreamIdle {}
 
 impl ProxyBody {
     pub(crate) fn upstream(body: Incoming, lease: Lease, idle_timeout: Option<Duration>) -> Self {
-        let idle = idle_timeout.map(|limit| Idle {
+        let idle = idle_timeout.map(|limit| IdleTimer {
             limit,
             quiet_since: None,
             timer: None,
         });
         Self {
-            kind: Kind::Upstream(Box::new(Upstream {
+            source: Source::Upstream(Box::new(UpstreamBody {
                 body,
                 lease: Some(lease),
                 ready: VecDeque::new(),
@@ -116,7 +116,7 @@ impl ProxyBody {
 
     pub(crate) fn local(body: Full<Bytes>) -> Self {
         Self {
-            kind: Kind::Local(body),
+            source: Source::Local(body),
         }
     }
 
@@ -124,7 +124,7 @@ impl ProxyBody {
     /// is handed on, so that a small answer that arrived whole leaves in one
     /// write with its head and its end (see [`Upstream::fill`]).
     pub(crate) async fn gather(&mut self) {
-        if let Kind::Upstream(upstream) = &mut self.kind {
+        if let Source::Upstream(upstream) = &mut self.source {
             poll_fn(|cx| {
                 // Whatever came, the response goes on now.
                 let _ = upstream.fill(cx);
@@ -135,7 +135,7 @@ impl ProxyBody {
     }
 }
 
-impl Upstream {
+impl UpstreamBody {
     /// Takes into `ready` what the upstream has already sent: drives the
     /// connection (hyper passes a body on one chunk at a time, the next once
     /// the last is taken) and takes each frame, until the connection has had
@@ -276,24 +276,24 @@ impl Body for ProxyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.kind {
-            Kind::Upstream(upstream) => upstream.poll_frame(cx),
-            Kind::Local(body) => Pin::new(body)
+        match &mut self.source {
+            Source::Upstream(upstream) => upstream.poll_frame(cx),
+            Source::Local(body) => Pin::new(body)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Upstream(upstream) => upstream.is_end_stream(),
-            Kind::Local(body) => body.is_end_stream(),
+        match &self.source {
+            Source::Upstream(upstream) => upstream.is_end_stream(),
+            Source::Local(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Upstream(upstream) => {
+        match &self.source {
+            Source::Upstream(upstream) => {
                 // Frames taken ahead are no longer in the upstream's hint.
                 let ahead: u64 = upstream
                     .ready
@@ -309,7 +309,7 @@ impl Body for ProxyBody {
                 }
                 hint
             }
-            Kind::Local(body) => body.size_hint(),
+            Source::Local(body) => body.size_hint(),
         }
     }
 }

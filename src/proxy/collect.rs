@@ -100,32 +100,32 @@ mod tests {
     use super::*;
 
     #[derive(Debug, Clone)]
-    enum Part {
+    enum Piece {
         Data(Vec<u8>),
         Trailers(Vec<(&'static str, &'static str)>),
         Fails,
     }
 
-    fn body(parts: &[Part]) -> impl Body<Data = Bytes, Error = BoxError> + Send + 'static {
+    fn body(parts: &[Piece]) -> impl Body<Data = Bytes, Error = BoxError> + Send + 'static {
         let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
             .iter()
             .map(|part| match part {
-                Part::Data(data) => Ok(Frame::data(Bytes::from(data.clone()))),
-                Part::Trailers(pairs) => {
+                Piece::Data(data) => Ok(Frame::data(Bytes::from(data.clone()))),
+                Piece::Trailers(pairs) => {
                     let mut trailers = HeaderMap::new();
                     for (name, value) in pairs {
                         trailers.append(*name, HeaderValue::from_static(value));
                     }
                     Ok(Frame::trailers(trailers))
                 }
-                Part::Fails => Err("the client went away".into()),
+                Piece::Fails => Err("the client went away".into()),
             })
             .collect();
         StreamBody::new(futures::stream::iter(frames))
     }
 
     /// What the proxy did before: `Limited` and `collect`.
-    async fn model(parts: &[Part]) -> Result<(Bytes, Option<HeaderMap>), String> {
+    async fn model(parts: &[Piece]) -> Result<(Bytes, Option<HeaderMap>), String> {
         let collected = Limited::new(body(parts), PEEK_LIMIT as usize)
             .collect()
             .await
@@ -134,7 +134,7 @@ mod tests {
         Ok((collected.to_bytes(), trailers))
     }
 
-    async fn fast(parts: &[Part]) -> Result<(Bytes, Option<HeaderMap>), String> {
+    async fn fast(parts: &[Piece]) -> Result<(Bytes, Option<HeaderMap>), String> {
         let (body, bytes) = read_whole(body(parts))
             .await
             .map_err(|error| error.to_string())?;
@@ -145,12 +145,12 @@ mod tests {
         Ok((bytes, trailers))
     }
 
-    fn part() -> impl Strategy<Value = Part> {
+    fn part() -> impl Strategy<Value = Piece> {
         prop_oneof![
-            8 => prop::collection::vec(any::<u8>(), 0..6).prop_map(Part::Data),
+            8 => prop::collection::vec(any::<u8>(), 0..6).prop_map(Piece::Data),
             2 => prop::sample::subsequence(vec![("x-a", "1"), ("x-b", "2"), ("x-a", "3")], 0..3)
-                .prop_map(Part::Trailers),
-            1 => Just(Part::Fails),
+                .prop_map(Piece::Trailers),
+            1 => Just(Piece::Fails),
         ]
     }
 
@@ -180,9 +180,9 @@ mod tests {
             vec![1, limit],
             vec![0, limit, 0],
         ] {
-            let parts: Vec<Part> = sizes
+            let parts: Vec<Piece> = sizes
                 .iter()
-                .map(|size| Part::Data(vec![b'x'; *size]))
+                .map(|size| Piece::Data(vec![b'x'; *size]))
                 .collect();
             let (fast, model) = (
                 runtime.block_on(fast(&parts)),

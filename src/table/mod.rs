@@ -242,7 +242,7 @@ pub(crate) enum Route {
 
 /// What the decision function says about one POST's requests.
 #[derive(Debug)]
-pub(crate) enum Admission {
+pub(crate) enum Decision {
     /// Forward, request `i` as `routes[i]` says.
     Admitted {
         registration: Registration,
@@ -357,11 +357,11 @@ impl Table {
         ids: &[&str],
         is_batch: bool,
         config: &Config,
-    ) -> Admission {
+    ) -> Decision {
         if session.len() > config.max_session_id_bytes {
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
-            return Admission::SessionIdTooLong;
+            return Decision::SessionIdTooLong;
         }
         let session_hash = self.hasher.hash_one(session);
         // A lone request, the usual case, needs no vector.
@@ -390,7 +390,7 @@ impl Table {
         if !self.make_room(bound, config.max_table_bytes) {
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
-            return Admission::OverBudget;
+            return Decision::OverBudget;
         }
         let mut charged = 0;
         let restarting = self.restart_window_open(config);
@@ -412,7 +412,7 @@ impl Table {
             self.settle(bound, 0);
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
-            return Admission::OverCapacity;
+            return Decision::OverCapacity;
         }
 
         // A request collides with a live request of the session with the same
@@ -463,7 +463,7 @@ impl Table {
             self.rejected_total
                 .fetch_add(ids.len() as u64, Ordering::Relaxed);
             let colliding = probes.iter().map(|probe| probe.colliding).collect();
-            return Admission::Duplicate { colliding };
+            return Decision::Duplicate { colliding };
         }
 
         // A session that started before this table existed (or without it
@@ -518,7 +518,7 @@ impl Table {
             awaited.add((probe.hash, false));
             let mut registration = self.register(at, InlineVec::default(), queued, awaited, config);
             registration.count = 1;
-            return Admission::Queued {
+            return Decision::Queued {
                 registration,
                 ticket,
             };
@@ -571,7 +571,7 @@ impl Table {
         let count = members.len();
         let mut registration = self.register(at, members, None, awaited, config);
         registration.count = count;
-        Admission::Admitted {
+        Decision::Admitted {
             registration,
             routes,
         }

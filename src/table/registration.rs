@@ -14,7 +14,7 @@ use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::Session;
 use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
-use crate::wire::restore::Answer;
+use crate::wire::restore::Delivered;
 
 /// A forwarded request of a registration: its key's hash and its entry's
 /// serial, all the release needs to find the entry.
@@ -70,7 +70,7 @@ impl Registration {
     /// Crosses off responses that passed to the client; returns whether any
     /// is still awaited. Answers it did not wait for (a server that answers
     /// twice, or answers another POST's request here) change nothing.
-    pub(crate) fn note_answered(&mut self, answers: impl IntoIterator<Item = Answer>) -> bool {
+    pub(crate) fn note_answered(&mut self, answers: impl IntoIterator<Item = Delivered>) -> bool {
         for (key, restored) in answers {
             let key_hash = self.table.hasher.hash_one(key.as_bytes());
             self.awaited.remove(&(key_hash, restored));

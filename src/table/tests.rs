@@ -17,7 +17,7 @@ fn config(on_duplicate: OnDuplicate) -> Config {
     }
 }
 
-fn admit(table: &Arc<Table>, ids: &[&str], policy: OnDuplicate) -> Admission {
+fn admit(table: &Arc<Table>, ids: &[&str], policy: OnDuplicate) -> Decision {
     table.admit(b"session-a", ids, ids.len() > 1, &config(policy))
 }
 
@@ -27,15 +27,15 @@ fn assert_drained(table: &Table) {
 }
 
 /// Ends a registration as a finished exchange (dropping it abandons it).
-fn end(admission: Admission) {
+fn end(admission: Decision) {
     match admission {
-        Admission::Admitted { registration, .. } | Admission::Queued { registration, .. } => {
+        Decision::Admitted { registration, .. } | Decision::Queued { registration, .. } => {
             registration.complete()
         }
-        Admission::Duplicate { .. }
-        | Admission::OverCapacity
-        | Admission::OverBudget
-        | Admission::SessionIdTooLong => {}
+        Decision::Duplicate { .. }
+        | Decision::OverCapacity
+        | Decision::OverBudget
+        | Decision::SessionIdTooLong => {}
     }
 }
 
@@ -44,7 +44,7 @@ fn remap_then_release_frees_everything() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Remap);
     let second = admit(&table, &["\"1\""], OnDuplicate::Remap);
-    let Admission::Admitted { routes, .. } = &second else {
+    let Decision::Admitted { routes, .. } = &second else {
         panic!("admitted expected")
     };
     assert!(
@@ -61,7 +61,7 @@ fn remap_then_release_frees_everything() {
     assert_eq!(table.stats().tracked_sessions, 1);
     end(first);
     let third = admit(&table, &["1"], OnDuplicate::Remap);
-    let Admission::Admitted { routes, .. } = &third else {
+    let Decision::Admitted { routes, .. } = &third else {
         panic!("admitted expected")
     };
     assert_eq!(routes[0], Route::AsIs, "the unchanged slot is free again");
@@ -77,19 +77,19 @@ fn under_reject_a_request_remapped_past_a_shadow_still_holds_its_id() {
     let second = admit(&table, &["1"], OnDuplicate::Reject);
     assert!(matches!(
         &second,
-        Admission::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })
+        Decision::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })
     ));
     assert!(
         matches!(
             admit(&table, &["1"], OnDuplicate::Reject),
-            Admission::Duplicate { .. }
+            Decision::Duplicate { .. }
         ),
         "the client already has a request 1 in flight"
     );
     assert!(
         matches!(
             admit(&table, &["1"], OnDuplicate::Queue),
-            Admission::Queued { .. }
+            Decision::Queued { .. }
         ),
         "and under Queue it waits for it"
     );
@@ -100,7 +100,7 @@ fn under_reject_a_request_remapped_past_a_shadow_still_holds_its_id() {
 fn reject_registers_nothing_and_flags_batch_members() {
     let table = Arc::new(Table::new());
     let _held = admit(&table, &["1"], OnDuplicate::Reject);
-    let Admission::Duplicate { colliding } = admit(&table, &["2", "1", "2"], OnDuplicate::Reject)
+    let Decision::Duplicate { colliding } = admit(&table, &["2", "1", "2"], OnDuplicate::Reject)
     else {
         panic!("duplicate expected")
     };
@@ -111,7 +111,7 @@ fn reject_registers_nothing_and_flags_batch_members() {
 #[test]
 fn reserved_ids_are_always_rewritten() {
     let table = Arc::new(Table::new());
-    let Admission::Admitted { routes, .. } =
+    let Decision::Admitted { routes, .. } =
         admit(&table, &["\"mcp-id-guard:forged\""], OnDuplicate::Reject)
     else {
         panic!("admitted expected")
@@ -131,15 +131,15 @@ fn capacity_counts_requests() {
     let _held = admit(&table, &["1", "2", "3", "4", "5", "6"], OnDuplicate::Remap);
     assert!(matches!(
         admit(&table, &["7", "8", "9"], OnDuplicate::Remap),
-        Admission::OverCapacity
+        Decision::OverCapacity
     ));
     assert!(matches!(
         admit(&table, &["7", "8"], OnDuplicate::Remap),
-        Admission::Admitted { .. }
+        Decision::Admitted { .. }
     ));
     assert!(matches!(
         table.admit(b"session-b", &["1"], false, &config(OnDuplicate::Remap)),
-        Admission::Admitted { .. }
+        Decision::Admitted { .. }
     ));
 }
 
@@ -148,7 +148,7 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Remap);
     let second = admit(&table, &["1"], OnDuplicate::Remap);
-    let Admission::Admitted { routes, .. } = &second else {
+    let Decision::Admitted { routes, .. } = &second else {
         panic!("admitted expected")
     };
     let Route::Remapped { server_id, .. } = &routes[0] else {
@@ -167,7 +167,7 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
     assert_eq!(table.cancel(b"session-a", "1"), Some(Arc::clone(server_id)));
     assert_eq!(table.cancel(b"session-a", "1"), None);
     let reuse = admit(&table, &["1"], OnDuplicate::Reject);
-    let Admission::Admitted { routes, .. } = &reuse else {
+    let Decision::Admitted { routes, .. } = &reuse else {
         panic!("freed at once")
     };
     assert!(
@@ -203,7 +203,7 @@ fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
     let table = Arc::new(Table::new());
     drop(admit(&table, &["1"], OnDuplicate::Reject)); // abandoned as 1
     let live = admit(&table, &["1"], OnDuplicate::Reject);
-    let Admission::Admitted { routes, .. } = &live else {
+    let Decision::Admitted { routes, .. } = &live else {
         panic!("admitted expected")
     };
     let Route::Remapped { server_id, .. } = &routes[0] else {
@@ -216,7 +216,7 @@ fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
     );
     let reuse = admit(&table, &["1"], OnDuplicate::Reject);
     assert!(
-        matches!(&reuse, Admission::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })),
+        matches!(&reuse, Decision::Admitted { routes, .. } if matches!(routes[0], Route::Remapped { duplicate: false, .. })),
         "the cancelled request no longer holds the id: {reuse:?}"
     );
     end(reuse);
@@ -234,14 +234,14 @@ fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
 fn queue_hands_the_id_over_in_order() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Queue);
-    let Admission::Queued {
+    let Decision::Queued {
         registration: second,
         ticket: second_ticket,
     } = admit(&table, &["1"], OnDuplicate::Queue)
     else {
         panic!("queued expected")
     };
-    let Admission::Queued {
+    let Decision::Queued {
         registration: third,
         ticket: third_ticket,
     } = admit(&table, &["1"], OnDuplicate::Queue)
@@ -264,14 +264,14 @@ fn queue_hands_the_id_over_in_order() {
 fn a_queued_request_that_leaves_frees_its_place() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Queue);
-    let Admission::Queued {
+    let Decision::Queued {
         registration: second,
         ..
     } = admit(&table, &["1"], OnDuplicate::Queue)
     else {
         panic!("queued expected")
     };
-    let Admission::Queued {
+    let Decision::Queued {
         registration: third,
         ticket,
     } = admit(&table, &["1"], OnDuplicate::Queue)
@@ -292,7 +292,7 @@ fn a_batch_with_a_duplicate_is_refused_under_queue() {
     let _held = admit(&table, &["1"], OnDuplicate::Queue);
     assert!(matches!(
         admit(&table, &["1", "2"], OnDuplicate::Queue),
-        Admission::Duplicate { .. }
+        Decision::Duplicate { .. }
     ));
 }
 
@@ -310,7 +310,7 @@ fn an_abandoned_id_shadows_its_reuse_until_it_expires() {
         ),
         (0, 0, 1)
     );
-    let Admission::Admitted {
+    let Decision::Admitted {
         registration,
         routes,
     } = admit(&table, &["1"], OnDuplicate::Reject)
@@ -331,12 +331,12 @@ fn an_abandoned_id_shadows_its_reuse_until_it_expires() {
         ..config(OnDuplicate::Reject)
     };
     let table = Arc::new(Table::new());
-    let Admission::Admitted { registration, .. } = table.admit(b"s", &["1"], false, &short) else {
+    let Decision::Admitted { registration, .. } = table.admit(b"s", &["1"], false, &short) else {
         panic!("admitted expected")
     };
     drop(registration);
     std::thread::sleep(Duration::from_millis(1));
-    let Admission::Admitted {
+    let Decision::Admitted {
         registration,
         routes,
     } = table.admit(b"s", &["1"], false, &short)
@@ -352,7 +352,7 @@ fn an_abandoned_id_shadows_its_reuse_until_it_expires() {
 #[test]
 fn completed_exchanges_leave_nothing_behind() {
     let table = Arc::new(Table::new());
-    let Admission::Admitted { registration, .. } = admit(&table, &["1", "2"], OnDuplicate::Remap)
+    let Decision::Admitted { registration, .. } = admit(&table, &["1", "2"], OnDuplicate::Remap)
     else {
         panic!("admitted expected")
     };
@@ -372,7 +372,7 @@ fn a_cancelled_request_shadows_its_id_even_after_its_stream_ended() {
     let admit = |table: &Arc<Table>| table.admit(b"s", &["1"], false, &short);
     let first = admit(&table);
     assert!(table.cancel(b"s", "1").is_some());
-    let Admission::Admitted {
+    let Decision::Admitted {
         routes,
         registration,
     } = admit(&table)
@@ -391,7 +391,7 @@ fn a_cancelled_request_shadows_its_id_even_after_its_stream_ended() {
     // but a handler that ignores cancellation may still answer it.
     drop(first);
     assert_eq!(table.stats().abandoned_ids, 1);
-    let Admission::Admitted {
+    let Decision::Admitted {
         routes,
         registration,
     } = admit(&table)
@@ -404,7 +404,7 @@ fn a_cancelled_request_shadows_its_id_even_after_its_stream_ended() {
     );
     registration.complete();
     std::thread::sleep(Duration::from_millis(5));
-    let Admission::Admitted {
+    let Decision::Admitted {
         routes,
         registration,
     } = admit(&table)
@@ -435,7 +435,7 @@ fn a_cancellation_names_the_client_id_as_it_was_written() {
     for (written, cancelled_as) in cases {
         let table = Arc::new(Table::new());
         let held = admit(&table, &[written], OnDuplicate::Remap);
-        assert!(matches!(&held, Admission::Admitted { routes, .. } if routes[0] == Route::AsIs));
+        assert!(matches!(&held, Decision::Admitted { routes, .. } if routes[0] == Route::AsIs));
         assert_eq!(
             table.cancel(b"session-a", cancelled_as).as_deref(),
             Some(written.as_bytes()),
@@ -449,7 +449,7 @@ fn a_cancellation_names_the_client_id_as_it_was_written() {
 fn long_ids_collide_by_key_within_a_batch_and_across_posts() {
     let table = Arc::new(Table::new());
     let long = "\"a-request-id-longer-than-an-inline-key\"";
-    let Admission::Admitted {
+    let Decision::Admitted {
         registration,
         routes,
     } = admit(&table, &[long, "1", long], OnDuplicate::Remap)
@@ -465,14 +465,13 @@ fn long_ids_collide_by_key_within_a_batch_and_across_posts() {
             ..
         }
     ));
-    let Admission::Duplicate { colliding } = admit(&table, &["2", long], OnDuplicate::Reject)
-    else {
+    let Decision::Duplicate { colliding } = admit(&table, &["2", long], OnDuplicate::Reject) else {
         panic!("duplicate expected")
     };
     assert_eq!(colliding, [false, true]);
     registration.complete();
     assert_drained(&table);
-    let Admission::Admitted {
+    let Decision::Admitted {
         registration,
         routes,
     } = admit(&table, &[long], OnDuplicate::Reject)
@@ -488,7 +487,7 @@ fn long_ids_collide_by_key_within_a_batch_and_across_posts() {
 fn stats_count_every_shard() {
     let table = Arc::new(Table::new());
     let sessions: Vec<String> = (0..500).map(|n| format!("session-{n}")).collect();
-    let held: Vec<Admission> = sessions
+    let held: Vec<Decision> = sessions
         .iter()
         .map(|session| {
             table.admit(
@@ -526,7 +525,7 @@ fn rewrite_all_ids_rewrites_unique_ids_too() {
         rewrite_all_ids: true,
         ..config(OnDuplicate::Remap)
     };
-    let Admission::Admitted { routes, .. } = table.admit(b"s", &["1", "2"], true, &config) else {
+    let Decision::Admitted { routes, .. } = table.admit(b"s", &["1", "2"], true, &config) else {
         panic!("admitted expected")
     };
     assert!(routes.iter().all(|route| matches!(
@@ -553,12 +552,12 @@ fn the_budget_is_given_back_exactly() {
     let stats = table.stats();
     assert!(stats.table_bytes > 300 + 100, "{stats:?}");
     let queued = table.admit(&long_session, &["1"], false, &short);
-    assert!(matches!(queued, Admission::Queued { .. }));
+    assert!(matches!(queued, Decision::Queued { .. }));
     let left = table.admit(&long_session, &["1"], false, &short);
     drop(left); // leaves the queue
     assert!(table.cancel(&long_session, "0").is_some());
     end(first); // grants the queued one
-    let Admission::Queued {
+    let Decision::Queued {
         registration: mut queued,
         ..
     } = queued
@@ -597,13 +596,13 @@ fn a_full_table_forgets_the_oldest_abandoned_ids_first() {
     // A request that needs room: the oldest abandoned id goes first.
     let long_id = format!("\"{}\"", "x".repeat(1000));
     let held = table.admit(b"newcomer", &[&long_id], false, &config);
-    assert!(matches!(held, Admission::Admitted { .. }));
+    assert!(matches!(held, Decision::Admitted { .. }));
     let stats = table.stats();
     assert!(stats.abandoned_evicted_total > 0, "{stats:?}");
     assert!(stats.table_bytes <= config.max_table_bytes, "{stats:?}");
     let reuse = |n: usize| {
         let session = format!("session-{n}");
-        let Admission::Admitted {
+        let Decision::Admitted {
             routes,
             registration,
         } = table.admit(session.as_bytes(), &["1"], false, &config)
@@ -630,8 +629,8 @@ fn a_request_that_cannot_fit_is_refused_and_registers_nothing() {
     loop {
         let id = held.len().to_string();
         match table.admit(b"s", &[&id], false, &config) {
-            admitted @ Admission::Admitted { .. } => held.push(admitted),
-            Admission::OverBudget => break,
+            admitted @ Decision::Admitted { .. } => held.push(admitted),
+            Decision::OverBudget => break,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -653,11 +652,11 @@ fn over_long_session_ids_are_refused() {
     };
     assert!(matches!(
         table.admit(b"123456789", &["1", "2"], true, &config),
-        Admission::SessionIdTooLong
+        Decision::SessionIdTooLong
     ));
     assert!(matches!(
         table.admit(b"12345678", &["1"], false, &config),
-        Admission::Admitted { .. }
+        Decision::Admitted { .. }
     ));
     let stats = table.stats();
     assert_eq!((stats.rejected_total, stats.passed_total), (2, 1));
@@ -672,7 +671,7 @@ fn during_the_restart_window_unseen_sessions_are_remapped() {
     };
     table.note_started(b"seen", &window);
     let route = |session: &[u8], config: &Config| {
-        let Admission::Admitted {
+        let Decision::Admitted {
             routes,
             registration,
         } = table.admit(session, &["1"], false, config)
@@ -733,7 +732,7 @@ fn only_an_answer_frees_an_id() {
     assert_eq!(table.stats().abandoned_ids, 0, "answered after all");
 
     // A batch whose stream ended after one of its two responses.
-    let Admission::Admitted {
+    let Decision::Admitted {
         mut registration, ..
     } = admit(&table, &["1", "2"], OnDuplicate::Reject)
     else {
@@ -744,7 +743,7 @@ fn only_an_answer_frees_an_id() {
     assert!(registration.note_answered([(IdKey::from("1"), true)]));
     drop(registration);
     assert_eq!(table.stats().abandoned_ids, 1, "1 may still be running");
-    let Admission::Admitted { routes, .. } = admit(&table, &["2"], OnDuplicate::Reject) else {
+    let Decision::Admitted { routes, .. } = admit(&table, &["2"], OnDuplicate::Reject) else {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::AsIs), "2 was answered");
@@ -757,11 +756,11 @@ fn a_granted_request_never_forwarded_is_not_abandoned() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Queue);
     let queued = admit(&table, &["1"], OnDuplicate::Queue);
-    assert!(matches!(queued, Admission::Queued { .. }));
+    assert!(matches!(queued, Decision::Queued { .. }));
     end(first); // grants the queued one
     drop(queued);
     assert_eq!(table.stats().abandoned_ids, 0);
-    let Admission::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Queue) else {
+    let Decision::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Queue) else {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::AsIs), "1 goes as it is");
@@ -771,7 +770,7 @@ fn a_granted_request_never_forwarded_is_not_abandoned() {
 #[test]
 fn an_unsent_request_is_not_abandoned() {
     let table = Arc::new(Table::new());
-    let Admission::Admitted { registration, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
+    let Decision::Admitted { registration, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
         panic!("admitted expected")
     };
     registration.unsent();
@@ -796,14 +795,14 @@ fn an_answer_on_another_stream_frees_an_abandoned_id() {
     // While abandoned, a new 1 goes remapped: the server runs one request
     // under 1 at most.
     let second = admit(&table, &["1"], OnDuplicate::Remap);
-    let Admission::Admitted { routes, .. } = &second else {
+    let Decision::Admitted { routes, .. } = &second else {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::Remapped { .. }));
     table.answered_elsewhere(b"session-a", "1");
     assert_eq!(table.stats().abandoned_ids, 0);
     end(second);
-    let Admission::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
+    let Decision::Admitted { routes, .. } = admit(&table, &["1"], OnDuplicate::Remap) else {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::AsIs), "1 is free");
@@ -860,7 +859,7 @@ fn expired_abandoned_ids_of_an_idle_shard_make_room() {
         let held = table.admit(newcomer.as_bytes(), &[&long_id], false, &config);
         let stats = table.stats();
         assert!(
-            matches!(held, Admission::Admitted { .. }),
+            matches!(held, Decision::Admitted { .. }),
             "refused ({another_shard_abandons}): {held:?} {stats:?}"
         );
         assert_eq!(stats.abandoned_evicted_total, 0, "{stats:?}");

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Admission, Route, Table};
+use super::{Decision, Route, Table};
 use crate::table::config::Config;
 use crate::wire::id::id_key;
 
@@ -20,7 +20,7 @@ impl Table {
         cancel: bool,
         config: &Config,
     ) -> usize {
-        let Admission::Admitted {
+        let Decision::Admitted {
             mut registration,
             routes,
         } = self.admit(session, ids, ids.len() > 1, config)

@@ -33,7 +33,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ops::Range;
 
-use crate::wire::scan::{is_whitespace, plain_string, Event, Scanner, Sink};
+use crate::wire::scan::{is_whitespace, plain_string, Found, Scanner, Sink};
 
 /// What one JSON-RPC message in a body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,11 +274,11 @@ impl<'a, const N: usize> Members<'a, N> {
     }
 
     /// A key or value event of the message.
-    fn event(&mut self, event: Event) {
+    fn event(&mut self, event: Found) {
         match event {
-            Event::Key { token, escaped, .. } => self.key = Some((token, escaped)),
-            Event::ValueStart(at) => self.value_start = at,
-            Event::ValueEnd(end) => {
+            Found::Key { token, escaped, .. } => self.key = Some((token, escaped)),
+            Found::ValueStart(at) => self.value_start = at,
+            Found::ValueEnd(end) => {
                 if let Some((key, escaped)) = self.key.take() {
                     if self.refused.is_none() {
                         let value = self.value_start..end;
@@ -286,7 +286,7 @@ impl<'a, const N: usize> Members<'a, N> {
                     }
                 }
             }
-            Event::MessageStart(_) | Event::MessageEnd(_) | Event::OtherElement => {}
+            Found::MessageStart(_) | Found::MessageEnd(_) | Found::OtherElement => {}
         }
     }
 
@@ -344,7 +344,7 @@ fn is_utf8(bytes: &[u8]) -> bool {
 
 /// Reads a body's messages as the scanner finds them. The first message the
 /// guard refuses decides the answer, unless the scanner refuses the text.
-struct Body<'a> {
+struct Messages<'a> {
     members: Members<'a, 5>,
     batch: bool,
     /// The message of a body that is no batch.
@@ -354,31 +354,31 @@ struct Body<'a> {
     refused: Option<Unreadable>,
 }
 
-impl Sink for Body<'_> {
+impl Sink for Messages<'_> {
     // Keys are decoded and compared in full.
     const NAMES: bool = false;
 
     #[inline(always)]
-    fn event(&mut self, event: Event) {
+    fn event(&mut self, event: Found) {
         if self.refused.is_some() {
             return;
         }
         match event {
-            Event::MessageStart(_) => self.members.start(),
-            Event::MessageEnd(_) => self.message_end(),
-            Event::OtherElement => self.push(Message {
+            Found::MessageStart(_) => self.members.start(),
+            Found::MessageEnd(_) => self.message_end(),
+            Found::OtherElement => self.push(Message {
                 kind: Kind::Other,
                 id: None,
                 cancels: None,
             }),
-            Event::Key { .. } | Event::ValueStart(_) | Event::ValueEnd(_) => {
+            Found::Key { .. } | Found::ValueStart(_) | Found::ValueEnd(_) => {
                 self.members.event(event)
             }
         }
     }
 }
 
-impl Body<'_> {
+impl Messages<'_> {
     // Out of line, as `Members::member`: the sink is called for every
     // event, most of which only note an offset.
     #[inline(never)]
@@ -444,7 +444,7 @@ fn scan_whole(input: &[u8], sink: &mut impl Sink) -> Result<bool, Unreadable> {
 
 /// Reads a JSON text whose first byte is `{` or `[` (`batch`).
 fn read_messages(input: &[u8], batch: bool) -> Result<Peeked, Unreadable> {
-    let mut body = Body {
+    let mut body = Messages {
         members: Members::new(input, envelope_slot),
         batch,
         single: None,
@@ -515,16 +515,16 @@ struct Object<'a, const N: usize> {
 impl<const N: usize> Sink for Object<'_, N> {
     const NAMES: bool = false;
 
-    fn event(&mut self, event: Event) {
+    fn event(&mut self, event: Found) {
         match event {
-            Event::MessageStart(_) => self.members.start(),
-            Event::MessageEnd(_) => {
+            Found::MessageStart(_) => self.members.start(),
+            Found::MessageEnd(_) => {
                 if self.found.is_none() {
                     self.found = Some(self.members.end());
                 }
             }
-            Event::OtherElement => {}
-            Event::Key { .. } | Event::ValueStart(_) | Event::ValueEnd(_) => {
+            Found::OtherElement => {}
+            Found::Key { .. } | Found::ValueStart(_) | Found::ValueEnd(_) => {
                 self.members.event(event)
             }
         }

@@ -23,12 +23,12 @@ use bytes::{Bytes, BytesMut};
 
 use crate::wire::id::IdKey;
 use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
-use crate::wire::scan::{Event, KeyName, Scanner};
+use crate::wire::scan::{Found, KeyName, Scanner};
 
 /// A response that passed to the client: the collision key of the client id
 /// it carried, and whether that id was restored from a server-side id (the
 /// answer to a remapped request) or went to the server as it is.
-pub(crate) type Answer = (IdKey, bool);
+pub(crate) type Delivered = (IdKey, bool);
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
@@ -96,7 +96,7 @@ impl Held {
 #[derive(Debug)]
 pub(crate) struct Restorer {
     scanner: Scanner,
-    events: Vec<Event>,
+    events: Vec<Found>,
     current: Current,
     held: Option<Held>,
     /// The current text needs no more reading (a single message whose id is
@@ -119,8 +119,8 @@ pub(crate) struct Restorer {
     restored: usize,
     /// Responses of the current text, counted as answered once it ends (the
     /// client has the whole response then).
-    answering: Vec<Answer>,
-    answered: Vec<Answer>,
+    answering: Vec<Delivered>,
+    answered: Vec<Delivered>,
     /// Absolute offset of the first byte not yet emitted or held.
     emitted: usize,
 }
@@ -190,7 +190,7 @@ impl Restorer {
 
     /// The responses that passed since the last call (only when watching):
     /// the collision keys of their client ids, and whether each was restored.
-    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Answer> {
+    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
         self.answered.drain(..)
     }
 
@@ -291,7 +291,7 @@ impl Restorer {
 
     fn on_event(
         &mut self,
-        event: &Event,
+        event: &Found,
         map: &dyn Fn(usize) -> usize,
         text: &[u8],
         payload_base: usize,
@@ -299,8 +299,8 @@ impl Restorer {
         out: &mut VecDeque<Bytes>,
     ) {
         match event {
-            Event::MessageStart(_) => self.current = Current::default(),
-            Event::Key { token, name, .. } => {
+            Found::MessageStart(_) => self.current = Current::default(),
+            Found::Key { token, name, .. } => {
                 self.current.key = Some(*name);
                 // A second `id` makes the message ambiguous (parsers keep the
                 // first, the last, or refuse it): nothing in it is restored.
@@ -322,7 +322,7 @@ impl Restorer {
                     self.settle();
                 }
             }
-            Event::ValueStart(offset) => {
+            Found::ValueStart(offset) => {
                 let first = text.get(offset - payload_base).copied();
                 match self.current.key {
                     Some(KeyName::Id) if !self.current.method && !self.current.settled => {
@@ -352,7 +352,7 @@ impl Restorer {
                     _ => {}
                 }
             }
-            Event::ValueEnd(offset) => {
+            Found::ValueEnd(offset) => {
                 if self.current.key == Some(KeyName::Id) {
                     let end = map(*offset);
                     if let Some(held) = &mut self.held {
@@ -366,7 +366,7 @@ impl Restorer {
                 }
                 self.current.key = None;
             }
-            Event::MessageEnd(offset) => {
+            Found::MessageEnd(offset) => {
                 if self.held.as_ref().is_some_and(|held| held.response) {
                     self.conclude(map(*offset), at, out);
                 } else if self.held.is_some() {
@@ -374,7 +374,7 @@ impl Restorer {
                 }
                 self.settle();
             }
-            Event::OtherElement => {}
+            Found::OtherElement => {}
         }
     }
 
@@ -571,7 +571,7 @@ mod tests {
     use crate::wire::id::IdMinter;
 
     /// Restores `body` fed in pieces of `cut` bytes.
-    fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Answer>) {
+    fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
         let mut restorer = Restorer::new(1 << 20, watch);
         let mut out = VecDeque::new();
         let mut base = 0;
@@ -627,7 +627,7 @@ mod tests {
     }
 
     /// Restores `body` split in two at `split`.
-    fn restored_split(body: &[u8], split: usize, watch: bool) -> (Vec<u8>, Vec<Answer>) {
+    fn restored_split(body: &[u8], split: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
         let mut restorer = Restorer::new(1 << 20, watch);
         let mut out = VecDeque::new();
         let (head, tail) = body.split_at(split);

@@ -17,7 +17,7 @@ use std::ops::Range;
 /// What the scanner reports, in input order, with offsets from the start of
 /// the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Event {
+pub(crate) enum Found {
     /// A message (the top-level object, or an object element of a top-level
     /// array) opens at this offset.
     MessageStart(usize),
@@ -84,17 +84,17 @@ impl KeyPrefix {
 
 /// Where the scanner reports what it finds, event by event.
 pub(crate) trait Sink {
-    /// Whether the sink reads the `name` of [`Event::Key`]; when it does
+    /// Whether the sink reads the `name` of [`Found::Key`]; when it does
     /// not, the scanner spares the work and names every key
     /// [`KeyName::Other`].
     const NAMES: bool = true;
 
     /// The next event, in input order.
-    fn event(&mut self, event: Event);
+    fn event(&mut self, event: Found);
 }
 
-impl Sink for Vec<Event> {
-    fn event(&mut self, event: Event) {
+impl Sink for Vec<Found> {
+    fn event(&mut self, event: Found) {
         self.push(event);
     }
 }
@@ -109,7 +109,7 @@ struct Noting<'s, S: ?Sized> {
 impl<S: Sink + ?Sized> Sink for Noting<'_, S> {
     const NAMES: bool = S::NAMES;
 
-    fn event(&mut self, event: Event) {
+    fn event(&mut self, event: Found) {
         self.reported = true;
         self.sink.event(event);
     }
@@ -286,7 +286,7 @@ impl Scanner {
     pub(crate) fn feed_some(
         &mut self,
         chunk: &[u8],
-        events: &mut Vec<Event>,
+        events: &mut Vec<Found>,
     ) -> Result<usize, Malformed> {
         let mut sink = Noting {
             sink: events,
@@ -357,7 +357,7 @@ impl Scanner {
         let malformed = Err(Malformed(here));
         match (self.step, byte) {
             (Step::Top, b'{') => {
-                events.event(Event::MessageStart(here));
+                events.event(Found::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::Top, b'[') => {
@@ -367,7 +367,7 @@ impl Scanner {
             (Step::Top, _) => self.start_value(Role::Top, byte, here),
             (Step::BatchFirst, b']') | (Step::BatchNext, b']') => self.step = Step::Done,
             (Step::BatchFirst | Step::BatchElement, b'{') => {
-                events.event(Event::MessageStart(here));
+                events.event(Found::MessageStart(here));
                 self.step = Step::KeyFirst;
             }
             (Step::BatchFirst | Step::BatchElement, b']' | b',' | b':' | b'}') => return malformed,
@@ -377,7 +377,7 @@ impl Scanner {
             }
             (Step::BatchNext, b',') => self.step = Step::BatchElement,
             (Step::KeyFirst, b'}') | (Step::AfterValue, b'}') => {
-                events.event(Event::MessageEnd(here + 1));
+                events.event(Found::MessageEnd(here + 1));
                 self.step = if self.batch {
                     Step::BatchNext
                 } else {
@@ -397,7 +397,7 @@ impl Scanner {
             (Step::Colon, b':') => self.step = Step::Value,
             (Step::Value, b',' | b':' | b'}' | b']') => return malformed,
             (Step::Value, _) => {
-                events.event(Event::ValueStart(here));
+                events.event(Found::ValueStart(here));
                 self.step = Step::AfterValue;
                 self.start_value(Role::Value, byte, here);
             }
@@ -467,7 +467,7 @@ impl Scanner {
             Some(found) => {
                 let end = base + at + found + 1;
                 if role == Role::Key {
-                    events.event(Event::Key {
+                    events.event(Found::Key {
                         token: start..end,
                         escaped: *escaped,
                         name: if S::NAMES {
@@ -555,8 +555,8 @@ impl Scanner {
     fn end_token<S: Sink + ?Sized>(&mut self, role: Role, end: usize, events: &mut S) {
         self.token = Token::None;
         match role {
-            Role::Value => events.event(Event::ValueEnd(end)),
-            Role::Element => events.event(Event::OtherElement),
+            Role::Value => events.event(Found::ValueEnd(end)),
+            Role::Element => events.event(Found::OtherElement),
             Role::Key | Role::Top => {}
         }
     }
@@ -566,7 +566,7 @@ impl Scanner {
 mod tests {
     use super::*;
 
-    fn scan_in(text: &[u8], cut: usize) -> Result<Vec<Event>, Malformed> {
+    fn scan_in(text: &[u8], cut: usize) -> Result<Vec<Found>, Malformed> {
         let mut scanner = Scanner::default();
         let mut events = Vec::new();
         for piece in text.chunks(cut.max(1)) {
@@ -586,7 +586,7 @@ mod tests {
         let keys: Vec<&[u8]> = whole
             .iter()
             .filter_map(|event| match event {
-                Event::Key { token, name, .. } => {
+                Found::Key { token, name, .. } => {
                     assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
                     assert_ne!(*name, KeyName::Method);
                     Some(&text[token.clone()])
@@ -608,7 +608,7 @@ mod tests {
         let values: Vec<&[u8]> = whole
             .windows(2)
             .filter_map(|pair| match pair {
-                [Event::ValueStart(start), Event::ValueEnd(end)] => Some(&text[*start..*end]),
+                [Found::ValueStart(start), Found::ValueEnd(end)] => Some(&text[*start..*end]),
                 _ => None,
             })
             .collect();
@@ -664,11 +664,11 @@ mod tests {
         let events = scan_in(text, 3).unwrap();
         let starts = events
             .iter()
-            .filter(|event| matches!(event, Event::MessageStart(_)))
+            .filter(|event| matches!(event, Found::MessageStart(_)))
             .count();
         let others = events
             .iter()
-            .filter(|event| matches!(event, Event::OtherElement))
+            .filter(|event| matches!(event, Found::OtherElement))
             .count();
         assert_eq!((starts, others), (2, 3));
     }

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::wire::restore::Answer;
+use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
 
 /// The longest field name the framer keeps to recognise it; longer ones are
@@ -47,7 +47,7 @@ enum Line {
 
 /// Incremental SSE rewriter state.
 #[derive(Debug)]
-pub(crate) struct SseRewriter {
+pub(crate) struct Rewriter {
     restorer: Restorer,
     line: Line,
     /// The field name read so far (first [`SHORT`] + 1 bytes).
@@ -64,13 +64,13 @@ pub(crate) struct SseRewriter {
     parts: Vec<Part>,
 }
 
-impl Default for SseRewriter {
+impl Default for Rewriter {
     fn default() -> Self {
         Self::new(usize::MAX, false)
     }
 }
 
-impl SseRewriter {
+impl Rewriter {
     /// A rewriter that holds ids up to `max_id` bytes; `watch`: also learn
     /// every response that passes ([`take_answered`](Self::take_answered)).
     pub(crate) fn new(max_id: usize, watch: bool) -> Self {
@@ -111,7 +111,7 @@ impl SseRewriter {
 
     /// The responses whose events passed whole since the last call (only
     /// when watching).
-    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Answer> {
+    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
         self.restorer.take_answered()
     }
 
@@ -264,7 +264,7 @@ mod tests {
     use crate::wire::id::{id_key, IdMinter};
 
     fn rewrite_in_chunks(input: &[u8], cuts: &[usize]) -> Vec<u8> {
-        let mut rewriter = SseRewriter::default();
+        let mut rewriter = Rewriter::default();
         let mut out = VecDeque::new();
         let mut start = 0;
         for &cut in cuts.iter().chain(std::iter::once(&input.len())) {
@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn streams_without_the_prefix_come_back_as_the_same_bytes() {
         let input = b"retry: 10\n\nid: 7\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\n";
-        let mut rewriter = SseRewriter::default();
+        let mut rewriter = Rewriter::default();
         let mut out = VecDeque::new();
         rewriter.push(Bytes::from_static(input), &mut out);
         assert_eq!(out.len(), 1);
@@ -339,7 +339,7 @@ mod tests {
     fn learns_each_response_once_its_event_ends() {
         let minter = IdMinter::new();
         let server_id = String::from_utf8(minter.mint(r#""\u0031""#)).unwrap();
-        let mut rewriter = SseRewriter::new(usize::MAX, true);
+        let mut rewriter = Rewriter::new(usize::MAX, true);
         let mut out = VecDeque::new();
         let first = format!("data: {{\"method\":\"n\",\"params\":{{\"result\":1}}}}\n\ndata: {{\"id\":{server_id},\"result\":1}}\n\n");
         rewriter.push(Bytes::from(first), &mut out);
@@ -390,7 +390,7 @@ mod tests {
     fn a_huge_event_goes_on_as_it_arrives() {
         let minter = IdMinter::new();
         let server_id = String::from_utf8(minter.mint("1")).unwrap();
-        let mut rewriter = SseRewriter::default();
+        let mut rewriter = Rewriter::default();
         let mut out = VecDeque::new();
         rewriter.push(
             Bytes::from(format!(
