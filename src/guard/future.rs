@@ -48,19 +48,7 @@ where
         read: ReadBody<S>,
     },
     /// Waiting for the id under `OnDuplicate::Queue`.
-    Queued {
-        service: Option<S>,
-        pending: Option<PendingForward>,
-        registration: Option<Registration>,
-        ticket: Arc<Waiter>,
-        /// Started at the first poll, inside the server's runtime.
-        deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-        max_wait: Duration,
-        /// The longest id a client could have sent.
-        max_id: usize,
-        /// The session, whose ids the response restores.
-        session: Option<http::HeaderValue>,
-    },
+    Queued { queued: Queued<S> },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
@@ -92,6 +80,21 @@ struct ReadBody<S> {
     /// A POST without a session read only to see whether it is an
     /// `initialize` (during the restart window).
     watch_start: bool,
+}
+
+/// A request waiting for its id under `OnDuplicate::Queue`.
+struct Queued<S> {
+    service: Option<S>,
+    pending: Option<PendingForward>,
+    registration: Option<Registration>,
+    ticket: Arc<Waiter>,
+    /// Started at the first poll, inside the server's runtime.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    max_wait: Duration,
+    /// The longest id a client could have sent.
+    max_id: usize,
+    /// The session, whose ids the response restores.
+    session: Option<http::HeaderValue>,
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -177,128 +180,8 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             let next = match self.as_mut().project().state.project() {
-                StateProj::Reading { mut body, read } => {
-                    let limit = read.config.max_body_bytes;
-                    let finished = loop {
-                        match ready!(body.as_mut().poll_frame(cx)) {
-                            Some(Ok(frame)) => match frame.into_data() {
-                                Ok(mut data) => {
-                                    if read.buffer.len() + data.remaining() > limit {
-                                        break Err(body_too_large(limit));
-                                    }
-                                    read.buffer.push(data.copy_to_bytes(data.remaining()));
-                                }
-                                Err(frame) => read.trailers = frame.into_trailers().ok(),
-                            },
-                            Some(Err(_)) => break Err(body_unreadable()),
-                            None => break Ok(()),
-                        }
-                    };
-                    match (finished, read.parts.take(), read.service.take()) {
-                        (Ok(()), Some(parts), Some(mut service)) => {
-                            let bytes = std::mem::take(&mut read.buffer).into_bytes();
-                            let starts = (read.watch_start && is_initialize(&bytes))
-                                .then(|| (Arc::clone(&read.table), read.config));
-                            match prepare(
-                                parts,
-                                &read.headers,
-                                bytes,
-                                read.trailers.take(),
-                                &read.config,
-                                &read.table,
-                            ) {
-                                Prepared::Forward {
-                                    request,
-                                    registration,
-                                    restore,
-                                } => State::Calling {
-                                    future: service.call(request),
-                                    restore: (restore || registration.is_some()).then(|| {
-                                        Restoring {
-                                            table: Arc::clone(&read.table),
-                                            max_id: read.config.max_body_bytes,
-                                            restore,
-                                            session: read.headers.session.clone(),
-                                            frees: false,
-                                        }
-                                    }),
-                                    registration,
-                                    starts,
-                                },
-                                Prepared::Queue {
-                                    pending,
-                                    registration,
-                                    ticket,
-                                } => State::Queued {
-                                    service: Some(service),
-                                    pending: Some(pending),
-                                    registration: Some(registration),
-                                    ticket,
-                                    deadline: None,
-                                    max_wait: read.config.max_queue_wait,
-                                    max_id: read.config.max_body_bytes,
-                                    session: read.headers.session.clone(),
-                                },
-                                Prepared::Answer(response) => State::Answered {
-                                    response: Some(response),
-                                },
-                            }
-                        }
-                        (Err(response), _, _) => State::Answered {
-                            response: Some(response),
-                        },
-                        // Parts and service are taken only here, right before
-                        // leaving this state, so they are always present.
-                        _ => unreachable!("ResponseFuture polled after completion"),
-                    }
-                }
-                StateProj::Queued {
-                    service,
-                    pending,
-                    registration,
-                    ticket,
-                    deadline,
-                    max_wait,
-                    max_id,
-                    session,
-                } => match ticket.poll_turn(cx) {
-                    Poll::Ready(server_id) => {
-                        match (service.take(), pending.take(), registration.take()) {
-                            (Some(mut service), Some(pending), Some(mut registration)) => {
-                                let remapped = server_id.is_some();
-                                let restore = Some(Restoring {
-                                    table: Arc::clone(registration.table()),
-                                    max_id: *max_id,
-                                    restore: remapped,
-                                    session: session.take(),
-                                    frees: false,
-                                });
-                                let future =
-                                    service.call(pending.into_request(server_id.as_deref()));
-                                registration.forwarded(remapped);
-                                State::Calling {
-                                    future,
-                                    registration: Some(registration),
-                                    restore,
-                                    starts: None,
-                                }
-                            }
-                            _ => unreachable!("ResponseFuture polled after completion"),
-                        }
-                    }
-                    Poll::Pending => {
-                        let deadline =
-                            deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(*max_wait)));
-                        ready!(deadline.as_mut().poll(cx));
-                        // Leaving the queue: dropping the registration takes
-                        // the request out of line.
-                        registration.take();
-                        let id = pending.as_ref().map_or("null", PendingForward::queued_id);
-                        State::Answered {
-                            response: Some(queue_timeout(id)),
-                        }
-                    }
-                },
+                StateProj::Reading { body, read } => ready!(read.poll_read(body, cx)),
+                StateProj::Queued { queued } => ready!(queued.poll_turn(cx)),
                 StateProj::Calling {
                     future,
                     registration,
@@ -313,10 +196,7 @@ where
                         }
                     };
                     if let Some((table, config)) = starts.take() {
-                        let session = response.headers().get(&MCP_SESSION_ID);
-                        if let Some(session) = session.filter(|_| response.status().is_success()) {
-                            table.note_started(session.as_bytes(), &config);
-                        }
+                        note_started(&response, &table, &config);
                     }
                     return Poll::Ready(Ok(ResponseBody::wrap(
                         response,
@@ -333,6 +213,156 @@ where
             };
             self.as_mut().project().state.set(next);
         }
+    }
+}
+
+impl<S> ReadBody<S> {
+    /// Reads the body to its end (or its limit), then decides.
+    fn poll_read<B>(&mut self, mut body: Pin<&mut B>, cx: &mut Context<'_>) -> Poll<State<S, B>>
+    where
+        S: Service<Request<RequestBody<B>>>,
+        B: Body,
+    {
+        let limit = self.config.max_body_bytes;
+        let finished = loop {
+            match ready!(body.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(mut data) => {
+                        if self.buffer.len() + data.remaining() > limit {
+                            break Err(body_too_large(limit));
+                        }
+                        self.buffer.push(data.copy_to_bytes(data.remaining()));
+                    }
+                    Err(frame) => self.trailers = frame.into_trailers().ok(),
+                },
+                Some(Err(_)) => break Err(body_unreadable()),
+                None => break Ok(()),
+            }
+        };
+        Poll::Ready(match finished {
+            Ok(()) => self.decide(),
+            Err(response) => State::Answered {
+                response: Some(response),
+            },
+        })
+    }
+
+    /// Asks the table about the read body: the state the future goes on in.
+    fn decide<B>(&mut self) -> State<S, B>
+    where
+        S: Service<Request<RequestBody<B>>>,
+    {
+        // Parts and service are taken only here, right before leaving the
+        // reading state, so they are always present.
+        let (Some(parts), Some(mut service)) = (self.parts.take(), self.service.take()) else {
+            unreachable!("ResponseFuture polled after completion")
+        };
+        let bytes = std::mem::take(&mut self.buffer).into_bytes();
+        let starts = (self.watch_start && is_initialize(&bytes))
+            .then(|| (Arc::clone(&self.table), self.config));
+        let prepared = prepare(
+            parts,
+            &self.headers,
+            bytes,
+            self.trailers.take(),
+            &self.config,
+            &self.table,
+        );
+        match prepared {
+            Prepared::Forward {
+                request,
+                registration,
+                restore,
+            } => State::Calling {
+                future: service.call(request),
+                restore: (restore || registration.is_some()).then(|| Restoring {
+                    table: Arc::clone(&self.table),
+                    max_id: self.config.max_body_bytes,
+                    restore,
+                    session: self.headers.session.clone(),
+                    frees: false,
+                }),
+                registration,
+                starts,
+            },
+            Prepared::Queue {
+                pending,
+                registration,
+                ticket,
+            } => State::Queued {
+                queued: Queued {
+                    service: Some(service),
+                    pending: Some(pending),
+                    registration: Some(registration),
+                    ticket,
+                    deadline: None,
+                    max_wait: self.config.max_queue_wait,
+                    max_id: self.config.max_body_bytes,
+                    session: self.headers.session.clone(),
+                },
+            },
+            Prepared::Answer(response) => State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S> Queued<S> {
+    /// Waits for the request's turn (then forwards it) or for the deadline
+    /// (then answers `503`).
+    fn poll_turn<B>(&mut self, cx: &mut Context<'_>) -> Poll<State<S, B>>
+    where
+        S: Service<Request<RequestBody<B>>>,
+    {
+        if let Poll::Ready(server_id) = self.ticket.poll_turn(cx) {
+            let (Some(mut service), Some(pending), Some(mut registration)) = (
+                self.service.take(),
+                self.pending.take(),
+                self.registration.take(),
+            ) else {
+                unreachable!("ResponseFuture polled after completion")
+            };
+            let remapped = server_id.is_some();
+            let restore = Some(Restoring {
+                table: Arc::clone(registration.table()),
+                max_id: self.max_id,
+                restore: remapped,
+                session: self.session.take(),
+                frees: false,
+            });
+            let future = service.call(pending.into_request(server_id.as_deref()));
+            registration.forwarded(remapped);
+            return Poll::Ready(State::Calling {
+                future,
+                registration: Some(registration),
+                restore,
+                starts: None,
+            });
+        }
+        let max_wait = self.max_wait;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(max_wait)));
+        ready!(deadline.as_mut().poll(cx));
+        // Leaving the queue: dropping the registration takes the request out
+        // of line.
+        self.registration.take();
+        let id = self
+            .pending
+            .as_ref()
+            .map_or("null", PendingForward::queued_id);
+        Poll::Ready(State::Answered {
+            response: Some(queue_timeout(id)),
+        })
+    }
+}
+
+/// Records the session an `initialize`'s successful answer starts.
+fn note_started<B>(response: &Response<B>, table: &Table, config: &Config) {
+    let session = response.headers().get(&MCP_SESSION_ID);
+    if let Some(session) = session.filter(|_| response.status().is_success()) {
+        table.note_started(session.as_bytes(), config);
     }
 }
 
