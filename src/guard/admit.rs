@@ -21,7 +21,7 @@ use crate::wire::protocol::RequestHeaders;
 /// What to do with a tracked POST once its body is read. Returned by value and
 /// consumed at once, so the variants' size difference does not matter.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Prepared<B> {
+pub(crate) enum Admission<B> {
     /// Call the inner service with `request`; `restore` says whether the
     /// response carries server-side ids to restore.
     Forward {
@@ -92,14 +92,14 @@ impl PendingForward {
 
 /// Peeks at a tracked POST's body, asks the session table, and builds the
 /// request to forward (with remapped ids spliced in) or the guard's answer.
-pub(crate) fn prepare<B>(
+pub(crate) fn admit<B>(
     parts: http::request::Parts,
     headers: &RequestHeaders,
     body: Bytes,
     trailers: Option<HeaderMap>,
     config: &Config,
     table: &Arc<Table>,
-) -> Prepared<B> {
+) -> Admission<B> {
     let mut pending = PendingForward {
         parts,
         body,
@@ -114,12 +114,12 @@ pub(crate) fn prepare<B>(
     // Servers disagree on which of several headers counts (the first, the
     // last, or all joined): no reading is safe.
     if headers.several_sessions {
-        return Prepared::Answer(answer::several_sessions());
+        return Admission::Answer(answer::several_sessions());
     }
     // A server that inflates request bodies reads a request the guard
     // cannot see in the compressed bytes.
     if headers.encoded {
-        return Prepared::Answer(answer::unreadable(Unreadable::Compressed));
+        return Admission::Answer(answer::unreadable(Unreadable::Compressed));
     }
     let session_id_too_long = session.len() > config.max_session_id_bytes;
     // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
@@ -132,11 +132,17 @@ pub(crate) fn prepare<B>(
     let peeked = match read(&pending.body) {
         Reading::Read(peeked) => peeked,
         Reading::NotJsonRpc if session_id_too_long => {
-            return session_refused(table, session.as_bytes(), &[], false, config);
+            return Admission::Answer(session_id_refusal(
+                table,
+                session.as_bytes(),
+                &[],
+                false,
+                config,
+            ));
         }
         // No server reads it as JSON-RPC; the server gives its own error.
         Reading::NotJsonRpc => return untracked(pending),
-        Reading::Unreadable(why) => return Prepared::Answer(answer::unreadable(why)),
+        Reading::Unreadable(why) => return Admission::Answer(answer::unreadable(why)),
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
@@ -145,59 +151,21 @@ pub(crate) fn prepare<B>(
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
         // refused here, so nothing in such a session reaches the server.
-        return session_refused(table, session, &ids, is_batch, config);
+        return Admission::Answer(session_id_refusal(table, session, &ids, is_batch, config));
     }
 
     // Requests are admitted before the body's cancellations take effect, so a
     // body the guard refuses cancels nothing.
     let admission = (!ids.is_empty()).then(|| table.admit(session, &ids, is_batch, config));
+    let asked = Asked {
+        table,
+        config,
+        session,
+        ids: &ids,
+        is_batch,
+    };
     let (registration, restore, queued) = match admission {
         None => (None, false, None),
-        Some(Decision::OverCapacity) => {
-            tracing::warn!(
-                session = %table.session_tag(session),
-                limit = config.max_in_flight_per_session,
-                "session at its in-flight limit; request refused"
-            );
-            let status = StatusCode::TOO_MANY_REQUESTS;
-            let code = answer::SERVER_ERROR;
-            let message = answer::OVER_CAPACITY_MESSAGE;
-            return Prepared::Answer(if is_batch {
-                answer::batch(status, code, ids.iter().map(|id| (*id, message)))
-            } else {
-                answer::single(status, ids[0], code, message)
-            });
-        }
-        Some(Decision::OverBudget) => {
-            tracing::warn!(
-                session = %table.session_tag(session),
-                limit = config.max_table_bytes,
-                "table at its byte budget; request refused"
-            );
-            return Prepared::Answer(answer::over_budget(&ids, is_batch));
-        }
-        Some(Decision::SessionIdTooLong) => {
-            return session_refused(table, session, &ids, is_batch, config);
-        }
-        Some(Decision::Duplicate { colliding }) => {
-            for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
-                log_duplicate(config, table, session, id, "rejected");
-            }
-            let status = config.reject_status;
-            let code = answer::INVALID_REQUEST;
-            return Prepared::Answer(if is_batch {
-                let messages = colliding.iter().map(|hit| {
-                    if *hit {
-                        answer::DUPLICATE_MESSAGE
-                    } else {
-                        answer::BATCH_SIBLING_MESSAGE
-                    }
-                });
-                answer::batch(status, code, ids.iter().copied().zip(messages))
-            } else {
-                answer::single(status, ids[0], code, answer::DUPLICATE_MESSAGE)
-            });
-        }
         Some(Decision::Queued {
             registration,
             ticket,
@@ -210,31 +178,140 @@ pub(crate) fn prepare<B>(
             registration,
             routes,
         }) => {
-            let mut remapped = false;
-            for ((id, range), route) in ids.iter().zip(id_ranges.iter()).zip(routes) {
-                if let Route::Remapped {
-                    server_id,
-                    duplicate,
-                } = route
-                {
-                    if duplicate {
-                        log_duplicate(config, table, session, id, "remapped");
-                    }
-                    tracing::debug!(
-                        id = %loggable(id),
-                        server_id = %String::from_utf8_lossy(&server_id),
-                        "forwarding with a server-side id"
-                    );
-                    pending.edits.push((range.clone(), server_id.to_vec()));
-                    remapped = true;
-                }
-            }
+            let remapped = asked.remap(&mut pending, &id_ranges, routes);
             pending.reads_response();
             (Some(registration), remapped, None)
         }
+        Some(refused) => return Admission::Answer(asked.refusal(refused)),
     };
+    cancel(&mut pending, &peeked, &body, table, session);
 
-    for (range, request_id) in peeked.cancelled_ids(&body) {
+    match (registration, queued) {
+        (Some(registration), Some(ticket)) => {
+            pending.queued_id = Some((id_ranges[0].clone(), ids[0].into()));
+            Admission::Queue {
+                pending,
+                registration,
+                ticket,
+            }
+        }
+        (registration, _) => Admission::Forward {
+            request: pending.into_request(None),
+            registration,
+            restore,
+        },
+    }
+}
+
+/// A POST's requests as the table was asked about them.
+struct Asked<'a> {
+    table: &'a Arc<Table>,
+    config: &'a Config,
+    session: &'a [u8],
+    ids: &'a [&'a str],
+    is_batch: bool,
+}
+
+impl Asked<'_> {
+    /// The guard's own answer to requests the table refused.
+    fn refusal(&self, decision: Decision) -> Response<Full<Bytes>> {
+        let Self {
+            table,
+            config,
+            session,
+            ids,
+            is_batch,
+        } = *self;
+        match decision {
+            Decision::OverCapacity => {
+                tracing::warn!(
+                    session = %table.session_tag(session),
+                    limit = config.max_in_flight_per_session,
+                    "session at its in-flight limit; request refused"
+                );
+                let status = StatusCode::TOO_MANY_REQUESTS;
+                let code = answer::SERVER_ERROR;
+                let message = answer::OVER_CAPACITY_MESSAGE;
+                if is_batch {
+                    answer::batch(status, code, ids.iter().map(|id| (*id, message)))
+                } else {
+                    answer::single(status, ids[0], code, message)
+                }
+            }
+            Decision::OverBudget => {
+                tracing::warn!(
+                    session = %table.session_tag(session),
+                    limit = config.max_table_bytes,
+                    "table at its byte budget; request refused"
+                );
+                answer::over_budget(ids, is_batch)
+            }
+            Decision::Duplicate { colliding } => {
+                for (id, _) in ids.iter().zip(&colliding).filter(|(_, hit)| **hit) {
+                    log_duplicate(config, table, session, id, "rejected");
+                }
+                let status = config.reject_status;
+                let code = answer::INVALID_REQUEST;
+                if is_batch {
+                    let messages = colliding.iter().map(|hit| {
+                        if *hit {
+                            answer::DUPLICATE_MESSAGE
+                        } else {
+                            answer::BATCH_SIBLING_MESSAGE
+                        }
+                    });
+                    answer::batch(status, code, ids.iter().copied().zip(messages))
+                } else {
+                    answer::single(status, ids[0], code, answer::DUPLICATE_MESSAGE)
+                }
+            }
+            // `SessionIdTooLong`; the admitted and queued decisions are no
+            // refusal and never come here.
+            _ => session_id_refusal(table, session, ids, is_batch, config),
+        }
+    }
+
+    /// Edits the ids of the requests that go with a server-side id; says
+    /// whether any does.
+    fn remap(
+        &self,
+        pending: &mut PendingForward,
+        id_ranges: &[Range<usize>],
+        routes: InlineVec<Route>,
+    ) -> bool {
+        let mut remapped = false;
+        for ((id, range), route) in self.ids.iter().zip(id_ranges).zip(routes) {
+            if let Route::Remapped {
+                server_id,
+                duplicate,
+            } = route
+            {
+                if duplicate {
+                    log_duplicate(self.config, self.table, self.session, id, "remapped");
+                }
+                tracing::debug!(
+                    id = %loggable(id),
+                    server_id = %String::from_utf8_lossy(&server_id),
+                    "forwarding with a server-side id"
+                );
+                pending.edits.push((range.clone(), server_id.to_vec()));
+                remapped = true;
+            }
+        }
+        remapped
+    }
+}
+
+/// Applies the body's cancellations: each frees the in-flight id it names,
+/// and is edited to name the request as the server knows it.
+fn cancel(
+    pending: &mut PendingForward,
+    peeked: &Peeked,
+    body: &[u8],
+    table: &Table,
+    session: &[u8],
+) {
+    for (range, request_id) in peeked.cancelled_ids(body) {
         let Some(target) = table.cancel(session, request_id) else {
             continue;
         };
@@ -251,48 +328,28 @@ pub(crate) fn prepare<B>(
             pending.edits.push((range, target.to_vec()));
         }
     }
-
-    match (registration, queued) {
-        (Some(registration), Some(ticket)) => {
-            pending.queued_id = Some((id_ranges[0].clone(), ids[0].into()));
-            Prepared::Queue {
-                pending,
-                registration,
-                ticket,
-            }
-        }
-        (registration, _) => Prepared::Forward {
-            request: pending.into_request(None),
-            registration,
-            restore,
-        },
-    }
 }
 
 /// The guard's answer to a POST in a session whose id is over
 /// `max_session_id_bytes` (the table counted the requests it refused itself).
-fn session_refused<B>(
+fn session_id_refusal(
     table: &Table,
     session: &[u8],
     ids: &[&str],
     is_batch: bool,
     config: &Config,
-) -> Prepared<B> {
+) -> Response<Full<Bytes>> {
     tracing::warn!(
         session = %table.session_tag(session),
         length = session.len(),
         limit = config.max_session_id_bytes,
         "session id too long; request refused"
     );
-    Prepared::Answer(answer::session_id_too_long(
-        ids,
-        is_batch,
-        config.max_session_id_bytes,
-    ))
+    answer::session_id_too_long(ids, is_batch, config.max_session_id_bytes)
 }
 
-fn untracked<B>(pending: PendingForward) -> Prepared<B> {
-    Prepared::Forward {
+fn untracked<B>(pending: PendingForward) -> Admission<B> {
+    Admission::Forward {
         request: pending.into_request(None),
         registration: None,
         restore: false,

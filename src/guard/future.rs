@@ -11,7 +11,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 use tower_service::Service;
 
-use crate::guard::admit::{prepare, PendingForward, Prepared};
+use crate::guard::admit::{admit, Admission, PendingForward};
 use crate::guard::body::{Accumulated, RequestBody, ResponseBody, Restoring};
 use crate::table::config::Config;
 use crate::table::{Registration, Table, Waiter};
@@ -260,7 +260,7 @@ impl<S> ReadBody<S> {
         let bytes = std::mem::take(&mut self.buffer).into_bytes();
         let starts = (self.watch_start && is_initialize(&bytes))
             .then(|| (Arc::clone(&self.table), self.config));
-        let prepared = prepare(
+        let admission = admit(
             parts,
             &self.headers,
             bytes,
@@ -268,8 +268,8 @@ impl<S> ReadBody<S> {
             &self.config,
             &self.table,
         );
-        match prepared {
-            Prepared::Forward {
+        match admission {
+            Admission::Forward {
                 request,
                 registration,
                 restore,
@@ -285,7 +285,7 @@ impl<S> ReadBody<S> {
                 registration,
                 starts,
             },
-            Prepared::Queue {
+            Admission::Queue {
                 pending,
                 registration,
                 ticket,
@@ -301,7 +301,7 @@ impl<S> ReadBody<S> {
                     session: self.headers.session.clone(),
                 },
             },
-            Prepared::Answer(response) => State::Answered {
+            Admission::Answer(response) => State::Answered {
                 response: Some(response),
             },
         }
