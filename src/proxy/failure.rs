@@ -5,12 +5,91 @@
 use http::{Method, Response, StatusCode};
 
 use super::body::ProxyBody;
+use super::pool::Failure;
 use super::upstream::Url;
 use super::{Shared, UpstreamFailure, INTERNAL_ERROR};
+use crate::guard::Unanswered;
 use crate::wire::answer;
 use crate::wire::envelope::{peek, Peeked};
 
 impl Shared {
+    /// The proxy's answer in the upstream's place when a request got no
+    /// response: `504`, `503` or `502` with a JSON-RPC error carrying the
+    /// request's ids (`read`), marked with whether it reached the upstream.
+    pub(super) fn stand_in(
+        &self,
+        failure: Failure,
+        read: Option<&[u8]>,
+        (method, uri): (&Method, &Url<'_>),
+    ) -> Response<ProxyBody> {
+        // The guard in front frees the request's ids only if the upstream
+        // cannot have it: this answer is no response from the server.
+        let unanswered = if failure.sent() {
+            Unanswered::Sent
+        } else {
+            Unanswered::NotSent
+        };
+        let mut response = match failure {
+            Failure::Timeout { .. } => {
+                if let Some(suppressed) = self.warnings.ready(UpstreamFailure::ResponseTimeout) {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        timeout = ?self.response_timeout.unwrap_or_default(),
+                        "upstream sent no response headers in time; answered 504 \
+                         ({suppressed} more since the last such line)"
+                    );
+                }
+                failed(
+                    UpstreamFailure::ResponseTimeout,
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &ErrorIds::sent(read),
+                    INTERNAL_ERROR,
+                    "Gateway Timeout: the upstream MCP server did not answer in time",
+                )
+            }
+            Failure::Busy(busy) => {
+                if let Some(suppressed) = self.warnings.ready(UpstreamFailure::Busy) {
+                    tracing::warn!(
+                        %method,
+                        %uri,
+                        "{busy}; answered 503 ({suppressed} more since the last such line)"
+                    );
+                }
+                failed(
+                    UpstreamFailure::Busy,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &ErrorIds::sent(read),
+                    answer::SERVER_ERROR,
+                    "Service Unavailable: every upstream connection is busy; retry later",
+                )
+            }
+            Failure::Send { error, .. } => self.bad_gateway(
+                UpstreamFailure::FailedBeforeAnswer,
+                "Bad Gateway: the upstream MCP server failed before answering",
+                &error,
+                (method, uri),
+                &ErrorIds::sent(read),
+            ),
+            Failure::Connect(error) if is_timeout(&*error) => self.bad_gateway(
+                UpstreamFailure::ConnectTimeout,
+                "Bad Gateway: the upstream MCP server did not accept the connection in time",
+                &*error,
+                (method, uri),
+                &ErrorIds::sent(read),
+            ),
+            Failure::Connect(error) => self.bad_gateway(
+                UpstreamFailure::Unreachable,
+                "Bad Gateway: the upstream MCP server could not be reached",
+                &*error,
+                (method, uri),
+                &ErrorIds::sent(read),
+            ),
+        };
+        response.extensions_mut().insert(unanswered);
+        response
+    }
+
     /// `502` with a JSON-RPC error, logged once per interval and kind: an
     /// upstream that is down fails every request, and one line with the
     /// count says so better than one per request.
@@ -73,7 +152,7 @@ impl ErrorIds {
 }
 
 /// An answer to a request the upstream could not answer, marked with why.
-pub(super) fn failed(
+fn failed(
     failure: UpstreamFailure,
     status: StatusCode,
     ids: &ErrorIds,
@@ -103,7 +182,7 @@ pub(super) fn local(
 }
 
 /// Whether an upstream error was a connect timeout.
-pub(super) fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(error);
     while let Some(error) = source {
         if error

@@ -181,8 +181,8 @@ pub use body::ProxyBody;
 pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
-use failure::{error_chain, failed, is_timeout, local, ErrorIds};
-use pool::{Failure, Pool};
+use failure::{error_chain, local, ErrorIds};
+use pool::Pool;
 use upstream::Upstream;
 
 /// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
@@ -555,6 +555,36 @@ where
     }
 }
 
+/// A request body, and its bytes when the proxy may have to answer in the
+/// upstream's place with the request's ids. A body that fails while being
+/// read is answered `400` at once.
+async fn read_for_stand_in<B>(
+    parts: &http::request::Parts,
+    body: B,
+) -> Result<(OutBody, Option<Bytes>), Response<ProxyBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    if !is_peekable(parts, &body) {
+        return Ok((Either::Right(body.map_err(Into::into).boxed_unsync()), None));
+    }
+    match read_whole(body).await {
+        Ok((body, bytes)) => Ok((body, Some(bytes))),
+        Err(error) => {
+            tracing::debug!(error = %error, "request body failed while being read");
+            let mut response = local(
+                StatusCode::BAD_REQUEST,
+                &ErrorIds::Null,
+                answer::INVALID_REQUEST,
+                answer::UNREADABLE_MESSAGE,
+            );
+            response.extensions_mut().insert(Unanswered::NotSent);
+            Err(response)
+        }
+    }
+}
+
 impl Proxy {
     async fn forward<B>(self, request: Request<B>) -> Response<ProxyBody>
     where
@@ -576,23 +606,9 @@ impl Proxy {
         }
         // The request as sent, read only if the proxy must answer in its
         // place (most requests never need their ids read a second time).
-        let (body, read) = if is_peekable(&parts, &body) {
-            match read_whole(body).await {
-                Ok((body, bytes)) => (body, Some(bytes)),
-                Err(error) => {
-                    tracing::debug!(error = %error, "request body failed while being read");
-                    let mut response = local(
-                        StatusCode::BAD_REQUEST,
-                        &ErrorIds::Null,
-                        answer::INVALID_REQUEST,
-                        answer::UNREADABLE_MESSAGE,
-                    );
-                    response.extensions_mut().insert(Unanswered::NotSent);
-                    return response;
-                }
-            }
-        } else {
-            (Either::Right(body.map_err(Into::into).boxed_unsync()), None)
+        let (body, read) = match read_for_stand_in(&parts, body).await {
+            Ok(read) => read,
+            Err(response) => return response,
         };
 
         let client_ip = parts
@@ -632,71 +648,6 @@ impl Proxy {
             }
             Err(failure) => failure,
         };
-        // The guard in front frees the request's ids only if the upstream
-        // cannot have it: this answer is no response from the server.
-        let unanswered = if failure.sent() {
-            Unanswered::Sent
-        } else {
-            Unanswered::NotSent
-        };
-        let mut response = match failure {
-            Failure::Timeout { .. } => {
-                if let Some(suppressed) = this.warnings.ready(UpstreamFailure::ResponseTimeout) {
-                    tracing::warn!(
-                        %method,
-                        %uri,
-                        timeout = ?this.response_timeout.unwrap_or_default(),
-                        "upstream sent no response headers in time; answered 504 \
-                         ({suppressed} more since the last such line)"
-                    );
-                }
-                failed(
-                    UpstreamFailure::ResponseTimeout,
-                    StatusCode::GATEWAY_TIMEOUT,
-                    &ErrorIds::sent(read.as_deref()),
-                    INTERNAL_ERROR,
-                    "Gateway Timeout: the upstream MCP server did not answer in time",
-                )
-            }
-            Failure::Busy(busy) => {
-                if let Some(suppressed) = this.warnings.ready(UpstreamFailure::Busy) {
-                    tracing::warn!(
-                        %method,
-                        %uri,
-                        "{busy}; answered 503 ({suppressed} more since the last such line)"
-                    );
-                }
-                failed(
-                    UpstreamFailure::Busy,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &ErrorIds::sent(read.as_deref()),
-                    answer::SERVER_ERROR,
-                    "Service Unavailable: every upstream connection is busy; retry later",
-                )
-            }
-            Failure::Send { error, .. } => this.bad_gateway(
-                UpstreamFailure::FailedBeforeAnswer,
-                "Bad Gateway: the upstream MCP server failed before answering",
-                &error,
-                (&method, &uri),
-                &ErrorIds::sent(read.as_deref()),
-            ),
-            Failure::Connect(error) if is_timeout(&*error) => this.bad_gateway(
-                UpstreamFailure::ConnectTimeout,
-                "Bad Gateway: the upstream MCP server did not accept the connection in time",
-                &*error,
-                (&method, &uri),
-                &ErrorIds::sent(read.as_deref()),
-            ),
-            Failure::Connect(error) => this.bad_gateway(
-                UpstreamFailure::Unreachable,
-                "Bad Gateway: the upstream MCP server could not be reached",
-                &*error,
-                (&method, &uri),
-                &ErrorIds::sent(read.as_deref()),
-            ),
-        };
-        response.extensions_mut().insert(unanswered);
-        response
+        this.stand_in(failure, read.as_deref(), (&method, &uri))
     }
 }
