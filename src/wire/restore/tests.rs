@@ -1,0 +1,209 @@
+use super::*;
+use crate::wire::id::IdMinter;
+
+/// Restores `body` fed in pieces of `cut` bytes.
+fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
+    let mut restorer = Restorer::new(1 << 20, watch);
+    let mut out = VecDeque::new();
+    let mut base = 0;
+    let pieces: Vec<&[u8]> = body.chunks(cut.max(1)).collect();
+    for (index, piece) in pieces.iter().enumerate() {
+        let chunk = Bytes::copy_from_slice(piece);
+        let mut parts = vec![Part::Json(base..base + piece.len())];
+        if index + 1 == pieces.len() {
+            parts.push(Part::End(base + piece.len()));
+        }
+        restorer.push(&chunk, base, &parts, &mut out);
+        base += piece.len();
+    }
+    restorer.finish(&mut out);
+    let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
+    let answered = restorer.take_answered().collect();
+    (bytes, answered)
+}
+
+#[test]
+fn restores_only_top_level_response_ids_in_any_chunking() {
+    let minter = IdMinter::new();
+    let server_id = String::from_utf8(minter.mint(r#""x""#)).unwrap();
+    for (response, expected) in [
+        (
+            format!(r#"{{"jsonrpc":"2.0","id":{server_id},"result":{{"id":{server_id}}}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":"x","result":{{"id":{server_id}}}}}"#),
+        ),
+        // The TypeScript SDK writes the id last.
+        (
+            format!(r#"{{"jsonrpc":"2.0","result":{{"id":{server_id}}},"id":{server_id}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","result":{{"id":{server_id}}},"id":"x"}}"#),
+        ),
+        (
+            format!(r#"{{"id":{server_id},"jsonrpc":"2.0","error":{{"code":1}}}}"#),
+            r#"{"id":"x","jsonrpc":"2.0","error":{"code":1}}"#.to_owned(),
+        ),
+        // A server request and a null result are no responses.
+        (
+            format!(r#"{{"id":{server_id},"method":"sampling/createMessage"}}"#),
+            format!(r#"{{"id":{server_id},"method":"sampling/createMessage"}}"#),
+        ),
+        (
+            format!(r#"{{"id":{server_id},"result":null}}"#),
+            format!(r#"{{"id":{server_id},"result":null}}"#),
+        ),
+    ] {
+        for cut in 1..=response.len() {
+            let (out, _) = restored_in(response.as_bytes(), cut, false);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut}");
+        }
+    }
+}
+
+/// Restores `body` split in two at `split`.
+fn restored_split(body: &[u8], split: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
+    let mut restorer = Restorer::new(1 << 20, watch);
+    let mut out = VecDeque::new();
+    let (head, tail) = body.split_at(split);
+    let head = Bytes::copy_from_slice(head);
+    restorer.push(&head, 0, &[Part::Json(0..split)], &mut out);
+    let tail = Bytes::copy_from_slice(tail);
+    let parts = [Part::Json(split..body.len()), Part::End(body.len())];
+    restorer.push(&tail, split, &parts, &mut out);
+    restorer.finish(&mut out);
+    let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
+    let answered = restorer.take_answered().collect();
+    (bytes, answered)
+}
+
+#[test]
+fn a_message_with_two_ids_or_a_method_passes_as_it_is() {
+    // Parsers keep the first id, the last, or refuse the message: none is
+    // restored, and none counts as answered, in any order and chunking.
+    let minter = IdMinter::new();
+    let s = String::from_utf8(minter.mint("1")).unwrap();
+    for body in [
+        format!(r#"{{"id":{s},"result":{{}},"id":{s}}}"#),
+        format!(r#"{{"id":{s},"id":{s},"result":{{}}}}"#),
+        format!(r#"{{"result":{{}},"id":{s},"id":{s}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":{s},"error":{{"code":1}},"id":7}}"#),
+        format!(r#"{{"id":7,"result":[{s}],"id":{s}}}"#),
+        format!(r#"{{"result":1,"id":{s},"jsonrpc":"2.0","id":"x"}}"#),
+        // A `method` makes it a request, before or after the result.
+        format!(r#"{{"id":{s},"result":{{}},"method":"ping"}}"#),
+        format!(r#"{{"result":{{}},"id":{s},"method":"ping"}}"#),
+    ] {
+        for watch in [false, true] {
+            for split in 0..=body.len() {
+                let (out, answered) = restored_split(body.as_bytes(), split, watch);
+                assert_eq!(String::from_utf8(out).unwrap(), body, "split {split}");
+                assert_eq!(answered, [], "split {split} of {body}");
+            }
+            for cut in 1..=body.len() {
+                let (out, answered) = restored_in(body.as_bytes(), cut, watch);
+                assert_eq!(String::from_utf8(out).unwrap(), body, "cut {cut}");
+                assert_eq!(answered, [], "cut {cut} of {body}");
+            }
+        }
+    }
+    // In a batch, only that member passes as it is.
+    let batch = format!(r#"[{{"id":{s},"result":1,"id":{s}}},{{"id":{s},"result":2}}]"#);
+    let expected = format!(r#"[{{"id":{s},"result":1,"id":{s}}},{{"id":1,"result":2}}]"#);
+    for split in 0..=batch.len() {
+        let (out, answered) = restored_split(batch.as_bytes(), split, true);
+        assert_eq!(String::from_utf8(out).unwrap(), expected, "split {split}");
+        assert_eq!(answered, [(id_key("1"), true)]);
+    }
+}
+
+#[test]
+fn restores_each_response_of_a_batch() {
+    let minter = IdMinter::new();
+    let a = String::from_utf8(minter.mint("1")).unwrap();
+    let b = String::from_utf8(minter.mint("2")).unwrap();
+    let batch =
+        format!(r#"[{{"id":{a},"result":1}},{{"id":7,"result":2}},{{"id":{b},"error":{{}}}}]"#);
+    for cut in [1, 3, 7, batch.len()] {
+        let (out, answered) = restored_in(batch.as_bytes(), cut, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"[{"id":1,"result":1},{"id":7,"result":2},{"id":2,"error":{}}]"#
+        );
+        assert_eq!(
+            answered,
+            [
+                (id_key("1"), true),
+                (id_key("7"), false),
+                (id_key("2"), true)
+            ]
+        );
+    }
+}
+
+#[test]
+fn remembers_a_bounded_number_of_answers_per_text() {
+    let many: Vec<String> = (0..MAX_ANSWERING + 100)
+        .map(|n| format!(r#"{{"id":{n},"result":1}}"#))
+        .collect();
+    let batch = format!("[{}]", many.join(","));
+    let (out, answered) = restored_in(batch.as_bytes(), 4096, true);
+    assert_eq!(out, batch.as_bytes());
+    assert_eq!(answered.len(), MAX_ANSWERING);
+}
+
+#[test]
+fn holds_at_most_the_id_and_a_window() {
+    let minter = IdMinter::new();
+    let server_id = String::from_utf8(minter.mint("1")).unwrap();
+    // Something the server put between the id and the result, larger
+    // than the window: the message goes on as it is.
+    let filler = "a".repeat(WINDOW + 10);
+    let body = format!(r#"{{"id":{server_id},"x":"{filler}","result":{{}}}}"#);
+    let (out, _) = restored_in(body.as_bytes(), 4096, false);
+    assert_eq!(out, body.as_bytes());
+    // A response is held for the window after its id at most: a second
+    // `id` past it is not caught, and the payload goes on as it arrives.
+    let body = format!(r#"{{"id":{server_id},"result":"{filler}","id":2}}"#);
+    for cut in [1000, 4096, WINDOW, body.len()] {
+        let (out, _) = restored_in(body.as_bytes(), cut, false);
+        let expected = format!(r#"{{"id":1,"result":"{filler}","id":2}}"#);
+        assert!(out == expected.as_bytes(), "cut {cut}");
+    }
+    let body = format!(r#"{{"id":{server_id},"x":"{filler}","result":{{}}}}"#);
+    let mut restorer = Restorer::new(1 << 20, false);
+    let mut out = VecDeque::new();
+    let chunk = Bytes::from(body.clone());
+    restorer.push(&chunk, 0, &[Part::Json(0..body.len())], &mut out);
+    assert!(restorer.held.is_none(), "released once over the window");
+}
+
+#[test]
+fn a_server_side_id_carrying_the_longest_client_id_is_restored() {
+    // `max_id` is the longest id a client could send (the body limit);
+    // the server-side id carrying it is longer.
+    let minter = IdMinter::new();
+    for original in ["1", r#""\"\\""#, "[\t\t\t\t\t\t\t\t\t\t\t\t1]"] {
+        let server_id = String::from_utf8(minter.mint(original)).unwrap();
+        let body = format!(r#"{{"id":{server_id},"result":{{}}}}"#);
+        for watch in [false, true] {
+            let mut restorer = Restorer::new(original.len(), watch);
+            let mut out = VecDeque::new();
+            let chunk = Bytes::from(body.clone());
+            let parts = [Part::Json(0..body.len()), Part::End(body.len())];
+            restorer.push(&chunk, 0, &parts, &mut out);
+            restorer.finish(&mut out);
+            let out: Vec<u8> = out.iter().flat_map(|piece| piece.to_vec()).collect();
+            let expected = format!(r#"{{"id":{original},"result":{{}}}}"#);
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
+    }
+}
+
+#[test]
+fn whole_bodies() {
+    let minter = IdMinter::new();
+    let server_id = String::from_utf8(minter.mint("[1]")).unwrap();
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{server_id},"result":{{}}}}"#);
+    assert_eq!(
+        restore_whole(body.as_bytes()).unwrap(),
+        br#"{"jsonrpc":"2.0","id":[1],"result":{}}"#
+    );
+    assert_eq!(restore_whole(br#"{"id":1,"result":{}}"#), None);
+}
