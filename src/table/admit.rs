@@ -14,10 +14,11 @@ use hashbrown::HashTable;
 
 use super::awaited::Awaited;
 use super::config::{Config, OnDuplicate};
+use super::entries::{self, Entry, ServerId};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::registration::Member;
-use super::session::{self, Entry, KeyState, Probe, ServerId, Session};
+use super::session::{self, KeyState, Probe, Session};
 use super::{budget, Decision, Route, SessionRef, ShardState, Table};
 use crate::wire::id::is_reserved;
 
@@ -189,7 +190,7 @@ impl Table {
                 .iter()
                 .map(|probe| {
                     session::key_cost(probe.key.len())
-                        + session::entry_cost_bound(probe.raw.len())
+                        + entries::entry_cost_bound(probe.raw.len())
                             .max(budget::waiter(probe.raw.len()))
                 })
                 .sum::<usize>();
@@ -251,7 +252,7 @@ impl Table {
                 forwarded.routes.push(Route::AsIs);
                 ServerId::own(probe.raw, state.key.as_bytes())
             };
-            charged += session::entry_cost(&server_id);
+            charged += entries::entry_cost(&server_id);
             state.entries.push(Entry {
                 serial,
                 server_id,

@@ -5,7 +5,10 @@
 
 use super::examined;
 use super::inline::InlineVec;
-use super::session::{entry_cost, Entry, ServerId};
+use std::mem::size_of;
+use std::sync::Arc;
+
+use super::budget::ARC_HEADER;
 
 /// Entries oldest first, and so by serial (serials only grow), which finds
 /// one by binary search. A removed entry leaves a hole, until holes are half
@@ -169,4 +172,113 @@ impl Entries {
     pub(super) fn has_abandoned(&self) -> bool {
         self.own.is_some_and(|own| !own.live)
     }
+}
+
+/// One forwarded request.
+#[derive(Debug)]
+pub(super) struct Entry {
+    /// Unique within the shard: a guard finds its entries by it.
+    pub(super) serial: u64,
+    /// The id the inner server knows the request by.
+    pub(super) server_id: ServerId,
+    /// A `notifications/cancelled` named it.
+    pub(super) cancelled: bool,
+    /// Its exchange ended before the response did; kept only while the
+    /// server may still answer it.
+    pub(super) ended: bool,
+    /// The request has been handed to the inner service. A queued request
+    /// holds its entry from the moment its turn comes until its future
+    /// forwards it; a cancellation must not name it before the server has it.
+    pub(super) at_server: bool,
+    /// Removed: a hole in [`Entries`], kept only for its serial.
+    pub(super) removed: bool,
+}
+
+impl Entry {
+    /// The server id was minted by a guard (else it is the client's own id).
+    pub(super) fn remapped(&self) -> bool {
+        matches!(self.server_id, ServerId::Minted(_))
+    }
+
+    /// The client still waits for it.
+    pub(super) fn is_live(&self) -> bool {
+        !self.cancelled && !self.ended
+    }
+
+    /// The server may still answer it under the client's own id, though the
+    /// client no longer waits for that answer.
+    pub(super) fn is_abandoned(&self) -> bool {
+        !self.remapped() && !self.is_live()
+    }
+}
+
+/// The JSON text of the id the inner server knows a request by.
+///
+/// Only a cancellation needs the text of a client's own id, and that text is
+/// nearly always the collision key itself (a number) or the key in quotes (a
+/// string without escapes): it is rebuilt from the key then rather than
+/// copied for every request.
+#[derive(Debug)]
+pub(super) enum ServerId {
+    /// The client's id, written exactly as its key.
+    Bare,
+    /// The client's id, written as its key in double quotes.
+    Quoted,
+    /// The client's id, written some other way (escapes, `-0`, ...).
+    Verbatim(Arc<[u8]>),
+    /// A server-side id minted by a guard.
+    Minted(Arc<[u8]>),
+}
+
+impl ServerId {
+    /// The client's own id `raw`, whose collision key is `key`.
+    pub(super) fn own(raw: &str, key: &[u8]) -> Self {
+        let raw = raw.as_bytes();
+        if raw == key {
+            Self::Bare
+        } else if raw.len() == key.len() + 2
+            && raw.first() == Some(&b'"')
+            && raw.last() == Some(&b'"')
+            && &raw[1..raw.len() - 1] == key
+        {
+            // Escapes would make the text differ from the decoded key.
+            Self::Quoted
+        } else {
+            Self::Verbatim(Arc::from(raw))
+        }
+    }
+
+    /// The JSON text, given the collision key of the entry.
+    pub(super) fn text(&self, key: &[u8]) -> Arc<[u8]> {
+        match self {
+            Self::Bare => Arc::from(key),
+            Self::Quoted => {
+                let mut text = Vec::with_capacity(key.len() + 2);
+                text.push(b'"');
+                text.extend_from_slice(key);
+                text.push(b'"');
+                Arc::from(text)
+            }
+            Self::Verbatim(text) | Self::Minted(text) => Arc::clone(text),
+        }
+    }
+}
+
+// What an entry costs, for the byte budget (see `budget`).
+
+/// One forwarded request (the first of a key sits inline in its
+/// [`KeyState`], the others in a vector: one size fits both).
+pub(super) fn entry_cost(server_id: &ServerId) -> usize {
+    size_of::<Entry>()
+        + match server_id {
+            ServerId::Bare | ServerId::Quoted => 0,
+            ServerId::Verbatim(text) | ServerId::Minted(text) => ARC_HEADER + text.len(),
+        }
+}
+
+/// What [`entry_cost`] will charge at most for a request whose id is `raw_len`
+/// bytes of JSON text: a minted id holds the original (escaped, so at most
+/// twice as long) after a short prefix.
+pub(super) fn entry_cost_bound(raw_len: usize) -> usize {
+    size_of::<Entry>() + ARC_HEADER + 2 * raw_len + 96
 }

@@ -75,10 +75,11 @@ pub use stats::Stats;
 
 use awaited::Awaited;
 use budget::Eviction;
+use entries::{Entry, ServerId};
 use inline::SessionId;
 use queue::WaitState;
 use registration::Member;
-use session::{Entry, KeyState, Probe, ServerId, Session};
+use session::{KeyState, Probe, Session};
 
 /// Independent locks, so that sessions on different shards never wait for
 /// each other. A power of two keeps the shard pick a mask.
@@ -451,7 +452,7 @@ impl Table {
             }
             *wait_state = WaitState::Granted { serial, remap };
             drop(wait_state);
-            *delta += session::entry_cost(&server_id) as isize;
+            *delta += entries::entry_cost(&server_id) as isize;
             *delta -= budget::waiter(waiter.raw_id.len()) as isize;
             state.entries.push(Entry {
                 serial,
