@@ -120,29 +120,10 @@ where
         }
     }
 
+    /// Reads a POST's body first. `watch_start`: a POST without a session
+    /// that may be an `initialize`, forwarded untouched; the session its
+    /// answer starts is recorded.
     pub(crate) fn reading(
-        service: S,
-        request: Request<B>,
-        headers: RequestHeaders,
-        config: Config,
-        table: Arc<Table>,
-    ) -> Self {
-        Self::read_first(service, request, headers, config, table, false)
-    }
-
-    /// Reads a POST without a session that may be an `initialize`, then
-    /// forwards it untouched, recording the session its answer starts.
-    pub(crate) fn reading_initialize(
-        service: S,
-        request: Request<B>,
-        headers: RequestHeaders,
-        config: Config,
-        table: Arc<Table>,
-    ) -> Self {
-        Self::read_first(service, request, headers, config, table, true)
-    }
-
-    fn read_first(
         service: S,
         request: Request<B>,
         headers: RequestHeaders,

@@ -149,15 +149,7 @@ where
                     && self.table.watches_starts(&self.config)
                     && !declared_length_over(&headers, self.config.max_body_bytes) =>
             {
-                let clone = self.inner.clone();
-                let readied = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::reading_initialize(
-                    readied,
-                    request,
-                    headers,
-                    self.config,
-                    Arc::clone(&self.table),
-                )
+                self.read_first(request, headers, true)
             }
             Handling::Untouched => {
                 ResponseFuture::called(self.inner.call(request.map(RequestBody::new)), None)
@@ -190,20 +182,36 @@ where
                 if declared_length_over(&headers, limit) {
                     return ResponseFuture::answered(answer::body_too_large(limit));
                 }
-                // The body must be read before the inner service is called, so
-                // the service that `poll_ready` readied goes into the future and
-                // a clone stays here for the next request.
-                let clone = self.inner.clone();
-                let readied = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::reading(
-                    readied,
-                    request,
-                    headers,
-                    self.config,
-                    Arc::clone(&self.table),
-                )
+                self.read_first(request, headers, false)
             }
         }
+    }
+}
+
+impl<S> IdGuard<S> {
+    /// A future that reads the body before it calls the inner service.
+    fn read_first<ReqBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        headers: RequestHeaders,
+        watch_start: bool,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>> + Clone,
+    {
+        // The body must be read before the inner service is called, so the
+        // service that `poll_ready` readied goes into the future and a clone
+        // stays here for the next request.
+        let clone = self.inner.clone();
+        let readied = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::reading(
+            readied,
+            request,
+            headers,
+            self.config,
+            Arc::clone(&self.table),
+            watch_start,
+        )
     }
 }
 

@@ -1,6 +1,7 @@
 //! Abandoned ids: expiring them when their time is up, and forgetting the
 //! oldest first when the byte budget is full.
 
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
@@ -125,14 +126,10 @@ impl Table {
     /// shard can go: the record pushed now points at that shard and outlives
     /// it.
     pub(super) fn push_eviction(&self, eviction: Eviction) {
-        let mut order = self
-            .evictions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut order = self.evictions();
         let now = Instant::now();
         let mut expired = ShardSet::default();
-        while let Some(first) = order.front().filter(|first| first.expires <= now) {
-            let index = first.shard;
+        while let Some(index) = next_expired(&order, now) {
             if index != eviction.shard && !expired.contains(index) {
                 let Some(mut shard) = self.try_lock(index) else {
                     break;
@@ -143,6 +140,13 @@ impl Table {
             order.pop_front();
         }
         order.push_back(eviction);
+    }
+
+    /// The table's eviction records, oldest first.
+    fn evictions(&self) -> MutexGuard<'_, VecDeque<Eviction>> {
+        self.evictions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The shard `index` if no one holds it.
@@ -161,14 +165,11 @@ impl Table {
     pub(super) fn evict_oldest(&self) -> bool {
         loop {
             let (expired, victim) = {
-                let mut order = self
-                    .evictions
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut order = self.evictions();
                 let now = Instant::now();
                 let mut expired = ShardSet::default();
-                while let Some(first) = order.front().filter(|first| first.expires <= now) {
-                    expired.insert(first.shard);
+                while let Some(index) = next_expired(&order, now) {
+                    expired.insert(index);
                     order.pop_front();
                 }
                 // Expiring may free enough: no id is forgotten early unless
@@ -277,4 +278,12 @@ impl Table {
         drop(locked);
         self.apply(delta);
     }
+}
+
+/// The shard of the oldest eviction record, if its time is up.
+fn next_expired(order: &VecDeque<Eviction>, now: Instant) -> Option<usize> {
+    order
+        .front()
+        .filter(|first| first.expires <= now)
+        .map(|first| first.shard)
 }
