@@ -20,6 +20,18 @@ fn admit(table: &Arc<Table>, ids: &[&str], policy: OnDuplicate) -> Decision {
     table.admit(b"session-a", ids, ids.len() > 1, &config(policy))
 }
 
+/// A lone request with id 1 that queues (policy `Queue`).
+fn queued(table: &Arc<Table>) -> (Registration, Arc<Waiter>) {
+    let Decision::Queued {
+        registration,
+        ticket,
+    } = admit(table, &["1"], OnDuplicate::Queue)
+    else {
+        panic!("queued expected")
+    };
+    (registration, ticket)
+}
+
 fn assert_drained(table: &Table) {
     let stats = table.stats();
     assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
@@ -233,20 +245,8 @@ fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
 fn queue_hands_the_id_over_in_order() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Queue);
-    let Decision::Queued {
-        registration: second,
-        ticket: second_ticket,
-    } = admit(&table, &["1"], OnDuplicate::Queue)
-    else {
-        panic!("queued expected")
-    };
-    let Decision::Queued {
-        registration: third,
-        ticket: third_ticket,
-    } = admit(&table, &["1"], OnDuplicate::Queue)
-    else {
-        panic!("queued expected")
-    };
+    let (second, second_ticket) = queued(&table);
+    let (third, third_ticket) = queued(&table);
     let mut cx = Context::from_waker(Waker::noop());
     assert!(second_ticket.poll_turn(&mut cx).is_pending());
     end(first);
@@ -263,20 +263,8 @@ fn queue_hands_the_id_over_in_order() {
 fn a_queued_request_that_leaves_frees_its_place() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Queue);
-    let Decision::Queued {
-        registration: second,
-        ..
-    } = admit(&table, &["1"], OnDuplicate::Queue)
-    else {
-        panic!("queued expected")
-    };
-    let Decision::Queued {
-        registration: third,
-        ticket,
-    } = admit(&table, &["1"], OnDuplicate::Queue)
-    else {
-        panic!("queued expected")
-    };
+    let (second, _) = queued(&table);
+    let (third, ticket) = queued(&table);
     drop(second);
     end(first);
     let mut cx = Context::from_waker(Waker::noop());
