@@ -32,6 +32,17 @@ fn queued(table: &Arc<Table>) -> (Registration, Arc<Waiter>) {
     (registration, ticket)
 }
 
+/// The server-side id of an admitted POST's first request, if remapped.
+fn remapped_id(decision: &Decision) -> Option<Arc<[u8]>> {
+    match decision {
+        Decision::Admitted { routes, .. } => match &routes[0] {
+            Route::Remapped { server_id, .. } => Some(Arc::clone(server_id)),
+            Route::AsIs => None,
+        },
+        _ => panic!("admitted expected"),
+    }
+}
+
 fn assert_drained(table: &Table) {
     let stats = table.stats();
     assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
@@ -159,12 +170,7 @@ fn cancel_frees_the_oldest_and_names_its_server_id() {
     let table = Arc::new(Table::new());
     let first = admit(&table, &["1"], OnDuplicate::Remap);
     let second = admit(&table, &["1"], OnDuplicate::Remap);
-    let Decision::Admitted { routes, .. } = &second else {
-        panic!("admitted expected")
-    };
-    let Route::Remapped { server_id, .. } = &routes[0] else {
-        panic!("remapped expected")
-    };
+    let server_id = &remapped_id(&second).expect("remapped expected");
     assert_eq!(
         table.cancel(b"session-b", "1"),
         None,
@@ -214,12 +220,7 @@ fn cancel_names_a_live_remapped_request_before_an_abandoned_one() {
     let table = Arc::new(Table::new());
     drop(admit(&table, &["1"], OnDuplicate::Reject)); // abandoned as 1
     let live = admit(&table, &["1"], OnDuplicate::Reject);
-    let Decision::Admitted { routes, .. } = &live else {
-        panic!("admitted expected")
-    };
-    let Route::Remapped { server_id, .. } = &routes[0] else {
-        panic!("remapped past the abandoned id expected")
-    };
+    let server_id = &remapped_id(&live).expect("remapped past the abandoned id expected");
     assert_eq!(
         table.cancel(b"session-a", "1"),
         Some(Arc::clone(server_id)),
