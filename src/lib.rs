@@ -173,21 +173,10 @@
 //!   abandoned ids are kept, also oldest first.
 //!
 //! # After a restart
-//! A guard that restarts (a new layer, a new proxy process) has lost the
-//! table, while the server may still be running requests whose exchanges
-//! the restart cut, under their clients' ids. For
-//! [`IdGuardLayer::restart_window`] after the layer is created (off by
-//! default; set it to the abandoned-id TTL wherever the guard can restart
-//! while the server keeps running, as the reverse proxy can), every request of a
-//! session whose start the guard did not see goes with a server-side id, as
-//! if all its ids were abandoned (never refused or queued for it; counted in
-//! [`Stats::restart_remapped_total`]). The guard sees a session start in the
-//! `Mcp-Session-Id` of a successful answer to `initialize`: during the
-//! window it reads the body of each JSON `POST` without an `Mcp-Session-Id`
-//! (what a client sends before it is initialized) to tell whether it is one.
-//! It keeps only a hash
-//! of each such session id, within the byte budget, and frees them when the
-//! window ends. Sessions started through another replica count as unseen.
+//! A guard that restarts while the server keeps running has lost its table;
+//! for [`IdGuardLayer::restart_window`] (off by default; the reverse proxy
+//! sets it) it sends every request of a session it did not see start with a
+//! server-side id. Why, and what it reads to tell, is said there.
 //!
 //! # Cancellation
 //! A `notifications/cancelled` whose `params.requestId` names a request in

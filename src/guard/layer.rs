@@ -102,15 +102,10 @@ impl IdGuardLayer {
     /// Sets how long the id of an abandoned exchange is remembered (default
     /// 5 minutes; zero forgets it at once).
     ///
-    /// When a client goes away before its exchange ends (it disconnects, or
-    /// drops the request), the inner service fails, or the request is
-    /// cancelled, the id is free for the client again at once, but the server
-    /// may still be working on the request and answer it under that id (a
-    /// disconnect is not a cancellation, and handlers may ignore one). For this
-    /// long, a new request with that id in the session is therefore given a
-    /// server-side id, whatever the policy — never rejected or queued, since the
-    /// client did nothing wrong — so the late answer cannot reach it. Pick a
-    /// value above your longest tool call. Abandoned ids count against
+    /// For this long, a new request reusing an abandoned id goes to the
+    /// server with a server-side id, so a late answer to the abandoned
+    /// request cannot reach it (why: [abandoned ids](crate#abandoned-ids)).
+    /// Pick a value above your longest tool call. Abandoned ids count against
     /// [`max_table_bytes`](Self::max_table_bytes), and at most 65 536 are kept
     /// per layer: past either bound the oldest are forgotten first (logged at
     /// most once a second, counted in

@@ -3,16 +3,9 @@
 //! registration that releases a request's entries.
 //!
 //! # Why ids outlive some exchanges
-//! The server may still answer a request after the client stopped caring:
-//! after a disconnect (the spec says a disconnect is not a cancellation), or
-//! after `notifications/cancelled` when the handler does not stop. If the
-//! client's id were handed back as-is to the next request, that late answer
-//! would be routed to it: one user's data to another. So an entry whose
-//! server-visible id is the client's own stays *abandoned* while the server may
-//! still answer it: from when its client stopped waiting (exchange ended
-//! early, or cancelled) for `abandoned_id_ttl`. A new request with an
-//! abandoned id is never refused: it goes with a server-side id, whatever the
-//! policy.
+//! An entry the server knows by the client's own id stays *abandoned* when
+//! its exchange ends without its response, for `abandoned_id_ttl`: see the
+//! crate docs, "Abandoned ids".
 //!
 //! # Cost per request
 //! Every tracked request goes through [`Table::admit`] and, when its exchange
@@ -34,10 +27,7 @@
 //! only when none is left is the request refused.
 //!
 //! # After a restart
-//! A new table knows nothing of the requests the server may still be
-//! running. For the restart window, it remembers the sessions whose start it
-//! saw (hashes only) and sends every request of any other session with a
-//! server-side id.
+//! See [`restart`] (why: `IdGuardLayer::restart_window`).
 
 mod abandoned;
 mod admit;
