@@ -27,20 +27,7 @@ impl<S> HeadLimit<S> {
         self.max_bytes
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, B, ResBody> Service<Request<B>> for HeadLimit<S>

@@ -22,20 +22,7 @@ impl<S> BodyPace<S> {
         Self { inner, pace }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, B, ResBody> Service<Request<B>> for BodyPace<S>
