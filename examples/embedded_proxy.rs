@@ -2,7 +2,8 @@
 //!
 //! It starts a stand-in for an MCP server written in another language (an
 //! in-process HTTP server that echoes the JSON-RPC id it receives), serves the
-//! guarded proxy in front of it next to a `/healthz` route, sends two
+//! guarded proxy in front of it next to a `/healthz` route, behind the
+//! network protections (Host/Origin check, head size limit, body pace), sends two
 //! concurrent requests with the same id through it, prints what the upstream
 //! saw and what each caller got back, and exits.
 //!
@@ -12,15 +13,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::routing::{get, post};
 use axum::Router;
+use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
 use mcp_id_guard::proxy::{ClientAddr, Proxy};
 use mcp_id_guard::IdGuardLayer;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Barrier};
-use tower_layer::Layer;
+use tower::ServiceBuilder;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -48,12 +51,28 @@ async fn main() -> anyhow::Result<()> {
     let upstream_addr = upstream_listener.local_addr()?;
     tokio::spawn(async move { axum::serve(upstream_listener, upstream).await });
 
-    // 2. The user's own app: the guarded proxy on /mcp, beside other routes.
+    // 2. The user's own app: the guarded proxy on /mcp, beside other routes,
+    //    behind the protections a server facing the network needs (the
+    //    cheapest checks first, all before the guard reads a body).
     let guard = IdGuardLayer::new();
     let proxy = Proxy::new(&format!("http://{upstream_addr}"))?;
+    let mcp = ServiceBuilder::new()
+        // 431 for request heads over 16 KiB.
+        .layer(HeadLimitLayer::new(16 * 1024))
+        // 421/403 for a Host or Origin other than loopback (DNS rebinding).
+        .layer(HostLayer::new(HostPolicy::loopback()))
+        // 408 for bodies that pause 30 s or arrive slower than 240 B/s.
+        .layer(
+            BodyPaceLayer::new()
+                .idle_timeout(Some(Duration::from_secs(30)))
+                .min_rate(240)
+                .grace(Duration::from_secs(5)),
+        )
+        .layer(guard.clone())
+        .service(proxy);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route_service("/mcp", guard.layer(proxy))
+        .route_service("/mcp", mcp)
         // Optional: tell the proxy the client's address for X-Forwarded-For.
         .layer(axum::middleware::map_request(
             |ConnectInfo(addr): ConnectInfo<SocketAddr>, mut request: Request| async move {

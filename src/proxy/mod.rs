@@ -87,7 +87,8 @@
 //!   The client's `Host` (or HTTP/2 `:authority`) is kept in
 //!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
 //!   Since the upstream's own `Host` check no longer sees what the browser
-//!   sent, check it in front of the proxy with [`HostPolicy`] (the
+//!   sent, check it in front of the proxy with
+//!   [`HostLayer`](crate::protect::HostLayer) (the
 //!   `mcp-id-guard` binary does, before the guard). `Origin` is forwarded,
 //!   so Origin allow-lists keep working.
 //! - **`X-Forwarded-For`** gets the client's IP appended (after any values
@@ -171,14 +172,12 @@ mod collect;
 mod failure;
 mod headers;
 mod pool;
-mod rebinding;
 mod upstream;
 mod warnings;
 
 use collect::{is_peekable, read_whole};
 
 pub use body::ProxyBody;
-pub use rebinding::{HostPolicy, InvalidPattern, Refusal};
 pub use upstream::InvalidUpstream;
 
 use failure::{error_chain, local, ErrorIds};
@@ -473,7 +472,7 @@ impl ProxyBuilder {
     /// Forwards the client's `Host` (or HTTP/2 `:authority`) to the upstream
     /// unchanged instead of the upstream's own authority (default `false`), so
     /// the upstream's own `Host` check keeps working as a second layer behind
-    /// [`HostPolicy`]. The upstream must then accept the names clients use.
+    /// [`HostPolicy`](crate::protect::HostPolicy). The upstream must then accept the names clients use.
     pub fn preserve_host(mut self, enabled: bool) -> Self {
         self.preserve_host = enabled;
         self

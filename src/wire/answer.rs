@@ -204,6 +204,61 @@ pub(crate) fn session_id_too_long(
     }
 }
 
+/// An error response whose JSON-RPC error has `id: null`: the answer to a
+/// request refused before its body was read (so its id is unknown).
+pub(crate) fn unread(status: StatusCode, code: i32, message: &str) -> Response<Full<Bytes>> {
+    single(status, "null", code, message)
+}
+
+/// `421` for a request whose `Host` names no authority the server is
+/// reached by (DNS-rebinding protection).
+pub(crate) fn host_refused() -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::MISDIRECTED_REQUEST,
+        INVALID_REQUEST,
+        "Invalid Request: Host not allowed (DNS-rebinding protection)",
+    )
+}
+
+/// `403` for a request from a foreign web page's `Origin`.
+pub(crate) fn origin_refused() -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::FORBIDDEN,
+        INVALID_REQUEST,
+        "Invalid Request: Origin not allowed (DNS-rebinding protection)",
+    )
+}
+
+/// `431` for a request head over `limit` bytes.
+pub(crate) fn head_too_large(limit: usize) -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        INVALID_REQUEST,
+        &format!("Invalid Request: request headers exceed the limit of {limit} bytes"),
+    )
+}
+
+/// `408` for a request body that paused longer than `limit`.
+pub(crate) fn body_idle(limit: std::time::Duration) -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::REQUEST_TIMEOUT,
+        INVALID_REQUEST,
+        &format!("Request Timeout: the client sent no request body data for {limit:?}"),
+    )
+}
+
+/// `408` for a request body that arrived slower than `min_rate` bytes per
+/// second.
+pub(crate) fn body_slow(min_rate: u64) -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::REQUEST_TIMEOUT,
+        INVALID_REQUEST,
+        &format!(
+            "Request Timeout: the request body arrived slower than the minimum of {min_rate} bytes per second"
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

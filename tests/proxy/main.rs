@@ -14,6 +14,8 @@ mod failures;
 #[cfg(feature = "cli")]
 mod hardening;
 mod headers;
+// The protection layers composed with the guard and the proxy in an axum app.
+mod layers;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;

@@ -19,7 +19,8 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use mcp_id_guard::proxy::{HostPolicy, Proxy, UpstreamFailure};
+use mcp_id_guard::protect::{HostLayer, HostPolicy, Refused};
+use mcp_id_guard::proxy::{Proxy, UpstreamFailure};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -108,7 +109,7 @@ fn host_policy(args: &Args) -> Result<HostPolicy, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let hosts = Arc::new(host_policy(&args)?);
+    let hosts = HostLayer::new(host_policy(&args)?);
     let descriptors = limits::descriptor_limit();
     let max_upstream = args.max_upstream_connections.map_or_else(
         || limits::connections_for(descriptors).min(1024),
@@ -322,8 +323,9 @@ async fn run(args: Args) -> Result<(), String> {
         let activity = connection::Activity::new(&limits, metrics.clone());
         // The client's address goes with the connection's service, not with
         // each request (an extension costs a map per request).
-        let service = guard.layer(proxy.clone().with_client_addr(peer));
-        let hosts = hosts.clone();
+        // Checked before the guard reads anything: a rebound page's
+        // request never reaches the upstream.
+        let service = hosts.layer(guard.layer(proxy.clone().with_client_addr(peer)));
         let watched = Arc::clone(&activity);
         let body_idle = limits.body_idle;
         let send = limits.send;
@@ -360,12 +362,6 @@ async fn run(args: Args) -> Result<(), String> {
                     .map(header_too_large)
             });
             let too_large = too_large.map(|response| response.map(Either::Right));
-            // Checked before the guard reads anything: a rebound page's
-            // request never reaches the upstream.
-            let refused = match too_large {
-                Some(_) => None,
-                None => hosts.check(&request).err(),
-            };
             let closing_kind = matches!(admission, connection::Admission::Refuse(_));
             async move {
                 if refuse_stream {
@@ -386,19 +382,6 @@ async fn run(args: Args) -> Result<(), String> {
                         });
                     }
                     (response, None)
-                } else if let Some(refusal) = refused {
-                    if let Some(metrics) = &metrics {
-                        let kind = if refusal.status() == http::StatusCode::FORBIDDEN {
-                            "origin"
-                        } else {
-                            "host"
-                        };
-                        metrics.refused(kind);
-                    }
-                    let response = refusal
-                        .into_response()
-                        .map(|body| Either::Left(Either::Right(body)));
-                    (response, None)
                 } else {
                     poll_fn(|cx| Service::<Request<TimedBody>>::poll_ready(&mut service, cx))
                         .await
@@ -407,11 +390,13 @@ async fn run(args: Args) -> Result<(), String> {
                         .call(request)
                         .await
                         .unwrap_or_else(|never: Infallible| match never {});
+                    if let (Some(metrics), Some(kind)) =
+                        (&metrics, response.extensions().get::<Refused>())
+                    {
+                        metrics.refused(kind.as_str());
+                    }
                     let failure = response.extensions().get::<UpstreamFailure>().copied();
-                    (
-                        response.map(|body| Either::Left(Either::Left(body))),
-                        failure,
-                    )
+                    (response.map(Either::Left), failure)
                 };
                 if !http2 && admission != connection::Admission::Serve {
                     // hyper closes an HTTP/1.1 connection after a response
