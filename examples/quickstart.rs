@@ -1,5 +1,6 @@
 //! The README's quick start as a whole program: an rmcp 3.11 MCP server with
-//! one tool, served by axum on loopback, behind the id guard.
+//! one tool, served by axum on loopback, behind the network protections and
+//! the id guard.
 //!
 //! ```text
 //! cargo run --example quickstart            # then point an MCP client at http://127.0.0.1:8000/mcp
@@ -9,6 +10,7 @@
 
 use std::sync::Arc;
 
+use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
 use mcp_id_guard::IdGuardLayer;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -16,6 +18,7 @@ use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+use tower::ServiceBuilder;
 
 /// Arguments of the `echo` tool.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -62,10 +65,17 @@ async fn main() -> anyhow::Result<()> {
 
     // The guard goes outside the MCP service: it must see every POST of a
     // session before the server does. OnDuplicate::Remap is the default.
+    // The network protections go outside the guard, cheapest first, so a
+    // request they refuse is never read.
     let guard = IdGuardLayer::new();
+    let protected = ServiceBuilder::new()
+        .layer(HeadLimitLayer::new(16 * 1024)) // 431 over 16 KiB of head
+        .layer(HostLayer::new(HostPolicy::loopback())) // 421 / 403: DNS rebinding
+        .layer(BodyPaceLayer::new()) // 408: 30 s pauses, or < 240 B/s after 5 s
+        .layer(guard.clone());
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
-        .layer(guard.clone());
+        .layer(protected);
 
     let port: u16 = std::env::var("PORT")
         .ok()
