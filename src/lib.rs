@@ -260,6 +260,7 @@ mod guard;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
+mod metric_names;
 pub mod protect;
 mod table;
 mod throttle;
@@ -273,3 +274,7 @@ pub use table::Stats;
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
+
+#[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+pub mod server;

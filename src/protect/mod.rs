@@ -17,6 +17,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
 
+pub mod metrics;
+
 /// Why a protection layer answered a request itself. Put on the response it
 /// gave as an extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

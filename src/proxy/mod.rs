@@ -353,6 +353,19 @@ impl Proxy {
         self.shared.upstream.as_str()
     }
 
+    /// The upstream's `host:port` (port 80 when its URL names none): where
+    /// its connections go, for a readiness probe.
+    ///
+    /// ```
+    /// # use mcp_id_guard::proxy::Proxy;
+    /// let proxy = Proxy::new("http://localhost/mcp")?;
+    /// assert_eq!(proxy.upstream_address(), "localhost:80");
+    /// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+    /// ```
+    pub fn upstream_address(&self) -> &str {
+        self.shared.upstream.address()
+    }
+
     /// This proxy (sharing its pool) for the requests of one client
     /// connection: those without a [`ClientAddr`] extension are taken to
     /// come from `addr`. A server that serves each connection with a clone
