@@ -18,6 +18,8 @@ use http_body_util::Full;
 use pin_project::pin_project;
 
 pub mod metrics;
+#[cfg(feature = "proxy")]
+pub(crate) mod upstream;
 
 /// Why a protection layer answered a request itself. Put on the response it
 /// gave as an extension.

@@ -12,7 +12,7 @@ fn config(on_duplicate: OnDuplicate) -> Config {
     Config {
         on_duplicate,
         max_in_flight_per_session: 8,
-        restart_window: Some(Duration::ZERO),
+        restart_window: Duration::ZERO,
         ..Config::default()
     }
 }
@@ -667,7 +667,7 @@ fn over_long_session_ids_are_refused() {
 fn during_the_restart_window_unseen_sessions_are_remapped() {
     let table = Arc::new(Table::new());
     let window = Config {
-        restart_window: Some(Duration::from_secs(60)),
+        restart_window: Duration::from_secs(60),
         ..config(OnDuplicate::Reject)
     };
     table.note_started(b"seen", &window);
@@ -695,7 +695,7 @@ fn during_the_restart_window_unseen_sessions_are_remapped() {
     assert_eq!(stats.table_bytes, budget::STARTED);
     // Once the window is over, everything is normal and the set freed.
     let over = Config {
-        restart_window: Some(Duration::ZERO),
+        restart_window: Duration::ZERO,
         ..window
     };
     assert!(!route(b"unseen", &over));
@@ -708,7 +708,7 @@ fn during_the_restart_window_unseen_sessions_are_remapped() {
 fn session_starts_are_not_recorded_past_the_limits() {
     let table = Arc::new(Table::new());
     let config = Config {
-        restart_window: Some(Duration::from_secs(60)),
+        restart_window: Duration::from_secs(60),
         max_session_id_bytes: 4,
         max_table_bytes: budget::STARTED,
         ..config(OnDuplicate::Remap)

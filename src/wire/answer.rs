@@ -94,6 +94,7 @@ pub(crate) fn body_too_large(limit: usize) -> Response<Full<Bytes>> {
 /// `503` for a request that arrived on a connection the server is closing
 /// (pipelined after its last request): `why` says which budget ran out. The
 /// client may send it again on a new connection.
+#[cfg(feature = "server")]
 pub(crate) fn connection_closing(why: &str) -> Response<Full<Bytes>> {
     single(
         StatusCode::SERVICE_UNAVAILABLE,

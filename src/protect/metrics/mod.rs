@@ -88,7 +88,10 @@ impl Metrics {
             self.refused(*kind);
         }
         #[cfg(feature = "proxy")]
-        if let Some(failure) = response.extensions().get::<crate::proxy::UpstreamFailure>() {
+        if let Some(failure) = response
+            .extensions()
+            .get::<crate::protect::upstream::UpstreamFailure>()
+        {
             recorded
                 .upstream_failures
                 .inc(Named("kind", failure.as_str()));
