@@ -237,7 +237,8 @@
 //! |---|---|
 //! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware |
 //! | `proxy` | [`proxy::Proxy`]: a forwarding service to put the guard in front of an upstream MCP server in any language (hyper client) |
-//! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy`) |
+//! | `server` | [`server::Server`]: the connection-level protections (head, keep-alive and send timeouts, request and reset budgets per connection, connection cap, graceful shutdown) around any tower service |
+//! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy` and `server`) |
 //! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -249,6 +250,7 @@ mod guard;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
+mod metric_names;
 pub mod protect;
 mod table;
 mod throttle;
@@ -262,3 +264,7 @@ pub use table::Stats;
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
+
+#[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+pub mod server;

@@ -188,7 +188,7 @@ impl IdGuardLayer {
     /// assert_eq!(layer.stats().restart_remapped_total, 0);
     /// ```
     pub fn restart_window(mut self, window: Duration) -> Self {
-        self.config.restart_window = Some(window);
+        self.config.restart_window = window;
         self
     }
 

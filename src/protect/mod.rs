@@ -55,8 +55,11 @@ mod body;
 mod future;
 pub mod head;
 pub mod host;
+pub mod metrics;
 pub mod pace;
 mod refused;
+#[cfg(feature = "proxy")]
+pub(crate) mod upstream;
 
 pub use body::ProtectedBody;
 pub use future::ProtectedFuture;

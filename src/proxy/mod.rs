@@ -177,6 +177,7 @@ mod warnings;
 
 use collect::{is_peekable, read_whole};
 
+pub use crate::protect::upstream::UpstreamFailure;
 pub use body::ProxyBody;
 pub use upstream::InvalidUpstream;
 
@@ -239,58 +240,6 @@ type OutBody = Either<Full<Bytes>, UnsyncBoxBody<Bytes, BoxError>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub SocketAddr);
 
-/// Why the proxy answered a request itself instead of the upstream: a
-/// response extension on the proxy's own `502`, `503` and `504` answers (it
-/// survives the guard), for metrics. Statuses the upstream sends itself carry
-/// none.
-///
-/// ```
-/// # use mcp_id_guard::proxy::UpstreamFailure;
-/// # let response = http::Response::new(());
-/// let kind = response.extensions().get::<UpstreamFailure>().map(|kind| kind.as_str());
-/// # assert_eq!(kind, None);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum UpstreamFailure {
-    /// The connection was refused or failed (`502`).
-    Unreachable,
-    /// The upstream did not accept the connection within the connect
-    /// timeout (`502`).
-    ConnectTimeout,
-    /// The connection closed, or carried something that is not HTTP, before
-    /// the response headers (`502`).
-    FailedBeforeAnswer,
-    /// No response headers within
-    /// [`response_timeout`](ProxyBuilder::response_timeout) (`504`).
-    ResponseTimeout,
-    /// Every upstream connection stayed busy for
-    /// [`connection_wait`](ProxyBuilder::connection_wait) (`503`).
-    Busy,
-}
-
-impl UpstreamFailure {
-    /// Every kind, in declaration order.
-    pub const ALL: [Self; 5] = [
-        Self::Unreachable,
-        Self::ConnectTimeout,
-        Self::FailedBeforeAnswer,
-        Self::ResponseTimeout,
-        Self::Busy,
-    ];
-
-    /// A short name, such as `unreachable` or `response_timeout`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unreachable => "unreachable",
-            Self::ConnectTimeout => "connect_timeout",
-            Self::FailedBeforeAnswer => "failed_before_answer",
-            Self::ResponseTimeout => "response_timeout",
-            Self::Busy => "busy",
-        }
-    }
-}
-
 /// A [`tower_service::Service`] that forwards requests to an upstream HTTP
 /// server. See the [module docs](self) for what it forwards and how.
 ///
@@ -350,6 +299,19 @@ impl Proxy {
     /// The upstream base URL, normalised (without a trailing slash).
     pub fn upstream(&self) -> &str {
         self.shared.upstream.as_str()
+    }
+
+    /// The upstream's `host:port` (port 80 when its URL names none): where
+    /// its connections go, for a readiness probe.
+    ///
+    /// ```
+    /// # use mcp_id_guard::proxy::Proxy;
+    /// let proxy = Proxy::new("http://localhost/mcp")?;
+    /// assert_eq!(proxy.upstream_address(), "localhost:80");
+    /// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+    /// ```
+    pub fn upstream_address(&self) -> &str {
+        self.shared.upstream.address()
     }
 
     /// This proxy (sharing its pool) for the requests of one client

@@ -55,6 +55,8 @@ pub(crate) struct Upstream {
     prefix: String,
     /// The base as given, normalised, for logs.
     display: String,
+    /// `host:port`, the port 80 when the URL names none.
+    address: String,
 }
 
 impl Upstream {
@@ -98,11 +100,16 @@ impl Upstream {
             .map_err(|_| InvalidUpstream::new(url, "the host is not a valid Host header"))?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
         let display = format!("http://{authority}{prefix}");
+        let address = match authority.port() {
+            Some(_) => authority.as_str().to_owned(),
+            None => format!("{}:80", authority.host()),
+        };
         Ok(Self {
             authority,
             host,
             prefix,
             display,
+            address,
         })
     }
 
@@ -157,6 +164,10 @@ impl Upstream {
 
     pub(crate) fn as_str(&self) -> &str {
         &self.display
+    }
+
+    pub(crate) fn address(&self) -> &str {
+        &self.address
     }
 }
 

@@ -39,16 +39,9 @@ pub(crate) struct Config {
     pub(crate) abandoned_id_ttl: Duration,
     pub(crate) max_session_id_bytes: usize,
     pub(crate) max_table_bytes: usize,
-    /// `None`: as long as `abandoned_id_ttl`.
-    pub(crate) restart_window: Option<Duration>,
-}
-
-impl Config {
     /// How long after the table was created sessions the guard did not see
     /// start have all their requests remapped.
-    pub(crate) fn restart_window(&self) -> Duration {
-        self.restart_window.unwrap_or(self.abandoned_id_ttl)
-    }
+    pub(crate) restart_window: Duration,
 }
 
 impl Default for Config {
@@ -64,7 +57,7 @@ impl Default for Config {
             max_session_id_bytes: 8 * 1024,
             max_table_bytes: 64 * 1024 * 1024,
             // Off by default for now: see `IdGuardLayer::restart_window`.
-            restart_window: Some(Duration::ZERO),
+            restart_window: Duration::ZERO,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! A snapshot of the guard's counters.
 
+use crate::metric_names::{self as names, MetricName};
+
 /// Counters of one [`IdGuardLayer`](crate::IdGuardLayer) and every service built
 /// from it (and their clones), read with [`IdGuardLayer::stats`](crate::IdGuardLayer::stats).
 ///
@@ -66,6 +68,32 @@ pub struct Stats {
     pub restart_remapped_total: u64,
 }
 
+impl Stats {
+    /// Every field with the metric it is published as, in the order the
+    /// exposition lists them: counters, then gauges.
+    pub(crate) fn series(&self) -> [(MetricName, u64); 13] {
+        [
+            (names::PASSED, self.passed_total),
+            (names::REMAPPED, self.remapped_total),
+            (names::REJECTED, self.rejected_total),
+            (names::QUEUED, self.queued_total),
+            (names::CANCELLED, self.cancelled_total),
+            (names::RESTORED, self.restored_total),
+            (names::RESTORE_REFUSED, self.restore_refused_total),
+            (names::ABANDONED_EVICTED, self.abandoned_evicted_total),
+            (names::RESTART_REMAPPED, self.restart_remapped_total),
+            (names::IN_FLIGHT_REQUESTS, wide(self.in_flight_requests)),
+            (names::TRACKED_SESSIONS, wide(self.tracked_sessions)),
+            (names::ABANDONED_IDS, wide(self.abandoned_ids)),
+            (names::TABLE_BYTES, wide(self.table_bytes)),
+        ]
+    }
+}
+
+fn wide(value: usize) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 impl Stats {
@@ -83,37 +111,14 @@ impl Stats {
     /// layer.stats().record();
     /// ```
     pub fn record(&self) {
-        let gauges = [
-            ("mcp_id_guard_in_flight_requests", self.in_flight_requests),
-            ("mcp_id_guard_tracked_sessions", self.tracked_sessions),
-            ("mcp_id_guard_abandoned_ids", self.abandoned_ids),
-            ("mcp_id_guard_table_bytes", self.table_bytes),
-        ];
-        for (name, value) in gauges {
-            metrics::gauge!(name).set(value as f64);
-        }
-        let counters = [
-            ("mcp_id_guard_passed_total", self.passed_total),
-            ("mcp_id_guard_remapped_total", self.remapped_total),
-            ("mcp_id_guard_rejected_total", self.rejected_total),
-            ("mcp_id_guard_queued_total", self.queued_total),
-            ("mcp_id_guard_cancelled_total", self.cancelled_total),
-            ("mcp_id_guard_restored_total", self.restored_total),
-            (
-                "mcp_id_guard_restore_refused_total",
-                self.restore_refused_total,
-            ),
-            (
-                "mcp_id_guard_abandoned_evicted_total",
-                self.abandoned_evicted_total,
-            ),
-            (
-                "mcp_id_guard_restart_remapped_total",
-                self.restart_remapped_total,
-            ),
-        ];
-        for (name, value) in counters {
-            metrics::counter!(name).absolute(value);
+        use crate::metric_names::MetricType;
+        for (name, value) in self.series() {
+            match name.kind {
+                MetricType::Counter => metrics::counter!(name.sample).absolute(value),
+                // Gauges and histograms alike: the facade has no other kind
+                // for a value read at once (and Stats holds no histogram).
+                _ => metrics::gauge!(name.sample).set(value as f64),
+            }
         }
     }
 }

@@ -91,6 +91,19 @@ pub(crate) fn body_too_large(limit: usize) -> Response<Full<Bytes>> {
     )
 }
 
+/// `503` for a request that arrived on a connection the server is closing
+/// (pipelined after its last request): `why` says which budget ran out. The
+/// client may send it again on a new connection.
+#[cfg(feature = "server")]
+pub(crate) fn connection_closing(why: &str) -> Response<Full<Bytes>> {
+    single(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "null",
+        SERVER_ERROR,
+        &format!("Service Unavailable: {why}; send it again on a new connection"),
+    )
+}
+
 /// `503` for a request that waited too long under `OnDuplicate::Queue`.
 pub(crate) fn queue_timeout(id: &str) -> Response<Full<Bytes>> {
     single(

@@ -190,6 +190,28 @@ pub(crate) struct Args {
     )]
     pub(crate) request_body_timeout: Duration,
 
+    /// Slowest average rate a request body may arrive at, in bytes per
+    /// second of waiting for it, once --request-body-grace has passed (like
+    /// Kestrel's 240 B/s); a slower body gets 408 and the connection
+    /// closes. Cuts a body that trickles a byte just often enough to stay
+    /// under --request-body-timeout. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MIN_REQUEST_BODY_RATE",
+        default_value_t = 240
+    )]
+    pub(crate) min_request_body_rate: u64,
+
+    /// How long a request body may arrive at any rate before
+    /// --min-request-body-rate applies.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_REQUEST_BODY_GRACE",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    pub(crate) request_body_grace: Duration,
+
     /// How long a write to a client may stay blocked because the client does
     /// not read (nginx's send_timeout); then the connection is dropped,
     /// with the upstream request it holds. A slow-reading client would
@@ -416,4 +438,106 @@ pub(crate) fn read_id_secret(path: &std::path::Path) -> Result<[u8; 16], String>
         *byte = u8::from_str_radix(&hex[2 * index..2 * index + 2], 16).map_err(|_| invalid())?;
     }
     Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_secret_files_hold_32_hex_digits() {
+        let dir = std::env::temp_dir().join(format!("mcp-id-guard-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, "000102030405060708090a0b0c0d0e0F\n").unwrap();
+        assert_eq!(
+            read_id_secret(&file).unwrap(),
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+        );
+        for bad in [
+            "",
+            "0011",
+            "zz0102030405060708090a0b0c0d0e0f",
+            "000102030405060708090a0b0c0d0e0f00",
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(read_id_secret(&file).is_err(), "{bad:?}");
+        }
+        assert!(read_id_secret(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn arguments() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://127.0.0.1:8000/mcp",
+            "--on-duplicate",
+            "reject",
+            "--reject-status",
+            "409",
+        ])
+        .unwrap();
+        assert_eq!(args.on_duplicate, Policy::Reject);
+        assert_eq!(args.reject_status, http::StatusCode::CONFLICT);
+        assert_eq!(args.abandoned_id_ttl, Duration::from_secs(300));
+        assert_eq!(args.restart_window, None, "as long as the abandoned-id TTL");
+        assert_eq!(args.max_session_id_bytes, 8 * 1024);
+        assert_eq!(args.max_table_bytes, 64 * 1024 * 1024);
+        assert!(!args.rewrite_all_ids);
+        assert_eq!(args.max_requests_per_connection, 1000);
+        assert_eq!(args.max_client_resets, 250);
+        assert_eq!(args.client_reset_window, Duration::from_secs(60));
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--on-duplicate",
+            "queue",
+            "--max-queue-wait",
+            "2s",
+            "--rewrite-all-ids",
+            "--reject-status",
+            "422",
+            "--abandoned-id-ttl",
+            "0",
+            "--restart-window",
+            "1m",
+            "--max-table-bytes",
+            "1048576",
+        ])
+        .unwrap();
+        assert_eq!(args.restart_window, Some(Duration::from_secs(60)));
+        assert_eq!(args.max_table_bytes, 1 << 20);
+        assert_eq!(args.reject_status.as_u16(), 422);
+        assert_eq!(args.abandoned_id_ttl, Duration::ZERO);
+        assert_eq!(args.on_duplicate, Policy::Queue);
+        assert_eq!(args.max_queue_wait, Duration::from_secs(2));
+        assert!(args.rewrite_all_ids);
+        assert!(Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream",
+            "http://h",
+            "--reject-status",
+            "500"
+        ])
+        .is_err());
+        for bad in ["200", "99", "600", "4xx", ""] {
+            assert!(parse_reject_status(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

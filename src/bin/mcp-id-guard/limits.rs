@@ -1,7 +1,4 @@
-//! Limits derived from the process's file-descriptor budget, and warnings
-//! that repeat at a bounded rate.
-
-use std::time::{Duration, Instant};
+//! Limits derived from the process's file-descriptor budget.
 
 /// Descriptors kept for everything that is not a client or upstream
 /// connection: the listeners, the admin connections (at most 16), stdio,
@@ -39,38 +36,6 @@ pub(crate) fn connections_for(descriptors: u64) -> usize {
     usize::try_from(half.clamp(1, MAX_DERIVED_CONNECTIONS)).unwrap_or(1 << 20)
 }
 
-/// Lets one warning of a kind through per interval and counts the rest, so
-/// a storm (accept failures, a full connection table) costs a line every
-/// few seconds, not a line per event.
-#[derive(Debug)]
-pub(crate) struct Every {
-    interval: Duration,
-    next: Option<Instant>,
-    suppressed: u64,
-}
-
-impl Every {
-    pub(crate) fn new(interval: Duration) -> Self {
-        Self {
-            interval,
-            next: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(how many were suppressed since the last line)` when a line may
-    /// be written now.
-    pub(crate) fn ready(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self.next.is_some_and(|next| now < next) {
-            self.suppressed += 1;
-            return None;
-        }
-        self.next = Some(now + self.interval);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,16 +47,5 @@ mod tests {
         assert_eq!(connections_for(10), 1);
         assert_eq!(connections_for(u64::MAX), 1 << 20);
         assert!(descriptor_limit() > 0);
-    }
-
-    #[test]
-    fn one_line_per_interval() {
-        let mut every = Every::new(Duration::from_secs(3600));
-        assert_eq!(every.ready(), Some(0));
-        for _ in 0..5 {
-            assert_eq!(every.ready(), None);
-        }
-        every.next = Some(Instant::now());
-        assert_eq!(every.ready(), Some(5));
     }
 }

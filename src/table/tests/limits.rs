@@ -131,7 +131,7 @@ fn over_long_session_ids_are_refused() {
 fn during_the_restart_window_unseen_sessions_are_remapped() {
     let table = Arc::new(Table::new());
     let window = Config {
-        restart_window: Some(Duration::from_secs(60)),
+        restart_window: Duration::from_secs(60),
         ..config(OnDuplicate::Reject)
     };
     table.note_started(b"seen", &window);
@@ -159,7 +159,7 @@ fn during_the_restart_window_unseen_sessions_are_remapped() {
     assert_eq!(stats.table_bytes, budget::STARTED);
     // Once the window is over, everything is normal and the set freed.
     let over = Config {
-        restart_window: Some(Duration::ZERO),
+        restart_window: Duration::ZERO,
         ..window
     };
     assert!(!route(b"unseen", &over));
@@ -172,7 +172,7 @@ fn during_the_restart_window_unseen_sessions_are_remapped() {
 fn session_starts_are_not_recorded_past_the_limits() {
     let table = Arc::new(Table::new());
     let config = Config {
-        restart_window: Some(Duration::from_secs(60)),
+        restart_window: Duration::from_secs(60),
         max_session_id_bytes: 4,
         max_table_bytes: budget::STARTED,
         ..config(OnDuplicate::Remap)

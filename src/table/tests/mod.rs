@@ -11,7 +11,7 @@ fn config(on_duplicate: OnDuplicate) -> Config {
     Config {
         on_duplicate,
         max_in_flight_per_session: 8,
-        restart_window: Some(Duration::ZERO),
+        restart_window: Duration::ZERO,
         ..Config::default()
     }
 }

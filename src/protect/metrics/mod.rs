@@ -1,0 +1,145 @@
+//! Counting what a server answers: [`MetricsLayer`] records responses by
+//! status, refusals by kind (the [`Refused`] extension the protection layers
+//! put on their answers), upstream failures by kind (the proxy's
+//! `UpstreamFailure` extension, feature `proxy`) and the time to response
+//! headers; the [`server`](crate::server) module (feature `server`) records
+//! its connections into the same [`Metrics`]. [`Metrics::encode`] writes it
+//! all, with the guard's [`Stats`], in the Prometheus (OpenMetrics) text
+//! format, for a `/metrics` endpoint.
+//!
+//! Put the layer outermost, so that it sees what every other layer answers:
+//!
+//! ```
+//! use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
+//! use mcp_id_guard::IdGuardLayer;
+//! use tower_layer::Layer;
+//!
+//! # async fn doc() {
+//! let metrics = Metrics::new();
+//! let guard = IdGuardLayer::new();
+//! let inner = tower::service_fn(|_: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//! });
+//! let service = MetricsLayer::new(metrics.clone()).layer(guard.layer(inner));
+//! # let _ = service;
+//!
+//! // At scrape time:
+//! let mut text = String::new();
+//! metrics.encode(Some(&guard.stats()), &mut text);
+//! assert!(text.contains("# TYPE mcp_id_guard_passed counter"));
+//! assert!(text.ends_with("# EOF\n"));
+//! # }
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Response;
+
+use crate::protect::Refused;
+use crate::table::Stats;
+
+mod encode;
+mod family;
+mod future;
+mod layer;
+
+pub use future::MetricsFuture;
+pub use layer::{MetricsLayer, MetricsService};
+
+use family::{Family, Histogram, Named, Status};
+
+/// What a server records as it serves, shared by every clone: cheap to
+/// clone, one set of counters.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    recorded: Arc<Recorded>,
+}
+
+#[derive(Debug, Default)]
+struct Recorded {
+    // A later `method` label goes into the key of `responses` and, as a
+    // `Family` of histograms, of `duration`.
+    responses: Family<Status, AtomicU64>,
+    upstream_failures: Family<Named, AtomicU64>,
+    refused: Family<Named, AtomicU64>,
+    closed: Family<Named, AtomicU64>,
+    client_resets: AtomicU64,
+    duration: Histogram,
+    connections: AtomicU64,
+}
+
+impl Metrics {
+    /// Empty counters.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The `Content-Type` of what [`encode`](Self::encode) writes.
+    pub const CONTENT_TYPE: &'static str =
+        "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+    /// A response left for the client `elapsed` after its request arrived.
+    pub(crate) fn answered<B>(&self, response: &Response<B>, elapsed: Duration) {
+        let recorded = &*self.recorded;
+        recorded.responses.inc(Status(response.status().as_u16()));
+        if let Some(kind) = response.extensions().get::<Refused>() {
+            self.refused(*kind);
+        }
+        #[cfg(feature = "proxy")]
+        if let Some(failure) = response
+            .extensions()
+            .get::<crate::protect::upstream::UpstreamFailure>()
+        {
+            recorded
+                .upstream_failures
+                .inc(Named("kind", failure.as_str()));
+        }
+        recorded.duration.observe(elapsed);
+    }
+
+    /// A request refused with no response to count (an HTTP/2 stream
+    /// refused with a reset).
+    pub(crate) fn refused(&self, kind: Refused) {
+        self.recorded.refused.inc(Named("kind", kind.as_str()));
+    }
+
+    /// A client connection the server closed for one of its budgets.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn closed(&self, reason: &'static str) {
+        self.recorded.closed.inc(Named("reason", reason));
+    }
+
+    /// An HTTP/2 stream the client reset before its response ended.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn client_reset(&self) {
+        self.recorded.client_resets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A client connection opened; it counts as open until the returned
+    /// token is dropped.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn connection(&self) -> OpenConnection {
+        self.recorded.connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self.clone())
+    }
+
+    /// Writes every metric, and `stats`' if given (the guard's counters, read
+    /// with [`IdGuardLayer::stats`](crate::IdGuardLayer::stats) at scrape
+    /// time), to `out` in the OpenMetrics text format
+    /// ([`CONTENT_TYPE`](Self::CONTENT_TYPE)), ending with `# EOF`.
+    pub fn encode(&self, stats: Option<&Stats>, out: &mut String) {
+        encode::all(&self.recorded, stats, out);
+    }
+}
+
+/// One open client connection in the `client_connections` gauge.
+#[derive(Debug)]
+pub(crate) struct OpenConnection(Metrics);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.recorded.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
