@@ -1,7 +1,6 @@
 //! The accept loop: the connection cap, backoff when `accept` fails, and the
 //! graceful shutdown.
 
-use std::error::Error;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +15,7 @@ use tower_service::Service;
 
 use super::connection::{self, Ending};
 use super::ClientBody;
-use super::Shared;
+use super::{ServiceError, Setup};
 use crate::throttle::Throttle;
 
 /// The first pause after a failed `accept`.
@@ -31,10 +30,8 @@ const CUT_BOUND: Duration = Duration::from_millis(100);
 const TABLE_FULL: usize = 0;
 const ACCEPT_FAILED: usize = 1;
 
-type Failure = Box<dyn Error + Send + Sync>;
-
 pub(super) async fn serve<M, S, B, F>(
-    shared: &Arc<Shared>,
+    shared: &Arc<Setup>,
     listener: TcpListener,
     mut make_service: M,
     shutdown: F,
@@ -42,9 +39,9 @@ pub(super) async fn serve<M, S, B, F>(
     M: FnMut(SocketAddr) -> S,
     S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Failure>,
+    S::Error: Into<ServiceError>,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Failure>,
+    B::Error: Into<ServiceError>,
     F: Future<Output = ()>,
 {
     let max = shared.max_connections;

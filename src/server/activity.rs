@@ -72,7 +72,7 @@ impl Closing {
 
 /// What a request that has just arrived may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admission {
+pub(crate) enum Allowance {
     /// Go to the upstream.
     Serve,
     /// Go to the upstream; it is the connection's last (HTTP/1.1: answer it
@@ -173,7 +173,7 @@ impl Activity {
     /// A request has arrived; it is active until the returned token (moved
     /// into its response body) is dropped. The admission says whether it may
     /// go to the upstream.
-    pub(crate) fn request_started(self: &Arc<Self>, http2: bool) -> (ActiveRequest, Admission) {
+    pub(crate) fn request_started(self: &Arc<Self>, http2: bool) -> (ActiveRequest, Allowance) {
         self.served.store(true, Ordering::Relaxed);
         if http2 {
             self.http2.store(true, Ordering::Relaxed);
@@ -182,15 +182,15 @@ impl Activity {
         self.head_started.store(NONE, Ordering::Relaxed);
         let count = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         let admission = if let Some(closing) = self.closing() {
-            Admission::Refuse(closing)
+            Allowance::Refuse(closing)
         } else if self.max_requests.is_some_and(|max| count >= max) {
             if self.close_for(Closing::RequestCap) {
-                Admission::Last
+                Allowance::Last
             } else {
-                Admission::Refuse(self.closing().unwrap_or(Closing::RequestCap))
+                Allowance::Refuse(self.closing().unwrap_or(Closing::RequestCap))
             }
         } else {
-            Admission::Serve
+            Allowance::Serve
         };
         if http2 {
             self.streams.fetch_add(1, Ordering::Relaxed);
@@ -412,13 +412,13 @@ mod tests {
     fn the_cap_th_request_is_the_last_and_later_ones_are_refused() {
         let activity = Activity::new(&limits(Some(3), None), None);
         let admissions: Vec<_> = (0..5).map(|_| activity.request_started(false).1).collect();
-        let refused = Admission::Refuse(Closing::RequestCap);
+        let refused = Allowance::Refuse(Closing::RequestCap);
         assert_eq!(
             admissions,
             [
-                Admission::Serve,
-                Admission::Serve,
-                Admission::Last,
+                Allowance::Serve,
+                Allowance::Serve,
+                Allowance::Last,
                 refused,
                 refused
             ]
@@ -449,7 +449,7 @@ mod tests {
         assert_eq!(activity.closing(), Some(Closing::ClientResets));
         assert_eq!(
             activity.request_started(true).1,
-            Admission::Refuse(Closing::ClientResets)
+            Allowance::Refuse(Closing::ClientResets)
         );
     }
 }

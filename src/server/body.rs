@@ -28,13 +28,13 @@ use super::activity::{ActiveRequest, Activity, NONE};
 /// resets the stream if it ever polls again) and has the connection closed,
 /// which resets the stream the client holds.
 pub(crate) struct Tracked<B: Body> {
-    state: State<B>,
+    state: Phase<B>,
     send: Option<Duration>,
     /// The stall error was returned: the body is over.
     failed: bool,
 }
 
-enum State<B> {
+enum Phase<B> {
     /// No frame handed over yet, or no send limit: no timer.
     Plain(B, ActiveRequest),
     /// Watched by a stall timer, which may take the body away.
@@ -78,7 +78,7 @@ impl std::error::Error for SendStalled {}
 impl<B: Body> Tracked<B> {
     pub(crate) fn new(body: B, active: ActiveRequest, send: Option<Duration>) -> Self {
         Self {
-            state: State::Plain(body, active),
+            state: Phase::Plain(body, active),
             send,
             failed: false,
         }
@@ -97,15 +97,15 @@ fn note_end_at_drop<B: Body>(body: &B, active: &mut ActiveRequest) {
 impl<B: Body> Drop for Tracked<B> {
     fn drop(&mut self) {
         match &mut self.state {
-            State::Plain(body, active) => note_end_at_drop(body, active),
-            State::Watched(stall) => {
+            Phase::Plain(body, active) => note_end_at_drop(body, active),
+            Phase::Watched(stall) => {
                 // The body and token go now, not when the timer next wakes.
                 if let Some((body, mut active)) = stall.lock().take() {
                     note_end_at_drop(&body, &mut active);
                 }
                 stall.ended.notify_one();
             }
-            State::Moving => {}
+            Phase::Moving => {}
         }
     }
 }
@@ -155,7 +155,7 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
         let stall = match &mut this.state {
-            State::Plain(body, active) => {
+            Phase::Plain(body, active) => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
                 // An error ends the stream too: hyper resets it then, not
                 // the client.
@@ -170,7 +170,7 @@ where
                 }
                 // A frame handed over and more to come: from now on the
                 // response is watched.
-                let State::Plain(body, active) = std::mem::replace(&mut this.state, State::Moving)
+                let Phase::Plain(body, active) = std::mem::replace(&mut this.state, Phase::Moving)
                 else {
                     unreachable!("matched above")
                 };
@@ -182,11 +182,11 @@ where
                     ended: tokio::sync::Notify::new(),
                 });
                 tokio::spawn(watch_stall(Arc::clone(&stall), limit));
-                this.state = State::Watched(stall);
+                this.state = Phase::Watched(stall);
                 return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
             }
-            State::Watched(stall) => stall,
-            State::Moving => return Poll::Ready(None),
+            Phase::Watched(stall) => stall,
+            Phase::Moving => return Poll::Ready(None),
         };
         if this.failed {
             return Poll::Ready(None);
@@ -212,26 +212,26 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.state {
-            State::Plain(body, _) => body.is_end_stream(),
-            State::Watched(stall) => {
+            Phase::Plain(body, _) => body.is_end_stream(),
+            Phase::Watched(stall) => {
                 self.failed
                     || stall
                         .lock()
                         .as_ref()
                         .is_some_and(|(body, _)| body.is_end_stream())
             }
-            State::Moving => true,
+            Phase::Moving => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.state {
-            State::Plain(body, _) => body.size_hint(),
-            State::Watched(stall) => stall
+            Phase::Plain(body, _) => body.size_hint(),
+            Phase::Watched(stall) => stall
                 .lock()
                 .as_ref()
                 .map_or_else(SizeHint::default, |(body, _)| body.size_hint()),
-            State::Moving => SizeHint::with_exact(0),
+            Phase::Moving => SizeHint::with_exact(0),
         }
     }
 }

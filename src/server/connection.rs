@@ -2,7 +2,6 @@
 //! each request, answers those that arrive on a closing connection, and
 //! hands the rest to the connection's tower service.
 
-use std::error::Error;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,15 +17,13 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tower_service::Service;
 
-use super::activity::{Activity, Admission};
+use super::activity::{Activity, Allowance};
 use super::body::Tracked;
 use super::io::Watched;
 use super::ClientBody;
-use super::{watchdog, Shared};
+use super::{watchdog, ServiceError, Setup};
 use crate::protect::{ProtectedBody, Refused};
 use crate::wire::answer;
-
-type Failure = Box<dyn Error + Send + Sync>;
 
 /// What ends a connection from outside: `stop` asks it to finish and close,
 /// `cut` drops it (the grace period is over).
@@ -38,7 +35,7 @@ pub(super) struct Ending {
 /// Serves `stream` on a task of its own, which holds `permit` (one of the
 /// connection cap's) until the connection is gone.
 pub(super) fn spawn<S, B>(
-    shared: &Arc<Shared>,
+    shared: &Arc<Setup>,
     stream: TcpStream,
     peer: SocketAddr,
     service: S,
@@ -47,9 +44,9 @@ pub(super) fn spawn<S, B>(
 ) where
     S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Failure>,
+    S::Error: Into<ServiceError>,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Failure>,
+    B::Error: Into<ServiceError>,
 {
     let open = shared.metrics.as_ref().map(|metrics| metrics.connection());
     let activity = Activity::new(&shared.limits, shared.metrics.clone());
@@ -90,14 +87,14 @@ pub(super) fn spawn<S, B>(
 /// is closing for a budget (an HTTP/2 stream is refused, which clients send
 /// again on a new connection; a pipelined HTTP/1.1 request gets a `503`).
 fn request_arrived<S, B>(
-    shared: &Shared,
+    shared: &Setup,
     activity: &Arc<Activity>,
     mut service: S,
     request: Request<Incoming>,
-) -> impl std::future::Future<Output = Result<Response<Tracked<ProtectedBody<B>>>, Failure>>
+) -> impl std::future::Future<Output = Result<Response<Tracked<ProtectedBody<B>>>, ServiceError>>
 where
     S: Service<Request<ClientBody>, Response = Response<B>>,
-    S::Error: Into<Failure>,
+    S::Error: Into<ServiceError>,
     B: Body<Data = Bytes>,
 {
     let http2 = request.version() == Version::HTTP_2;
@@ -108,7 +105,7 @@ where
     let started = Instant::now();
     async move {
         let closing = match admission {
-            Admission::Refuse(_) if http2 => {
+            Allowance::Refuse(_) if http2 => {
                 if let Some(metrics) = &metrics {
                     metrics.refused(Refused::ConnectionClosing);
                 }
@@ -117,7 +114,7 @@ where
                 active.finish();
                 return Err(h2::Error::from(h2::Reason::REFUSED_STREAM).into());
             }
-            Admission::Refuse(reason) => Some(reason),
+            Allowance::Refuse(reason) => Some(reason),
             _ => None,
         };
         let mut response = match closing {
@@ -144,7 +141,7 @@ where
                 }
             }
         };
-        if !http2 && admission != Admission::Serve {
+        if !http2 && admission != Allowance::Serve {
             // hyper closes an HTTP/1.1 connection after a response that says
             // so, whenever the watchdog's graceful close lands.
             response

@@ -125,10 +125,14 @@ pub(crate) struct ResetBudget {
 /// [`Server::builder`]; cheap to clone.
 #[derive(Clone)]
 pub struct Server {
-    shared: Arc<Shared>,
+    shared: Arc<Setup>,
 }
 
-struct Shared {
+/// The error of the service a connection serves, as hyper takes it.
+type ServiceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What every connection of a server shares.
+struct Setup {
     limits: Limits,
     max_connections: usize,
     grace_period: Duration,
@@ -311,7 +315,7 @@ impl ServerBuilder {
                 .max_header_list_size(u32::try_from(max).unwrap_or(u32::MAX));
         }
         Server {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Setup {
                 limits: self.limits,
                 max_connections: self.max_connections,
                 grace_period: self.grace_period,

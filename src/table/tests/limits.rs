@@ -339,7 +339,7 @@ fn expired_abandoned_ids_of_an_idle_shard_make_room() {
 
 /// How a tracked batch ends, for the cost tests.
 #[derive(Debug, Clone, Copy)]
-enum Ending {
+enum Finish {
     Answered,
     HalfAnswered,
     Dropped,
@@ -350,17 +350,17 @@ enum Ending {
 /// `size` requests (distinct ids, or all the same one), after a POST of as
 /// many requests with the same ids is left in flight, and then to admit and
 /// end `size` lone requests with the first id beside them.
-fn examined_per_request(config: &Config, size: usize, one_id: bool, ending: Ending) -> f64 {
+fn examined_per_request(config: &Config, size: usize, one_id: bool, ending: Finish) -> f64 {
     let table = Arc::new(Table::new());
     let texts: Vec<String> = (0..size)
         .map(|n| if one_id { 1 } else { n }.to_string())
         .collect();
     let ids: Vec<&str> = texts.iter().map(String::as_str).collect();
     let (answered, cancel) = match ending {
-        Ending::Answered => (size, false),
-        Ending::HalfAnswered => (size / 2, false),
-        Ending::Dropped => (0, false),
-        Ending::Cancelled => (0, true),
+        Finish::Answered => (size, false),
+        Finish::HalfAnswered => (size / 2, false),
+        Finish::Dropped => (0, false),
+        Finish::Cancelled => (0, true),
     };
     examined::take();
     let held = table.admit(b"session-a", &ids, true, config);
@@ -388,10 +388,10 @@ fn tracking_costs_the_same_per_request_at_any_batch_size() {
             };
             for one_id in [false, true] {
                 for ending in [
-                    Ending::Answered,
-                    Ending::HalfAnswered,
-                    Ending::Dropped,
-                    Ending::Cancelled,
+                    Finish::Answered,
+                    Finish::HalfAnswered,
+                    Finish::Dropped,
+                    Finish::Cancelled,
                 ] {
                     let small = examined_per_request(&config, 500, one_id, ending);
                     let large = examined_per_request(&config, 8_000, one_id, ending);
