@@ -12,6 +12,9 @@ use clap::{Parser, ValueEnum};
 ///
 /// Point MCP clients at http://<listen>/<the server's path>. Logs go to
 /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change how much is logged.
+///
+/// Is a server affected? `mcp-id-guard probe URL` checks one, bare or behind
+/// this proxy (see `mcp-id-guard probe --help`).
 #[derive(Debug, Parser)]
 #[command(name = "mcp-id-guard", version)]
 pub(crate) struct Args {

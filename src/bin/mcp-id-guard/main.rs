@@ -25,11 +25,15 @@ use tracing_subscriber::EnvFilter;
 mod admin;
 mod args;
 mod limits;
+mod probe;
 mod settings;
 
 use args::{Args, LogFormat};
 
 fn main() -> ExitCode {
+    if probe::requested() {
+        return probe::main();
+    }
     let args = Args::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()

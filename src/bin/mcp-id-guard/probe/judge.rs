@@ -1,0 +1,273 @@
+//! Telling a request's own answer from another's: every method's answer has
+//! a shape (`ping` answers `{}`, `tools/list` answers `{"tools": [...]}`, a
+//! tool answers `{"content": [...]}`), learned from the server before the
+//! checks, so an answer of the wrong shape is one that was swapped.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::client::Reply;
+use super::report::{Check, Counts, Refusal, Verdict};
+
+/// How many failures a check describes one by one.
+const EXAMPLES: usize = 5;
+
+/// What an answer looks like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// A result with `tools` (`tools/list`).
+    Tools,
+    /// A result with `content` (`tools/call`).
+    Content,
+    /// Any other result (`ping`'s `{}`).
+    Other,
+    /// A JSON-RPC error with this code.
+    Error(i64),
+}
+
+impl Shape {
+    pub(super) fn of(message: &Value) -> Self {
+        if let Some(error) = message.get("error") {
+            return Shape::Error(error["code"].as_i64().unwrap_or_default());
+        }
+        let result = &message["result"];
+        if result.get("tools").is_some() {
+            Shape::Tools
+        } else if result.get("content").is_some() {
+            Shape::Content
+        } else {
+            Shape::Other
+        }
+    }
+
+    fn described(&self) -> String {
+        match self {
+            Shape::Tools => "a tools/list answer".to_owned(),
+            Shape::Content => "a tool's answer".to_owned(),
+            Shape::Other => "a ping answer".to_owned(),
+            Shape::Error(code) => format!("an error {code}"),
+        }
+    }
+}
+
+/// What one request of a check got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// Its own answer.
+    Own,
+    /// An HTTP error status or a JSON-RPC error: refused, which is safe.
+    Refused { status: u16, code: Option<i64> },
+    /// Another request's answer (described).
+    Swapped(String),
+    /// An answer with another id (shown).
+    WrongId(String),
+    /// No answer within the timeout.
+    Hung,
+    /// The connection or stream ended without an answer (why).
+    Lost(String),
+}
+
+impl Seen {
+    fn is_bug(&self) -> bool {
+        matches!(
+            self,
+            Seen::Swapped(_) | Seen::WrongId(_) | Seen::Hung | Seen::Lost(_)
+        )
+    }
+
+    fn described(&self) -> String {
+        match self {
+            Seen::Own => "its own answer".to_owned(),
+            Seen::Refused { status, code } => match code {
+                Some(code) => format!("refused ({status}, code {code})"),
+                None => format!("refused ({status})"),
+            },
+            Seen::Swapped(what) => format!("got {what}"),
+            Seen::WrongId(id) => format!("got an answer with id {id}"),
+            Seen::Hung => "no answer within the timeout".to_owned(),
+            Seen::Lost(why) => format!("lost: {why}"),
+        }
+    }
+}
+
+/// Judges `reply` to a request that carried `id` and whose own answer has
+/// the shape `own`.
+pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Seen {
+    let (status, message) = match reply {
+        Reply::Hung => return Seen::Hung,
+        Reply::Lost(why) => return Seen::Lost(why.clone()),
+        Reply::Status { status, .. } if *status >= 400 => {
+            return Seen::Refused {
+                status: *status,
+                code: None,
+            }
+        }
+        Reply::Status { status, body } => {
+            return Seen::Lost(format!("HTTP {status} without an answer: {body:?}"))
+        }
+        Reply::Answer { status, message } => (*status, message),
+    };
+    let shape = Shape::of(message);
+    let refused = || Seen::Refused {
+        status,
+        code: message["error"]["code"].as_i64(),
+    };
+    // An error about the request as a whole may carry a null id.
+    if message["id"] != *id {
+        return match shape {
+            Shape::Error(_) if message["id"].is_null() => refused(),
+            _ => Seen::WrongId(message["id"].to_string()),
+        };
+    }
+    match shape {
+        shape if shape == *own => Seen::Own,
+        Shape::Error(_) => refused(),
+        shape => Seen::Swapped(shape.described()),
+    }
+}
+
+/// The requests of one check, counted.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    counts: Counts,
+    refusals: BTreeMap<(u16, Option<i64>), u32>,
+    examples: Vec<String>,
+    /// Pairs (or trials) in which something went wrong.
+    failed: u32,
+}
+
+impl Tally {
+    /// Counts one request; `what` names it for the examples.
+    pub(super) fn add(&mut self, seen: &Seen, what: impl FnOnce() -> String) {
+        let counts = &mut self.counts;
+        match seen {
+            Seen::Own => counts.own += 1,
+            Seen::Refused { status, code } => {
+                counts.refused += 1;
+                *self.refusals.entry((*status, *code)).or_default() += 1;
+            }
+            Seen::Swapped(_) => counts.swapped += 1,
+            Seen::WrongId(_) => counts.wrong_id += 1,
+            Seen::Hung => counts.hung += 1,
+            Seen::Lost(_) => counts.lost += 1,
+        }
+        if seen.is_bug() && self.examples.len() < EXAMPLES {
+            self.examples
+                .push(format!("{}: {}", what(), seen.described()));
+        }
+    }
+
+    /// Counts one pair or trial: failed when any of its requests failed.
+    pub(super) fn trial(&mut self, seen: &[Seen]) {
+        if seen.iter().any(Seen::is_bug) {
+            self.failed += 1;
+        }
+    }
+
+    /// The check's result; `trials` says what was run ("20 pairs, 10 at a
+    /// time").
+    pub(super) fn check(self, name: &'static str, trials: &str) -> Check {
+        let counts = self.counts;
+        let verdict = if self.failed > 0 {
+            Verdict::Bug
+        } else if counts.refused > 0 {
+            Verdict::OkRefused
+        } else {
+            Verdict::Ok
+        };
+        let refusals: Vec<Refusal> = self
+            .refusals
+            .into_iter()
+            .map(|((status, code), count)| Refusal {
+                status,
+                code,
+                count,
+            })
+            .collect();
+        let mut parts = vec![format!("{} own", counts.own)];
+        if counts.refused > 0 {
+            let kinds: Vec<String> = refusals
+                .iter()
+                .map(|refusal| match refusal.code {
+                    Some(code) => {
+                        format!("{} x HTTP {} code {code}", refusal.count, refusal.status)
+                    }
+                    None => format!("{} x HTTP {}", refusal.count, refusal.status),
+                })
+                .collect();
+            parts.push(format!("{} refused ({})", counts.refused, kinds.join(", ")));
+        }
+        for (count, what) in [
+            (counts.swapped, "swapped"),
+            (counts.wrong_id, "wrong id"),
+            (counts.hung, "hung"),
+            (counts.lost, "lost"),
+        ] {
+            if count > 0 {
+                parts.push(format!("{count} {what}"));
+            }
+        }
+        let failed = if self.failed > 0 {
+            format!("{} failed; ", self.failed)
+        } else {
+            String::new()
+        };
+        Check {
+            name,
+            verdict,
+            summary: format!("{trials}: {failed}answers: {}", parts.join(", ")),
+            counts: Some(counts),
+            refusals,
+            examples: self.examples,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn answer(status: u16, message: Value) -> Reply {
+        Reply::Answer { status, message }
+    }
+
+    #[test]
+    fn answers_are_told_apart_by_shape_and_id() {
+        let ping = Shape::Other;
+        let id = json!(7);
+        let own = answer(200, json!({"jsonrpc": "2.0", "id": 7, "result": {}}));
+        assert_eq!(judge(&own, &id, &ping), Seen::Own);
+        let tools = answer(
+            200,
+            json!({"jsonrpc": "2.0", "id": 7, "result": {"tools": []}}),
+        );
+        assert!(matches!(judge(&tools, &id, &ping), Seen::Swapped(_)));
+        let string = answer(200, json!({"jsonrpc": "2.0", "id": "7", "result": {}}));
+        assert!(matches!(judge(&string, &id, &ping), Seen::WrongId(_)));
+        let rejected = answer(
+            400,
+            json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32600, "message": "x"}}),
+        );
+        assert_eq!(
+            judge(&rejected, &id, &ping),
+            Seen::Refused {
+                status: 400,
+                code: Some(-32600)
+            }
+        );
+        let null = answer(
+            409,
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "x"}}),
+        );
+        assert!(matches!(judge(&null, &id, &ping), Seen::Refused { .. }));
+        assert_eq!(judge(&Reply::Hung, &id, &ping), Seen::Hung);
+        let accepted = Reply::Status {
+            status: 202,
+            body: String::new(),
+        };
+        assert!(matches!(judge(&accepted, &id, &ping), Seen::Lost(_)));
+    }
+}
