@@ -16,6 +16,9 @@ mod hardening;
 mod headers;
 // The protection layers composed with the guard and the proxy in an axum app.
 mod layers;
+// `mcp-id-guard probe` against bare and guarded servers.
+#[cfg(feature = "cli")]
+mod probe;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;

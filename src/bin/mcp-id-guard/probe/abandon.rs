@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::client::{Client, Reply};
-use super::judge::{judge, Seen, Tally};
+use super::judge::{judge, Outcome, Scorecard};
 use super::report::{Check, Verdict};
 use super::{open_session, Shapes};
 
@@ -46,7 +46,7 @@ pub(super) async fn check(base: &Client, shapes: &Shapes, tool: Option<(&str, &V
         Ok(took) => took,
         Err(error) => return Check::plain(NAME, Verdict::Error, error),
     };
-    let mut tally = Tally::default();
+    let mut scorecard = Scorecard::default();
     let (mut pings, mut early) = (0, 0);
     for (offset, cancel) in [(1, false), (2, true)] {
         let id = ID_BASE + offset;
@@ -66,12 +66,12 @@ pub(super) async fn check(base: &Client, shapes: &Shapes, tool: Option<(&str, &V
         };
         let how = if cancel { "cancelled" } else { "dropped" };
         for (index, seen) in seen.iter().enumerate() {
-            tally.add(seen, || {
+            scorecard.add(seen, || {
                 format!("ping {} with the id of a {how} call", index + 1)
             });
         }
         pings += seen.len();
-        tally.trial(&seen);
+        scorecard.trial(&seen);
     }
     if early == 2 {
         let message = format!(
@@ -84,7 +84,7 @@ pub(super) async fn check(base: &Client, shapes: &Shapes, tool: Option<(&str, &V
         0 => String::new(),
         _ => " (one call ended too soon to abandon)".to_owned(),
     };
-    tally.check(
+    scorecard.check(
         NAME,
         &format!(
             "{tool} (took {took:.0?}) abandoned twice (connection dropped; \
@@ -123,7 +123,7 @@ async fn trial(
     cancel: bool,
     took: Duration,
     shapes: &Shapes,
-) -> Result<Option<Vec<Seen>>, String> {
+) -> Result<Option<Vec<Outcome>>, String> {
     let mut connection = client.connect().await?;
     let request = client.post(call, &[]);
     let started = Instant::now();
@@ -159,7 +159,7 @@ async fn trial(
         }
         let (reply, _) = client.send(&mut connection, client.post(&ping, &[])).await;
         let judged = judge(&reply, &id, &shapes.ping);
-        let failed = !matches!(judged, Seen::Own | Seen::Refused { .. });
+        let failed = !matches!(judged, Outcome::Own | Outcome::Refused { .. });
         seen.push(judged);
         if failed || seen.len() >= MAX_PINGS || Instant::now() >= until {
             return Ok(Some(seen));

@@ -17,6 +17,8 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
+use super::events::{first_response, EventReader};
+
 /// The largest response body the probe reads (a big `tools/list` fits).
 const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// How much of an unexpected body a verdict quotes.
@@ -29,7 +31,7 @@ const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 
 /// Where the probe sends its requests, from the URL it was given.
 #[derive(Debug)]
-pub(super) struct Target {
+pub(super) struct Endpoint {
     /// `host:port` to connect to.
     connect: String,
     /// The `Host` header of ordinary requests.
@@ -40,7 +42,7 @@ pub(super) struct Target {
     path: String,
 }
 
-impl Target {
+impl Endpoint {
     /// An `http://host[:port]/path` URL.
     pub(super) fn parse(url: &str) -> Result<Self, String> {
         let uri: Uri = url
@@ -98,12 +100,12 @@ pub(super) enum Reply {
 }
 
 /// An open connection; closed (the request on it abandoned) when dropped.
-pub(super) struct Connection {
+pub(super) struct ClientConnection {
     sender: SendRequest<Full<Bytes>>,
     task: JoinHandle<()>,
 }
 
-impl Connection {
+impl ClientConnection {
     /// Waits (bounded) until another request may go on it; false when it
     /// closed, as it does after an answer read only up to its JSON-RPC
     /// response.
@@ -115,7 +117,7 @@ impl Connection {
     }
 }
 
-impl Drop for Connection {
+impl Drop for ClientConnection {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -124,7 +126,7 @@ impl Drop for Connection {
 /// Sends requests to one MCP endpoint, in one session once it has one.
 #[derive(Clone)]
 pub(super) struct Client {
-    target: Arc<Target>,
+    target: Arc<Endpoint>,
     /// The operator's `--header`s (values marked sensitive, never shown).
     headers: Arc<Vec<(HeaderName, HeaderValue)>>,
     /// Bound of every connect and every exchange.
@@ -135,7 +137,7 @@ pub(super) struct Client {
 
 impl Client {
     pub(super) fn new(
-        target: Target,
+        target: Endpoint,
         headers: Vec<(HeaderName, HeaderValue)>,
         timeout: Duration,
     ) -> Self {
@@ -148,7 +150,7 @@ impl Client {
         }
     }
 
-    pub(super) fn target(&self) -> &Target {
+    pub(super) fn target(&self) -> &Endpoint {
         &self.target
     }
 
@@ -170,7 +172,7 @@ impl Client {
     }
 
     /// Opens a connection (bounded by the timeout).
-    pub(super) async fn connect(&self) -> Result<Connection, String> {
+    pub(super) async fn connect(&self) -> Result<ClientConnection, String> {
         let open = async {
             let stream = TcpStream::connect(&self.target.connect)
                 .await
@@ -183,7 +185,7 @@ impl Client {
             let task = tokio::spawn(async move {
                 let _ = connection.await;
             });
-            Ok(Connection { sender, task })
+            Ok(ClientConnection { sender, task })
         };
         tokio::time::timeout(self.timeout, open)
             .await
@@ -246,7 +248,7 @@ impl Client {
     /// timeout. Also returns the response's `Mcp-Session-Id`.
     pub(super) async fn send(
         &self,
-        connection: &mut Connection,
+        connection: &mut ClientConnection,
         request: Request<Full<Bytes>>,
     ) -> (Reply, Option<HeaderValue>) {
         let exchange = async {
@@ -329,81 +331,19 @@ async fn read_reply(response: http::Response<Incoming>) -> Reply {
     Reply::Status { status, body: text }
 }
 
-/// The JSON-RPC response in a body: the object itself, or the first one of
-/// a batch.
-fn first_response(value: Value) -> Option<Value> {
-    match value {
-        Value::Array(items) => items.into_iter().find(is_response),
-        value => is_response(&value).then_some(value),
-    }
-}
-
-fn is_response(value: &Value) -> bool {
-    value.get("id").is_some() && (value.get("result").is_some() || value.get("error").is_some())
-}
-
-/// A minimal SSE reader: `data:` lines joined per event; everything else
-/// (ids, comments, retry) ignored. Bounded by the body cap of its caller.
-#[derive(Default)]
-struct EventReader {
-    line: Vec<u8>,
-    data: Vec<u8>,
-}
-
-impl EventReader {
-    /// Feeds bytes; returns the first JSON-RPC response an event completed.
-    fn feed(&mut self, bytes: &[u8]) -> Option<Value> {
-        for &byte in bytes {
-            if byte != b'\n' {
-                self.line.push(byte);
-                continue;
-            }
-            let line = std::mem::take(&mut self.line);
-            let line = line.strip_suffix(b"\r").unwrap_or(&line);
-            if line.is_empty() {
-                let data = std::mem::take(&mut self.data);
-                let message = serde_json::from_slice::<Value>(&data)
-                    .ok()
-                    .and_then(first_response);
-                if message.is_some() {
-                    return message;
-                }
-            } else if let Some(value) = line.strip_prefix(b"data:") {
-                if !self.data.is_empty() {
-                    self.data.push(b'\n');
-                }
-                self.data
-                    .extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
-            }
-        }
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sse_events_split_anywhere() {
-        let stream = b": keep-alive\r\n\r\nid: 1\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\ndata: \"id\":7,\"result\":{}}\n\n";
-        for split in 0..stream.len() {
-            let mut reader = EventReader::default();
-            let first = reader.feed(&stream[..split]);
-            let message = first.or_else(|| reader.feed(&stream[split..]));
-            assert_eq!(message.expect("a response")["id"], 7, "split at {split}");
-        }
-    }
-
-    #[test]
     fn urls() {
-        let target = Target::parse("http://127.0.0.1:8000/mcp?x=1").unwrap();
+        let target = Endpoint::parse("http://127.0.0.1:8000/mcp?x=1").unwrap();
         assert_eq!(
             (target.connect.as_str(), target.port, target.path.as_str()),
             ("127.0.0.1:8000", 8000, "/mcp?x=1")
         );
-        assert_eq!(Target::parse("http://localhost/").unwrap().port, 80);
-        assert!(Target::parse("https://example.com/mcp").is_err());
-        assert!(Target::parse("example.com/mcp").is_err());
+        assert_eq!(Endpoint::parse("http://localhost/").unwrap().port, 80);
+        assert!(Endpoint::parse("https://example.com/mcp").is_err());
+        assert!(Endpoint::parse("example.com/mcp").is_err());
     }
 }

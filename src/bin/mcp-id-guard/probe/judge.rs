@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::client::Reply;
-use super::report::{Check, Counts, Refusal, Verdict};
+use super::report::{Check, Counts, RefusalCount, Verdict};
 
 /// How many failures a check describes one by one.
 const EXAMPLES: usize = 5;
@@ -53,7 +53,7 @@ impl Shape {
 
 /// What one request of a check got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Seen {
+pub(super) enum Outcome {
     /// Its own answer.
     Own,
     /// An HTTP error status or a JSON-RPC error: refused, which is safe.
@@ -68,48 +68,48 @@ pub(super) enum Seen {
     Lost(String),
 }
 
-impl Seen {
+impl Outcome {
     fn is_bug(&self) -> bool {
         matches!(
             self,
-            Seen::Swapped(_) | Seen::WrongId(_) | Seen::Hung | Seen::Lost(_)
+            Outcome::Swapped(_) | Outcome::WrongId(_) | Outcome::Hung | Outcome::Lost(_)
         )
     }
 
     fn described(&self) -> String {
         match self {
-            Seen::Own => "its own answer".to_owned(),
-            Seen::Refused { status, code } => match code {
+            Outcome::Own => "its own answer".to_owned(),
+            Outcome::Refused { status, code } => match code {
                 Some(code) => format!("refused ({status}, code {code})"),
                 None => format!("refused ({status})"),
             },
-            Seen::Swapped(what) => format!("got {what}"),
-            Seen::WrongId(id) => format!("got an answer with id {id}"),
-            Seen::Hung => "no answer within the timeout".to_owned(),
-            Seen::Lost(why) => format!("lost: {why}"),
+            Outcome::Swapped(what) => format!("got {what}"),
+            Outcome::WrongId(id) => format!("got an answer with id {id}"),
+            Outcome::Hung => "no answer within the timeout".to_owned(),
+            Outcome::Lost(why) => format!("lost: {why}"),
         }
     }
 }
 
 /// Judges `reply` to a request that carried `id` and whose own answer has
 /// the shape `own`.
-pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Seen {
+pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Outcome {
     let (status, message) = match reply {
-        Reply::Hung => return Seen::Hung,
-        Reply::Lost(why) => return Seen::Lost(why.clone()),
+        Reply::Hung => return Outcome::Hung,
+        Reply::Lost(why) => return Outcome::Lost(why.clone()),
         Reply::Status { status, .. } if *status >= 400 => {
-            return Seen::Refused {
+            return Outcome::Refused {
                 status: *status,
                 code: None,
             }
         }
         Reply::Status { status, body } => {
-            return Seen::Lost(format!("HTTP {status} without an answer: {body:?}"))
+            return Outcome::Lost(format!("HTTP {status} without an answer: {body:?}"))
         }
         Reply::Answer { status, message } => (*status, message),
     };
     let shape = Shape::of(message);
-    let refused = || Seen::Refused {
+    let refused = || Outcome::Refused {
         status,
         code: message["error"]["code"].as_i64(),
     };
@@ -117,19 +117,19 @@ pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Seen {
     if message["id"] != *id {
         return match shape {
             Shape::Error(_) if message["id"].is_null() => refused(),
-            _ => Seen::WrongId(message["id"].to_string()),
+            _ => Outcome::WrongId(message["id"].to_string()),
         };
     }
     match shape {
-        shape if shape == *own => Seen::Own,
+        shape if shape == *own => Outcome::Own,
         Shape::Error(_) => refused(),
-        shape => Seen::Swapped(shape.described()),
+        shape => Outcome::Swapped(shape.described()),
     }
 }
 
 /// The requests of one check, counted.
 #[derive(Debug, Default)]
-pub(super) struct Tally {
+pub(super) struct Scorecard {
     counts: Counts,
     refusals: BTreeMap<(u16, Option<i64>), u32>,
     examples: Vec<String>,
@@ -137,20 +137,20 @@ pub(super) struct Tally {
     failed: u32,
 }
 
-impl Tally {
+impl Scorecard {
     /// Counts one request; `what` names it for the examples.
-    pub(super) fn add(&mut self, seen: &Seen, what: impl FnOnce() -> String) {
+    pub(super) fn add(&mut self, seen: &Outcome, what: impl FnOnce() -> String) {
         let counts = &mut self.counts;
         match seen {
-            Seen::Own => counts.own += 1,
-            Seen::Refused { status, code } => {
+            Outcome::Own => counts.own += 1,
+            Outcome::Refused { status, code } => {
                 counts.refused += 1;
                 *self.refusals.entry((*status, *code)).or_default() += 1;
             }
-            Seen::Swapped(_) => counts.swapped += 1,
-            Seen::WrongId(_) => counts.wrong_id += 1,
-            Seen::Hung => counts.hung += 1,
-            Seen::Lost(_) => counts.lost += 1,
+            Outcome::Swapped(_) => counts.swapped += 1,
+            Outcome::WrongId(_) => counts.wrong_id += 1,
+            Outcome::Hung => counts.hung += 1,
+            Outcome::Lost(_) => counts.lost += 1,
         }
         if seen.is_bug() && self.examples.len() < EXAMPLES {
             self.examples
@@ -159,8 +159,8 @@ impl Tally {
     }
 
     /// Counts one pair or trial: failed when any of its requests failed.
-    pub(super) fn trial(&mut self, seen: &[Seen]) {
-        if seen.iter().any(Seen::is_bug) {
+    pub(super) fn trial(&mut self, seen: &[Outcome]) {
+        if seen.iter().any(Outcome::is_bug) {
             self.failed += 1;
         }
     }
@@ -176,10 +176,10 @@ impl Tally {
         } else {
             Verdict::Ok
         };
-        let refusals: Vec<Refusal> = self
+        let refusals: Vec<RefusalCount> = self
             .refusals
             .into_iter()
-            .map(|((status, code), count)| Refusal {
+            .map(|((status, code), count)| RefusalCount {
                 status,
                 code,
                 count,
@@ -239,21 +239,21 @@ mod tests {
         let ping = Shape::Other;
         let id = json!(7);
         let own = answer(200, json!({"jsonrpc": "2.0", "id": 7, "result": {}}));
-        assert_eq!(judge(&own, &id, &ping), Seen::Own);
+        assert_eq!(judge(&own, &id, &ping), Outcome::Own);
         let tools = answer(
             200,
             json!({"jsonrpc": "2.0", "id": 7, "result": {"tools": []}}),
         );
-        assert!(matches!(judge(&tools, &id, &ping), Seen::Swapped(_)));
+        assert!(matches!(judge(&tools, &id, &ping), Outcome::Swapped(_)));
         let string = answer(200, json!({"jsonrpc": "2.0", "id": "7", "result": {}}));
-        assert!(matches!(judge(&string, &id, &ping), Seen::WrongId(_)));
+        assert!(matches!(judge(&string, &id, &ping), Outcome::WrongId(_)));
         let rejected = answer(
             400,
             json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32600, "message": "x"}}),
         );
         assert_eq!(
             judge(&rejected, &id, &ping),
-            Seen::Refused {
+            Outcome::Refused {
                 status: 400,
                 code: Some(-32600)
             }
@@ -262,12 +262,12 @@ mod tests {
             409,
             json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "x"}}),
         );
-        assert!(matches!(judge(&null, &id, &ping), Seen::Refused { .. }));
-        assert_eq!(judge(&Reply::Hung, &id, &ping), Seen::Hung);
+        assert!(matches!(judge(&null, &id, &ping), Outcome::Refused { .. }));
+        assert_eq!(judge(&Reply::Hung, &id, &ping), Outcome::Hung);
         let accepted = Reply::Status {
             status: 202,
             body: String::new(),
         };
-        assert!(matches!(judge(&accepted, &id, &ping), Seen::Lost(_)));
+        assert!(matches!(judge(&accepted, &id, &ping), Outcome::Lost(_)));
     }
 }

@@ -11,6 +11,7 @@
 
 mod abandon;
 mod client;
+mod events;
 mod hosts;
 mod judge;
 mod pairs;
@@ -23,7 +24,7 @@ use clap::{Parser, Subcommand};
 use http::header::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
-use client::{Client, Reply, Target, SESSION_ID};
+use client::{Client, Endpoint, Reply, SESSION_ID};
 use judge::Shape;
 use report::{Check, Report, Verdict};
 
@@ -34,13 +35,13 @@ const PROTOCOL_VERSION: &str = "2025-06-18";
 /// proxy's command line stays as it is.
 #[derive(Debug, Parser)]
 #[command(name = "mcp-id-guard", version)]
-struct Command {
+struct CommandLine {
     #[command(subcommand)]
-    command: Probe,
+    command: ProbeCommand,
 }
 
 #[derive(Debug, Subcommand)]
-enum Probe {
+enum ProbeCommand {
     Probe(ProbeArgs),
 }
 
@@ -107,7 +108,7 @@ pub(crate) fn requested() -> bool {
 
 /// Parses the probe's command line, runs it, prints the report.
 pub(crate) fn main() -> ExitCode {
-    let Probe::Probe(args) = Command::parse().command;
+    let ProbeCommand::Probe(args) = CommandLine::parse().command;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -138,7 +139,7 @@ struct Shapes {
 }
 
 /// A session the probe opened.
-struct Session {
+struct Opened {
     client: Client,
     server: Option<Value>,
     protocol: Option<String>,
@@ -146,7 +147,7 @@ struct Session {
 
 /// `initialize` and `notifications/initialized`: a session of the probe's
 /// own, in the protocol revision the server chose.
-async fn open_session(base: &Client) -> Result<Session, String> {
+async fn open_session(base: &Client) -> Result<Opened, String> {
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": PROTOCOL_VERSION,
         "capabilities": {},
@@ -172,7 +173,7 @@ async fn open_session(base: &Client) -> Result<Session, String> {
         Reply::Status { status, .. } | Reply::Answer { status, .. } if status < 300 => {}
         other => return Err(format!("notifications/initialized failed: {other:?}")),
     }
-    Ok(Session {
+    Ok(Opened {
         client,
         server: result.get("serverInfo").cloned(),
         protocol,
@@ -205,7 +206,7 @@ async fn run(args: ProbeArgs) -> Report {
 
 async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
     let base = Client::new(
-        Target::parse(&args.url)?,
+        Endpoint::parse(&args.url)?,
         args.headers.clone(),
         args.timeout,
     );
@@ -315,16 +316,17 @@ mod tests {
 
     #[test]
     fn command_line() {
-        let Probe::Probe(args) =
-            Command::try_parse_from(["mcp-id-guard", "probe", "http://127.0.0.1:1/mcp"])
+        let ProbeCommand::Probe(args) =
+            CommandLine::try_parse_from(["mcp-id-guard", "probe", "http://127.0.0.1:1/mcp"])
                 .unwrap()
                 .command;
         assert_eq!((args.pairs, args.concurrency), (20, 10));
         assert_eq!(args.timeout, Duration::from_secs(5));
-        assert!(Command::try_parse_from(["x", "probe", "u", "--pairs", "201"]).is_err());
-        assert!(Command::try_parse_from(["x", "probe", "u", "--args", "{}"]).is_err());
+        assert!(CommandLine::try_parse_from(["x", "probe", "u", "--pairs", "201"]).is_err());
+        assert!(CommandLine::try_parse_from(["x", "probe", "u", "--args", "{}"]).is_err());
         assert!(
-            Command::try_parse_from(["x", "probe", "u", "--tool", "t", "--args", "[]"]).is_err()
+            CommandLine::try_parse_from(["x", "probe", "u", "--tool", "t", "--args", "[]"])
+                .is_err()
         );
     }
 }

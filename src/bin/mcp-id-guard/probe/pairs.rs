@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
-use super::client::{Client, Connection, Reply};
-use super::judge::{judge, Seen, Shape, Tally};
+use super::client::{Client, ClientConnection, Reply};
+use super::judge::{judge, Outcome, Scorecard, Shape};
 use super::report::{Check, Verdict};
 use super::Shapes;
 
@@ -64,7 +64,7 @@ async fn run(
     ids: impl Fn(usize) -> (Value, Value),
     name: &'static str,
 ) -> Check {
-    let mut tally = Tally::default();
+    let mut scorecard = Scorecard::default();
     let mut done = 0;
     while done < pairs {
         let wave = (pairs - done).min(concurrency);
@@ -99,18 +99,18 @@ async fn run(
                 (
                     "?",
                     Value::Null,
-                    Seen::Lost(format!("probe task failed: {error}")),
+                    Outcome::Lost(format!("probe task failed: {error}")),
                 )
             }));
         }
         for (index, pair) in results.chunks(2).enumerate() {
             for (method, id, seen) in pair {
-                tally.add(seen, || {
+                scorecard.add(seen, || {
                     format!("pair {}: {method} id {id}", done + index + 1)
                 });
             }
-            let seen: Vec<Seen> = pair.iter().map(|(_, _, seen)| seen.clone()).collect();
-            tally.trial(&seen);
+            let seen: Vec<Outcome> = pair.iter().map(|(_, _, seen)| seen.clone()).collect();
+            scorecard.trial(&seen);
         }
         done += wave;
     }
@@ -120,7 +120,7 @@ async fn run(
     } else {
         ""
     };
-    tally.check(
+    scorecard.check(
         name,
         &format!(
             "{pairs} pairs ping + tools/list, {} at a time{what}",
@@ -130,7 +130,7 @@ async fn run(
 }
 
 /// Opens `count` connections at once.
-async fn connect_all(client: &Client, count: usize) -> Result<Vec<Connection>, String> {
+async fn connect_all(client: &Client, count: usize) -> Result<Vec<ClientConnection>, String> {
     let opening: Vec<_> = (0..count)
         .map(|_| {
             let client = client.clone();

@@ -58,7 +58,7 @@ pub(super) struct Counts {
 
 /// How often one kind of refusal was seen.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Refusal {
+pub(super) struct RefusalCount {
     /// HTTP status.
     pub(super) status: u16,
     /// JSON-RPC error code, when the body carried one.
@@ -78,7 +78,7 @@ pub(super) struct Check {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) counts: Option<Counts>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(super) refusals: Vec<Refusal>,
+    pub(super) refusals: Vec<RefusalCount>,
     /// A few of the failures, described.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) examples: Vec<String>,
