@@ -7,7 +7,8 @@
 # server from npm behind the npm-installed one, each with its control case;
 # and, with a FastMCP server that closes request streams for polling
 # (SEP-1699), that a request's id is not given to another request while the
-# server still runs it (see polling.py).
+# server still runs it (see polling.py); and that `mcp-id-guard probe` finds
+# the bug in the FastMCP server alone and nothing behind the proxy (probe.py).
 #
 # One release build of the binary serves both: the npm packages carry the
 # binary taken out of the wheel. Loopback traffic only; every step is bounded.
@@ -104,6 +105,10 @@ step "pip: a polled request's id reused while the server runs it, FastMCP server
 # 8-second deadline, as the three of the bare early run always do.
 bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
+
+step "pip: mcp-id-guard probe finds the bug in the FastMCP server alone, and nothing behind the installed mcp-id-guard"
+bounded 300 "$work/venv/bin/python" "$repo/packaging/probe.py" --label pip-probe --guard "$installed" \
+    -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
 
 step "npm: stage and pack the launcher package and this platform's binary package (binary from the wheel)"
 npm_work="$work/npm"
