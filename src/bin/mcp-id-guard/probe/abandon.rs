@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::client::{Client, Reply};
-use super::judge::{judge, Outcome, Scorecard};
+use super::judge::{judge, Received, Scorecard};
 use super::report::{Check, Verdict};
 use super::{open_session, Shapes};
 
@@ -123,7 +123,7 @@ async fn trial(
     cancel: bool,
     took: Duration,
     shapes: &Shapes,
-) -> Result<Option<Vec<Outcome>>, String> {
+) -> Result<Option<Vec<Received>>, String> {
     let mut connection = client.connect().await?;
     let request = client.post(call, &[]);
     let started = Instant::now();
@@ -159,7 +159,7 @@ async fn trial(
         }
         let (reply, _) = client.send(&mut connection, client.post(&ping, &[])).await;
         let judged = judge(&reply, &id, &shapes.ping);
-        let failed = !matches!(judged, Outcome::Own | Outcome::Refused { .. });
+        let failed = !matches!(judged, Received::Own | Received::Refused { .. });
         seen.push(judged);
         if failed || seen.len() >= MAX_PINGS || Instant::now() >= until {
             return Ok(Some(seen));

@@ -7,7 +7,7 @@ use http::header::{HeaderName, HeaderValue, HOST, ORIGIN};
 use serde_json::json;
 
 use super::client::Client;
-use super::judge::{judge, Outcome};
+use super::judge::{judge, Received};
 use super::report::{Check, Verdict};
 use super::Shapes;
 
@@ -47,12 +47,12 @@ async fn one(
     let message = json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
     let reply = client.call(&message, &[(header, header_value)]).await;
     match judge(&reply, &json!(id), &shapes.ping) {
-        Outcome::Own => Check::plain(
+        Received::Own => Check::plain(
             name,
             Verdict::Warn,
             format!("accepted a ping with {shown} (a browser page could reach this server)"),
         ),
-        Outcome::Refused { status, code } => {
+        Received::Refused { status, code } => {
             let code = code.map_or_else(String::new, |code| format!(", code {code}"));
             Check::plain(
                 name,
@@ -60,8 +60,8 @@ async fn one(
                 format!("refused {shown}: HTTP {status}{code}"),
             )
         }
-        Outcome::Hung => Check::plain(name, Verdict::Ok, format!("no answer to {shown}")),
-        Outcome::Lost(why) => {
+        Received::Hung => Check::plain(name, Verdict::Ok, format!("no answer to {shown}")),
+        Received::Lost(why) => {
             Check::plain(name, Verdict::Ok, format!("{shown} not answered: {why}"))
         }
         seen => Check::plain(name, Verdict::Error, format!("{shown}: {seen:?}")),

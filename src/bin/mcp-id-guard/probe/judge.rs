@@ -53,7 +53,7 @@ impl Shape {
 
 /// What one request of a check got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(super) enum Received {
     /// Its own answer.
     Own,
     /// An HTTP error status or a JSON-RPC error: refused, which is safe.
@@ -68,48 +68,48 @@ pub(super) enum Outcome {
     Lost(String),
 }
 
-impl Outcome {
+impl Received {
     fn is_bug(&self) -> bool {
         matches!(
             self,
-            Outcome::Swapped(_) | Outcome::WrongId(_) | Outcome::Hung | Outcome::Lost(_)
+            Received::Swapped(_) | Received::WrongId(_) | Received::Hung | Received::Lost(_)
         )
     }
 
     fn described(&self) -> String {
         match self {
-            Outcome::Own => "its own answer".to_owned(),
-            Outcome::Refused { status, code } => match code {
+            Received::Own => "its own answer".to_owned(),
+            Received::Refused { status, code } => match code {
                 Some(code) => format!("refused ({status}, code {code})"),
                 None => format!("refused ({status})"),
             },
-            Outcome::Swapped(what) => format!("got {what}"),
-            Outcome::WrongId(id) => format!("got an answer with id {id}"),
-            Outcome::Hung => "no answer within the timeout".to_owned(),
-            Outcome::Lost(why) => format!("lost: {why}"),
+            Received::Swapped(what) => format!("got {what}"),
+            Received::WrongId(id) => format!("got an answer with id {id}"),
+            Received::Hung => "no answer within the timeout".to_owned(),
+            Received::Lost(why) => format!("lost: {why}"),
         }
     }
 }
 
 /// Judges `reply` to a request that carried `id` and whose own answer has
 /// the shape `own`.
-pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Outcome {
+pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Received {
     let (status, message) = match reply {
-        Reply::Hung => return Outcome::Hung,
-        Reply::Lost(why) => return Outcome::Lost(why.clone()),
+        Reply::Hung => return Received::Hung,
+        Reply::Lost(why) => return Received::Lost(why.clone()),
         Reply::Status { status, .. } if *status >= 400 => {
-            return Outcome::Refused {
+            return Received::Refused {
                 status: *status,
                 code: None,
             }
         }
         Reply::Status { status, body } => {
-            return Outcome::Lost(format!("HTTP {status} without an answer: {body:?}"))
+            return Received::Lost(format!("HTTP {status} without an answer: {body:?}"))
         }
         Reply::Answer { status, message } => (*status, message),
     };
     let shape = Shape::of(message);
-    let refused = || Outcome::Refused {
+    let refused = || Received::Refused {
         status,
         code: message["error"]["code"].as_i64(),
     };
@@ -117,13 +117,13 @@ pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Outcome {
     if message["id"] != *id {
         return match shape {
             Shape::Error(_) if message["id"].is_null() => refused(),
-            _ => Outcome::WrongId(message["id"].to_string()),
+            _ => Received::WrongId(message["id"].to_string()),
         };
     }
     match shape {
-        shape if shape == *own => Outcome::Own,
+        shape if shape == *own => Received::Own,
         Shape::Error(_) => refused(),
-        shape => Outcome::Swapped(shape.described()),
+        shape => Received::Swapped(shape.described()),
     }
 }
 
@@ -139,18 +139,18 @@ pub(super) struct Scorecard {
 
 impl Scorecard {
     /// Counts one request; `what` names it for the examples.
-    pub(super) fn add(&mut self, seen: &Outcome, what: impl FnOnce() -> String) {
+    pub(super) fn add(&mut self, seen: &Received, what: impl FnOnce() -> String) {
         let counts = &mut self.counts;
         match seen {
-            Outcome::Own => counts.own += 1,
-            Outcome::Refused { status, code } => {
+            Received::Own => counts.own += 1,
+            Received::Refused { status, code } => {
                 counts.refused += 1;
                 *self.refusals.entry((*status, *code)).or_default() += 1;
             }
-            Outcome::Swapped(_) => counts.swapped += 1,
-            Outcome::WrongId(_) => counts.wrong_id += 1,
-            Outcome::Hung => counts.hung += 1,
-            Outcome::Lost(_) => counts.lost += 1,
+            Received::Swapped(_) => counts.swapped += 1,
+            Received::WrongId(_) => counts.wrong_id += 1,
+            Received::Hung => counts.hung += 1,
+            Received::Lost(_) => counts.lost += 1,
         }
         if seen.is_bug() && self.examples.len() < EXAMPLES {
             self.examples
@@ -159,8 +159,8 @@ impl Scorecard {
     }
 
     /// Counts one pair or trial: failed when any of its requests failed.
-    pub(super) fn trial(&mut self, seen: &[Outcome]) {
-        if seen.iter().any(Outcome::is_bug) {
+    pub(super) fn trial(&mut self, seen: &[Received]) {
+        if seen.iter().any(Received::is_bug) {
             self.failed += 1;
         }
     }
@@ -239,21 +239,21 @@ mod tests {
         let ping = Shape::Other;
         let id = json!(7);
         let own = answer(200, json!({"jsonrpc": "2.0", "id": 7, "result": {}}));
-        assert_eq!(judge(&own, &id, &ping), Outcome::Own);
+        assert_eq!(judge(&own, &id, &ping), Received::Own);
         let tools = answer(
             200,
             json!({"jsonrpc": "2.0", "id": 7, "result": {"tools": []}}),
         );
-        assert!(matches!(judge(&tools, &id, &ping), Outcome::Swapped(_)));
+        assert!(matches!(judge(&tools, &id, &ping), Received::Swapped(_)));
         let string = answer(200, json!({"jsonrpc": "2.0", "id": "7", "result": {}}));
-        assert!(matches!(judge(&string, &id, &ping), Outcome::WrongId(_)));
+        assert!(matches!(judge(&string, &id, &ping), Received::WrongId(_)));
         let rejected = answer(
             400,
             json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32600, "message": "x"}}),
         );
         assert_eq!(
             judge(&rejected, &id, &ping),
-            Outcome::Refused {
+            Received::Refused {
                 status: 400,
                 code: Some(-32600)
             }
@@ -262,12 +262,12 @@ mod tests {
             409,
             json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "x"}}),
         );
-        assert!(matches!(judge(&null, &id, &ping), Outcome::Refused { .. }));
-        assert_eq!(judge(&Reply::Hung, &id, &ping), Outcome::Hung);
+        assert!(matches!(judge(&null, &id, &ping), Received::Refused { .. }));
+        assert_eq!(judge(&Reply::Hung, &id, &ping), Received::Hung);
         let accepted = Reply::Status {
             status: 202,
             body: String::new(),
         };
-        assert!(matches!(judge(&accepted, &id, &ping), Outcome::Lost(_)));
+        assert!(matches!(judge(&accepted, &id, &ping), Received::Lost(_)));
     }
 }

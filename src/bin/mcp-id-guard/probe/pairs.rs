@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
 use super::client::{Client, ClientConnection, Reply};
-use super::judge::{judge, Outcome, Scorecard, Shape};
+use super::judge::{judge, Received, Scorecard, Shape};
 use super::report::{Check, Verdict};
 use super::Shapes;
 
@@ -99,7 +99,7 @@ async fn run(
                 (
                     "?",
                     Value::Null,
-                    Outcome::Lost(format!("probe task failed: {error}")),
+                    Received::Lost(format!("probe task failed: {error}")),
                 )
             }));
         }
@@ -109,7 +109,7 @@ async fn run(
                     format!("pair {}: {method} id {id}", done + index + 1)
                 });
             }
-            let seen: Vec<Outcome> = pair.iter().map(|(_, _, seen)| seen.clone()).collect();
+            let seen: Vec<Received> = pair.iter().map(|(_, _, seen)| seen.clone()).collect();
             scorecard.trial(&seen);
         }
         done += wave;
