@@ -58,6 +58,10 @@ pub(crate) struct Message {
     /// For a `notifications/cancelled`, the byte range of `params.requestId`
     /// (absent or `null`: `None`).
     pub(crate) cancels: Option<Range<usize>>,
+    /// Byte range of the `method` string token (quotes included) of a
+    /// request or notification, `None` for other messages. Read it with
+    /// [`McpMethod::from_token`](crate::wire::method::McpMethod::from_token).
+    pub(crate) method: Option<Range<usize>>,
 }
 
 /// The shape of a read body.
@@ -91,14 +95,18 @@ impl Peeked {
     }
 
     /// The `params.requestId` of each `notifications/cancelled`, in order:
-    /// where it sits in `input` and its JSON text.
+    /// the message's index, where the id sits in `input` and its JSON text.
     pub(crate) fn cancelled_ids<'a>(
         &self,
         input: &'a [u8],
-    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+    ) -> impl Iterator<Item = (usize, Range<usize>, &'a str)> + use<'_, 'a> {
         self.messages()
             .iter()
-            .filter_map(move |message| token(input, message.cancels.clone()?))
+            .enumerate()
+            .filter_map(move |(index, message)| {
+                let (range, text) = token(input, message.cancels.clone()?)?;
+                Some((index, range, text))
+            })
     }
 }
 
@@ -370,6 +378,7 @@ impl Sink for Messages<'_> {
                 kind: Kind::Other,
                 id: None,
                 cancels: None,
+                method: None,
             }),
             Found::Key { .. } | Found::ValueStart(_) | Found::ValueEnd(_) => {
                 self.members.event(event)
@@ -479,14 +488,13 @@ fn classify(
     [id, method, params, result, error]: [Option<Range<usize>>; 5],
 ) -> Result<Message, Unreadable> {
     let id = id.filter(|range| &input[range.clone()] != b"null");
-    let method = match method {
-        Some(range) if input[range.start] == b'"' => {
-            Some(string_text(&input[range]).ok_or(Unreadable::Malformed)?)
-        }
-        _ => None,
+    let method = method.filter(|range| input[range.start] == b'"');
+    let method_text = match &method {
+        Some(range) => Some(string_text(&input[range.clone()]).ok_or(Unreadable::Malformed)?),
+        None => None,
     };
     let answers = |range: Option<Range<usize>>| range.is_some_and(|range| &input[range] != b"null");
-    let kind = match (&method, &id) {
+    let kind = match (&method_text, &id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
         (None, _) if answers(result) || answers(error) => Kind::Response,
@@ -497,13 +505,18 @@ fn classify(
             check_id(&input[id.clone()])?;
         }
     }
-    let cancels = match (kind, method.as_deref(), params) {
+    let cancels = match (kind, method_text.as_deref(), params) {
         (Kind::Notification, Some(CANCELLED), Some(params)) if input[params.start] == b'{' => {
             cancelled_request(input, params)?
         }
         _ => None,
     };
-    Ok(Message { kind, id, cancels })
+    Ok(Message {
+        kind,
+        id,
+        cancels,
+        method,
+    })
 }
 
 /// Reads the members of the one object a JSON text holds.

@@ -202,3 +202,37 @@ fn reading_like_the_servers() {
         Kind::Request
     );
 }
+
+#[test]
+fn keeps_the_method_token_of_requests_and_notifications() {
+    use crate::wire::method::McpMethod;
+    let body = r#"[{"id":1,"method":"tools\/call"},{"method":"notifications/cancelled","params":{"requestId":1}},{"id":2,"result":{}},{"\u006dethod":"ping","id":3},7]"#;
+    let Reading::Read(Peeked::Batch(messages)) = read(body.as_bytes()) else {
+        panic!("a batch");
+    };
+    let methods: Vec<_> = messages
+        .iter()
+        .map(|message| {
+            message
+                .method
+                .clone()
+                .map(|range| McpMethod::from_token(&body.as_bytes()[range]))
+        })
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            Some(McpMethod::ToolsCall),
+            Some(McpMethod::NotificationsCancelled),
+            None,
+            Some(McpMethod::Ping),
+            None
+        ]
+    );
+    assert_eq!(
+        &body[messages[0].method.clone().unwrap()],
+        r#""tools\/call""#
+    );
+    // A method that is no string makes no request and keeps no token.
+    assert_eq!(single(r#"{"id":1,"method":7}"#).method, None);
+}
