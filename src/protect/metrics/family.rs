@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
+use crate::guard::{GuardDecision, McpMethod};
+
 /// The labels of one series, written as `name="value"` pairs. A series
 /// gains a label (an MCP `method`, say) by a new key type, not a new family
 /// mechanism.
@@ -33,6 +35,26 @@ pub(super) struct Named(pub(super) &'static str, pub(super) &'static str);
 impl Labels for Named {
     fn write(&self, out: &mut String) {
         let _ = write!(out, "{}=\"{}\"", self.0, self.1);
+    }
+}
+
+/// `mcp_method_name="tools/call",decision="remapped"`: one JSON-RPC message
+/// as the guard handled it. Both values come from closed lists (nothing to
+/// escape, a bounded number of series).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Operation {
+    pub(super) method: McpMethod,
+    pub(super) decision: GuardDecision,
+}
+
+impl Labels for Operation {
+    fn write(&self, out: &mut String) {
+        let _ = write!(
+            out,
+            "mcp_method_name=\"{}\",decision=\"{}\"",
+            self.method.as_str(),
+            self.decision.as_str()
+        );
     }
 }
 

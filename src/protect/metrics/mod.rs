@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use http::Response;
 
+use crate::guard::Exchange;
 use crate::protect::Refused;
 use crate::table::Stats;
 
@@ -48,7 +49,7 @@ mod layer;
 pub use future::MetricsFuture;
 pub use layer::{MetricsLayer, MetricsService};
 
-use family::{Family, Histogram, Named, Status};
+use family::{Family, Histogram, Named, Operation, Status};
 
 /// What a server records as it serves, shared by every clone: cheap to
 /// clone, one set of counters.
@@ -59,14 +60,16 @@ pub struct Metrics {
 
 #[derive(Debug, Default)]
 struct Recorded {
-    // A later `method` label goes into the key of `responses` and, as a
-    // `Family` of histograms, of `duration`.
     responses: Family<Status, AtomicU64>,
     upstream_failures: Family<Named, AtomicU64>,
     refused: Family<Named, AtomicU64>,
     closed: Family<Named, AtomicU64>,
     client_resets: AtomicU64,
     duration: Histogram,
+    /// JSON-RPC messages by method and the guard's decision (the guard's
+    /// [`Exchange`] on a response).
+    requests: Family<Operation, AtomicU64>,
+    operations: Family<Operation, Histogram>,
     connections: AtomicU64,
 }
 
@@ -97,6 +100,23 @@ impl Metrics {
                 .inc(Named("kind", failure.as_str()));
         }
         recorded.duration.observe(elapsed);
+        // Each message of a POST took as long as the POST: a batch is
+        // answered at once.
+        for handled in response
+            .extensions()
+            .get::<Exchange>()
+            .into_iter()
+            .flatten()
+        {
+            let operation = Operation {
+                method: handled.method(),
+                decision: handled.decision(),
+            };
+            recorded.requests.inc(operation);
+            recorded
+                .operations
+                .with(operation, |histogram| histogram.observe(elapsed));
+        }
     }
 
     /// A request refused with no response to count (an HTTP/2 stream
