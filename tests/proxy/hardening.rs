@@ -1209,6 +1209,9 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
         "mcp_id_guard_refused_total{kind=\"host\"} 1",
         "mcp_id_guard_request_duration_seconds_bucket{le=",
         "mcp_id_guard_request_duration_seconds_count ",
+        // By MCP method and the guard's decision.
+        "mcp_id_guard_requests_total{mcp_method_name=\"tools/call\",decision=\"remapped\"} 1\n",
+        "mcp_server_operation_duration_seconds_count{mcp_method_name=\"tools/call\",decision=\"remapped\"} 1\n",
         "# EOF",
     ] {
         assert!(metrics.contains(expected), "{expected} missing");
