@@ -148,7 +148,7 @@ pub(crate) const REQUEST_DURATION: MetricName = MetricName {
 };
 pub(crate) const REQUESTS: MetricName = counter!(
     "mcp_id_guard_requests",
-    "JSON-RPC requests and notifications in POSTs (each member of a batch), by MCP method (mcp_method_name: the MCP methods by name, everything else other) and the guard's decision (passed, remapped, rejected, queued, refused, cancelled)."
+    "JSON-RPC requests and notifications in POSTs (each member of a batch), by MCP method (mcp_method_name: the MCP methods by name, everything else other), the guard's decision (passed, remapped, rejected, queued, refused, cancelled) and, when enabled, the tool of a tools/call (gen_ai_tool_name)."
 );
 /// OpenTelemetry's `mcp.server.operation.duration` (seconds), as Prometheus
 /// names it; its attribute `mcp.method.name` becomes `mcp_method_name`.

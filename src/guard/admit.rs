@@ -11,12 +11,12 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::guard::body::RequestBody;
-use crate::guard::exchange::{Exchange, GuardDecision};
+use crate::guard::exchange::{tool_label, Exchange, GuardDecision, WantsToolNames};
 use crate::table::config::Config;
 use crate::table::{Decision, InlineVec, Registration, Route, Table, Waiter};
 use crate::wire::answer;
 use crate::wire::edit::{splice, Edit};
-use crate::wire::envelope::{read, utf8_bom, Kind, Peeked, Reading, Unreadable};
+use crate::wire::envelope::{read, tool_name, utf8_bom, Kind, Peeked, Reading, Unreadable};
 use crate::wire::method::McpMethod;
 use crate::wire::protocol::RequestHeaders;
 
@@ -157,12 +157,14 @@ pub(crate) fn admit<B>(
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
+    // A layer outside asked for the tool names of `tools/call`s.
+    let tools = pending.parts.extensions.get::<WantsToolNames>().is_some();
     let (id_ranges, ids) = InlineVec::collect(peeked.request_ids(&body)).unzip();
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
         // refused here, so nothing in such a session reaches the server.
-        *exchange = all_refused(&peeked, &body);
+        *exchange = all_refused(&peeked, &body, tools);
         return Admission::Answer(session_id_refusal(table, session, &ids, is_batch, config));
     }
 
@@ -210,13 +212,14 @@ pub(crate) fn admit<B>(
                 Decision::Duplicate { colliding } => handled(
                     &peeked,
                     &body,
+                    tools,
                     |request| match colliding.get(request) {
                         Some(true) => GuardDecision::Rejected,
                         _ => GuardDecision::Refused,
                     },
                     |_| GuardDecision::Refused,
                 ),
-                _ => all_refused(&peeked, &body),
+                _ => all_refused(&peeked, &body, tools),
             };
             return Admission::Answer(asked.refusal(refused));
         }
@@ -225,6 +228,7 @@ pub(crate) fn admit<B>(
     *exchange = handled(
         &peeked,
         &body,
+        tools,
         |request| {
             decisions
                 .get(request)
@@ -390,10 +394,12 @@ fn cancel(
 
 /// What became of each message of a read body that has a method, in order:
 /// `request(i)` for its `i`-th request, `notification(index)` for the
-/// notification at `index` among the messages.
+/// notification at `index` among the messages; with the tool name of each
+/// `tools/call` when `tools`.
 fn handled(
     peeked: &Peeked,
     body: &[u8],
+    tools: bool,
     request: impl Fn(usize) -> GuardDecision,
     notification: impl Fn(usize) -> GuardDecision,
 ) -> Exchange {
@@ -410,7 +416,14 @@ fn handled(
             }
             _ => notification(index),
         };
-        exchange.push(McpMethod::from_token(&body[method]), decision);
+        let method = McpMethod::from_token(&body[method]);
+        let tool = match (&message.params, method) {
+            (Some(params), McpMethod::ToolsCall) if tools => {
+                tool_name(body, params.clone()).and_then(|name| tool_label(&name))
+            }
+            _ => None,
+        };
+        exchange.push(method, decision, tool);
     }
     exchange
 }
@@ -434,10 +447,11 @@ fn session_id_refusal(
 }
 
 /// A read body the guard answers itself: every message refused.
-fn all_refused(peeked: &Peeked, body: &[u8]) -> Exchange {
+fn all_refused(peeked: &Peeked, body: &[u8], tools: bool) -> Exchange {
     handled(
         peeked,
         body,
+        tools,
         |_| GuardDecision::Refused,
         |_| GuardDecision::Refused,
     )

@@ -60,11 +60,13 @@ impl GuardDecision {
     }
 }
 
-/// One message of a POST: its method and what the guard did with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One message of a POST: its method, what the guard did with it, and for
+/// a `tools/call` the tool's name when a layer outside asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handled {
     method: McpMethod,
     decision: GuardDecision,
+    tool: Option<Box<str>>,
 }
 
 impl Handled {
@@ -77,6 +79,32 @@ impl Handled {
     pub fn decision(&self) -> GuardDecision {
         self.decision
     }
+
+    /// A `tools/call`'s `params.name`, read only when a layer outside the
+    /// guard asked for tool names (the metrics layer's
+    /// [`tool_names`](crate::protect::metrics::MetricsLayer::tool_names)),
+    /// and only a name as MCP allows them (1 to 128 ASCII letters, digits,
+    /// `_`, `-` and `.`): anything else, and any other message, has none.
+    pub fn tool(&self) -> Option<&str> {
+        self.tool.as_deref()
+    }
+}
+
+/// The request extension by which a layer outside the guard asks it to read
+/// the tool name of each `tools/call` (the guard reads it from the same
+/// envelope, at the cost of a second pass over the call's `params`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WantsToolNames;
+
+/// A tool name as a label value: MCP's tool names (revision 2025-11-25: 1 to
+/// 128 of `A-Z a-z 0-9 _ - .`), which need no escaping anywhere; `None` for
+/// anything else.
+pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
+    let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.');
+    if name.is_empty() || name.len() > 128 || !name.iter().all(allowed) {
+        return None;
+    }
+    std::str::from_utf8(name).ok().map(Box::from)
 }
 
 /// The guard's account of one POST, put in the extensions of its response
@@ -115,15 +143,28 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// One message.
+    /// One message, no tool name.
     pub(crate) fn one(method: McpMethod, decision: GuardDecision) -> Self {
         Self {
-            handled: InlineVec::One([Handled { method, decision }]),
+            handled: InlineVec::One([Handled {
+                method,
+                decision,
+                tool: None,
+            }]),
         }
     }
 
-    pub(crate) fn push(&mut self, method: McpMethod, decision: GuardDecision) {
-        self.handled.push(Handled { method, decision });
+    pub(crate) fn push(
+        &mut self,
+        method: McpMethod,
+        decision: GuardDecision,
+        tool: Option<Box<str>>,
+    ) {
+        self.handled.push(Handled {
+            method,
+            decision,
+            tool,
+        });
     }
 
     /// The messages, in the POST's order.
@@ -148,5 +189,32 @@ impl<'a> IntoIterator for &'a Exchange {
 
     fn into_iter(self) -> Self::IntoIter {
         self.handled.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tool_label;
+
+    #[test]
+    fn tool_labels_are_mcp_tool_names() {
+        assert_eq!(
+            tool_label(b"get_weather-v2.1").as_deref(),
+            Some("get_weather-v2.1")
+        );
+        let longest = "a".repeat(128);
+        assert_eq!(tool_label(longest.as_bytes()).as_deref(), Some(&*longest));
+        for refused in [
+            &b""[..],
+            "a".repeat(129).as_bytes(),
+            b"two words",
+            b"quote\"",
+            b"new\nline",
+            b"back\\slash",
+            "caf\u{e9}".as_bytes(),
+            b"\xff",
+        ] {
+            assert_eq!(tool_label(refused), None, "{refused:?}");
+        }
     }
 }

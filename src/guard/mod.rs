@@ -5,7 +5,7 @@
 
 mod admit;
 pub(crate) mod body;
-mod exchange;
+pub(crate) mod exchange;
 mod future;
 mod layer;
 mod service;

@@ -142,3 +142,57 @@ async fn without_the_guard_nothing_is_labelled_by_method() {
     );
     assert!(!text.contains("mcp_server_operation_duration"), "{text}");
 }
+
+/// A `tools/call` of the tool `name` (JSON string contents, escapes kept).
+fn call_text(id: &str, name: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"arguments":{{"name":"not this one"}},"name":"{name}"}}}}"#
+    )
+}
+
+/// Tool names label `tools/call` only when the operator opts in, for the
+/// first `max` distinct names (escaped names decoded); later names and names
+/// MCP does not allow are `other`. Without the opt-in, the same calls carry
+/// no tool label.
+#[tokio::test]
+async fn tool_names_only_when_asked_and_capped() {
+    for max in [2, 0] {
+        let metrics = Metrics::new();
+        let guard = IdGuardLayer::new();
+        let server = Server::start(|router| {
+            router
+                .layer(guard.clone())
+                .layer(MetricsLayer::new(metrics.clone()).tool_names(max))
+        })
+        .await;
+        let client = client();
+        let calls = [
+            call_text("1", "alpha"),
+            call_text("2", "beta"),
+            call_text("3", r"\u0061lpha"),
+            call_text("4", "gamma"),
+            call_text("5", "two words"),
+            request_text("6", "tools/list"),
+        ];
+        for (index, call) in calls.into_iter().enumerate() {
+            let reply = send(&client, &server.url, call).await;
+            assert_eq!(reply.status, StatusCode::OK, "call {index}: {}", reply.body);
+        }
+        let scraped = request_series(&metrics, Some(&guard));
+        if max == 0 {
+            assert_eq!(
+                scraped,
+                series(&[("tools/list", "passed", 1), ("tools/call", "passed", 5)])
+            );
+            continue;
+        }
+        let tool = |name: &str, count: u64| {
+            format!(
+                "mcp_id_guard_requests_total{{mcp_method_name=\"tools/call\",decision=\"passed\",gen_ai_tool_name=\"{name}\"}} {count}"
+            )
+        };
+        let mut expected = series(&[("tools/list", "passed", 1)]);
+        expected.extend([tool("alpha", 2), tool("beta", 1), tool("other", 2)]);
+        assert_eq!(scraped, expected);
+    }
+}

@@ -119,8 +119,8 @@ mod tests {
         let mut response = http::Response::new(());
         *response.status_mut() = http::StatusCode::MISDIRECTED_REQUEST;
         response.extensions_mut().insert(Refused::Host);
-        metrics.answered(&response, Duration::from_millis(3));
-        metrics.answered(&http::Response::new(()), Duration::from_micros(100));
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_micros(100), 0);
         metrics.client_reset();
         let open = metrics.connection();
         let mut text = String::new();
@@ -169,12 +169,12 @@ mod tests {
 
         let metrics = Metrics::new();
         let mut batch = Exchange::one(McpMethod::ToolsCall, GuardDecision::Remapped);
-        batch.push(McpMethod::Ping, GuardDecision::Passed);
-        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped);
+        batch.push(McpMethod::Ping, GuardDecision::Passed, None);
+        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None);
         let mut response = http::Response::new(());
         response.extensions_mut().insert(batch);
-        metrics.answered(&response, Duration::from_millis(3));
-        metrics.answered(&http::Response::new(()), Duration::from_millis(1));
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_millis(1), 0);
         let mut text = String::new();
         metrics.encode(None, &mut text);
         for expected in [
@@ -196,7 +196,7 @@ mod tests {
         }
         // Without the guard's account, neither family is written.
         let bare = Metrics::new();
-        bare.answered(&http::Response::new(()), Duration::from_millis(1));
+        bare.answered(&http::Response::new(()), Duration::from_millis(1), 0);
         let mut text = String::new();
         bare.encode(None, &mut text);
         assert!(!text.contains("mcp_id_guard_requests"), "{text}");
