@@ -257,7 +257,8 @@ mod throttle;
 mod wire;
 
 pub use guard::{
-    IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, ResponseFuture, Unanswered,
+    Exchange, GuardDecision, Handled, IdGuard, IdGuardLayer, McpMethod, OnDuplicate, RequestBody,
+    ResponseBody, ResponseFuture, Unanswered,
 };
 pub use table::Stats;
 

@@ -146,5 +146,17 @@ pub(crate) const REQUEST_DURATION: MetricName = MetricName {
     help: "Time from a request's head to its response headers.",
     kind: MetricType::Histogram,
 };
+pub(crate) const REQUESTS: MetricName = counter!(
+    "mcp_id_guard_requests",
+    "JSON-RPC requests and notifications in POSTs (each member of a batch), by MCP method (mcp_method_name: the MCP methods by name, everything else other), the guard's decision (passed, remapped, rejected, queued, refused, cancelled) and, when enabled, the tool of a tools/call (gen_ai_tool_name)."
+);
+/// OpenTelemetry's `mcp.server.operation.duration` (seconds), as Prometheus
+/// names it; its attribute `mcp.method.name` becomes `mcp_method_name`.
+pub(crate) const OPERATION_DURATION: MetricName = MetricName {
+    family: "mcp_server_operation_duration_seconds",
+    sample: "mcp_server_operation_duration_seconds",
+    help: "Time from a POST's head to its response headers, per JSON-RPC request or notification in it, by MCP method and the guard's decision (OpenTelemetry mcp.server.operation.duration; an event stream's headers may come before its result).",
+    kind: MetricType::Histogram,
+};
 pub(crate) const CLIENT_CONNECTIONS: MetricName =
     gauge!("mcp_id_guard_client_connections", "Client connections open");

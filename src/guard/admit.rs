@@ -11,11 +11,13 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::guard::body::RequestBody;
+use crate::guard::exchange::{tool_label, Exchange, GuardDecision, WantsToolNames};
 use crate::table::config::Config;
 use crate::table::{Decision, InlineVec, Registration, Route, Table, Waiter};
 use crate::wire::answer;
 use crate::wire::edit::{splice, Edit};
-use crate::wire::envelope::{read, utf8_bom, Peeked, Reading, Unreadable};
+use crate::wire::envelope::{read, tool_name, utf8_bom, Kind, Peeked, Reading, Unreadable};
+use crate::wire::method::McpMethod;
 use crate::wire::protocol::RequestHeaders;
 
 /// What to do with a tracked POST once its body is read. Returned by value and
@@ -91,7 +93,8 @@ impl PendingForward {
 }
 
 /// Peeks at a tracked POST's body, asks the session table, and builds the
-/// request to forward (with remapped ids spliced in) or the guard's answer.
+/// request to forward (with remapped ids spliced in) or the guard's answer;
+/// what became of each message goes into `exchange`.
 pub(crate) fn admit<B>(
     parts: http::request::Parts,
     headers: &RequestHeaders,
@@ -99,6 +102,7 @@ pub(crate) fn admit<B>(
     trailers: Option<HeaderMap>,
     config: &Config,
     table: &Arc<Table>,
+    exchange: &mut Exchange,
 ) -> Admission<B> {
     let mut pending = PendingForward {
         parts,
@@ -109,8 +113,12 @@ pub(crate) fn admit<B>(
         queued_id: None,
     };
     let Some(session) = &headers.session else {
+        *exchange = Exchange::one(headers.method, GuardDecision::Passed);
         return untracked(pending);
     };
+    // Until the body is read, the guard's answer refuses one message of
+    // unknown method.
+    *exchange = Exchange::one(McpMethod::Other, GuardDecision::Refused);
     // Servers disagree on which of several headers counts (the first, the
     // last, or all joined): no reading is safe.
     if headers.several_sessions {
@@ -141,16 +149,22 @@ pub(crate) fn admit<B>(
             ));
         }
         // No server reads it as JSON-RPC; the server gives its own error.
-        Reading::NotJsonRpc => return untracked(pending),
+        Reading::NotJsonRpc => {
+            *exchange = Exchange::one(headers.method, GuardDecision::Passed);
+            return untracked(pending);
+        }
         Reading::Unreadable(why) => return Admission::Answer(answer::unreadable(why)),
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
+    // A layer outside asked for the tool names of `tools/call`s.
+    let tools = pending.parts.extensions.get::<WantsToolNames>().is_some();
     let (id_ranges, ids) = InlineVec::collect(peeked.request_ids(&body)).unzip();
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
         // refused here, so nothing in such a session reaches the server.
+        *exchange = all_refused(&peeked, &body, tools);
         return Admission::Answer(session_id_refusal(table, session, &ids, is_batch, config));
     }
 
@@ -164,27 +178,71 @@ pub(crate) fn admit<B>(
         ids: &ids,
         is_batch,
     };
+    // What became of each request, in order.
+    let decisions: InlineVec<GuardDecision>;
     let (registration, restore, queued) = match admission {
-        None => (None, false, None),
+        None => {
+            decisions = InlineVec::default();
+            (None, false, None)
+        }
         Some(Decision::Queued {
             registration,
             ticket,
         }) => {
             log_duplicate(config, table, session, ids[0], "queued");
             pending.reads_response();
+            decisions = InlineVec::One([GuardDecision::Queued]);
             (Some(registration), false, Some(ticket))
         }
         Some(Decision::Admitted {
             registration,
             routes,
         }) => {
+            decisions = InlineVec::collect(routes.iter().map(|route| match route {
+                Route::AsIs => GuardDecision::Passed,
+                Route::Remapped { .. } => GuardDecision::Remapped,
+            }));
             let remapped = asked.remap(&mut pending, &id_ranges, routes);
             pending.reads_response();
             (Some(registration), remapped, None)
         }
-        Some(refused) => return Admission::Answer(asked.refusal(refused)),
+        Some(refused) => {
+            // The notifications of a refused POST are refused with it.
+            *exchange = match &refused {
+                Decision::Duplicate { colliding } => handled(
+                    &peeked,
+                    &body,
+                    tools,
+                    |request| match colliding.get(request) {
+                        Some(true) => GuardDecision::Rejected,
+                        _ => GuardDecision::Refused,
+                    },
+                    |_| GuardDecision::Refused,
+                ),
+                _ => all_refused(&peeked, &body, tools),
+            };
+            return Admission::Answer(asked.refusal(refused));
+        }
     };
-    cancel(&mut pending, &peeked, &body, table, session);
+    let cancelled = cancel(&mut pending, &peeked, &body, table, session);
+    *exchange = handled(
+        &peeked,
+        &body,
+        tools,
+        |request| {
+            decisions
+                .get(request)
+                .copied()
+                .unwrap_or(GuardDecision::Passed)
+        },
+        |message| {
+            if cancelled.contains(&message) {
+                GuardDecision::Cancelled
+            } else {
+                GuardDecision::Passed
+            }
+        },
+    );
 
     match (registration, queued) {
         (Some(registration), Some(ticket)) => {
@@ -303,18 +361,21 @@ impl Asked<'_> {
 }
 
 /// Applies the body's cancellations: each frees the in-flight id it names,
-/// and is edited to name the request as the server knows it.
+/// and is edited to name the request as the server knows it. The indices of
+/// the messages that freed one.
 fn cancel(
     pending: &mut PendingForward,
     peeked: &Peeked,
     body: &[u8],
     table: &Table,
     session: &[u8],
-) {
-    for (range, request_id) in peeked.cancelled_ids(body) {
+) -> InlineVec<usize> {
+    let mut cancelled = InlineVec::default();
+    for (message, range, request_id) in peeked.cancelled_ids(body) {
         let Some(target) = table.cancel(session, request_id) else {
             continue;
         };
+        cancelled.push(message);
         tracing::debug!(
             request_id = %loggable(request_id),
             session = %table.session_tag(session),
@@ -328,6 +389,43 @@ fn cancel(
             pending.edits.push((range, target.to_vec()));
         }
     }
+    cancelled
+}
+
+/// What became of each message of a read body that has a method, in order:
+/// `request(i)` for its `i`-th request, `notification(index)` for the
+/// notification at `index` among the messages; with the tool name of each
+/// `tools/call` when `tools`.
+fn handled(
+    peeked: &Peeked,
+    body: &[u8],
+    tools: bool,
+    request: impl Fn(usize) -> GuardDecision,
+    notification: impl Fn(usize) -> GuardDecision,
+) -> Exchange {
+    let mut exchange = Exchange::default();
+    let mut requests = 0;
+    for (index, message) in peeked.messages().iter().enumerate() {
+        let Some(method) = message.method.clone() else {
+            continue;
+        };
+        let decision = match message.kind {
+            Kind::Request => {
+                requests += 1;
+                request(requests - 1)
+            }
+            _ => notification(index),
+        };
+        let method = McpMethod::from_token(&body[method]);
+        let tool = match (&message.params, method) {
+            (Some(params), McpMethod::ToolsCall) if tools => {
+                tool_name(body, params.clone()).and_then(|name| tool_label(&name))
+            }
+            _ => None,
+        };
+        exchange.push(method, decision, tool);
+    }
+    exchange
 }
 
 /// The guard's answer to a POST in a session whose id is over
@@ -346,6 +444,17 @@ fn session_id_refusal(
         "session id too long; request refused"
     );
     answer::session_id_too_long(ids, is_batch, config.max_session_id_bytes)
+}
+
+/// A read body the guard answers itself: every message refused.
+fn all_refused(peeked: &Peeked, body: &[u8], tools: bool) -> Exchange {
+    handled(
+        peeked,
+        body,
+        tools,
+        |_| GuardDecision::Refused,
+        |_| GuardDecision::Refused,
+    )
 }
 
 fn untracked<B>(pending: PendingForward) -> Admission<B> {

@@ -13,16 +13,19 @@ use tower_service::Service;
 
 use crate::guard::admit::{admit, Admission, PendingForward};
 use crate::guard::body::{Accumulated, RequestBody, ResponseBody, Restoring};
+use crate::guard::exchange::{Exchange, GuardDecision};
 use crate::table::config::Config;
 use crate::table::{Registration, Table, Waiter};
 use crate::wire::answer::{body_too_large, body_unreadable, queue_timeout};
+use crate::wire::method::McpMethod;
 use crate::wire::protocol::{RequestHeaders, MCP_SESSION_ID};
 
 /// Response future of [`IdGuard`](crate::IdGuard).
 ///
 /// For a tracked POST it first reads the body (up to the configured limit),
 /// registers the request's ids, then calls the inner service; the registration
-/// travels on into the [`ResponseBody`].
+/// travels on into the [`ResponseBody`]. The response to a POST carries an
+/// [`Exchange`].
 #[pin_project]
 pub struct ResponseFuture<S, B>
 where
@@ -30,6 +33,9 @@ where
 {
     #[pin]
     state: State<S, B>,
+    /// What became of the POST's messages, for the response's extensions
+    /// (empty: none to add).
+    exchange: Exchange,
 }
 
 // The future is allocated once per request and then stays put (servers box
@@ -109,6 +115,7 @@ where
                 restore,
                 starts: None,
             },
+            exchange: Exchange::default(),
         }
     }
 
@@ -117,7 +124,14 @@ where
             state: State::Answered {
                 response: Some(response),
             },
+            exchange: Exchange::default(),
         }
+    }
+
+    /// Puts `exchange` on the response.
+    pub(crate) fn with_exchange(mut self, exchange: Exchange) -> Self {
+        self.exchange = exchange;
+        self
     }
 
     /// Reads a POST's body first. `watch_start`: a POST without a session
@@ -146,6 +160,7 @@ where
                     watch_start,
                 },
             },
+            exchange: Exchange::default(),
         }
     }
 }
@@ -160,8 +175,11 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            let next = match self.as_mut().project().state.project() {
-                StateProj::Reading { body, read } => ready!(read.poll_read(body, cx)),
+            let this = self.as_mut().project();
+            let next = match this.state.project() {
+                StateProj::Reading { body, read } => {
+                    ready!(read.poll_read(body, cx, this.exchange))
+                }
                 StateProj::Queued { queued } => ready!(queued.poll_turn(cx)),
                 StateProj::Calling {
                     future,
@@ -179,17 +197,16 @@ where
                     if let Some((table, config)) = starts.take() {
                         note_started(&response, &table, &config);
                     }
-                    return Poll::Ready(Ok(ResponseBody::wrap(
-                        response,
-                        registration.take(),
-                        restore.take(),
-                    )));
+                    let response =
+                        ResponseBody::wrap(response, registration.take(), restore.take());
+                    return Poll::Ready(Ok(with_exchange(response, this.exchange)));
                 }
                 StateProj::Answered { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response.map(ResponseBody::answer)));
+                    let response = response.map(ResponseBody::answer);
+                    return Poll::Ready(Ok(with_exchange(response, this.exchange)));
                 }
             };
             self.as_mut().project().state.set(next);
@@ -199,7 +216,12 @@ where
 
 impl<S> ReadBody<S> {
     /// Reads the body to its end (or its limit), then decides.
-    fn poll_read<B>(&mut self, mut body: Pin<&mut B>, cx: &mut Context<'_>) -> Poll<State<S, B>>
+    fn poll_read<B>(
+        &mut self,
+        mut body: Pin<&mut B>,
+        cx: &mut Context<'_>,
+        exchange: &mut Exchange,
+    ) -> Poll<State<S, B>>
     where
         S: Service<Request<RequestBody<B>>>,
         B: Body,
@@ -221,15 +243,18 @@ impl<S> ReadBody<S> {
             }
         };
         Poll::Ready(match finished {
-            Ok(()) => self.decide(),
-            Err(response) => State::Answered {
-                response: Some(response),
-            },
+            Ok(()) => self.decide(exchange),
+            Err(response) => {
+                *exchange = Exchange::one(McpMethod::Other, GuardDecision::Refused);
+                State::Answered {
+                    response: Some(response),
+                }
+            }
         })
     }
 
     /// Asks the table about the read body: the state the future goes on in.
-    fn decide<B>(&mut self) -> State<S, B>
+    fn decide<B>(&mut self, exchange: &mut Exchange) -> State<S, B>
     where
         S: Service<Request<RequestBody<B>>>,
     {
@@ -248,6 +273,7 @@ impl<S> ReadBody<S> {
             self.trailers.take(),
             &self.config,
             &self.table,
+            exchange,
         );
         match admission {
             Admission::Forward {
@@ -337,6 +363,15 @@ impl<S> Queued<S> {
             response: Some(queue_timeout(id)),
         })
     }
+}
+
+/// Puts the guard's account of the POST on its response, unless there is
+/// none (not a POST).
+fn with_exchange<B>(mut response: Response<B>, exchange: &mut Exchange) -> Response<B> {
+    if !exchange.is_empty() {
+        response.extensions_mut().insert(std::mem::take(exchange));
+    }
+    response
 }
 
 /// Records the session an `initialize`'s successful answer starts.

@@ -5,13 +5,16 @@
 
 mod admit;
 pub(crate) mod body;
+pub(crate) mod exchange;
 mod future;
 mod layer;
 mod service;
 mod unanswered;
 
 pub use crate::table::OnDuplicate;
+pub use crate::wire::method::McpMethod;
 pub use body::{RequestBody, ResponseBody};
+pub use exchange::{Exchange, GuardDecision, Handled};
 pub use future::ResponseFuture;
 pub use layer::IdGuardLayer;
 pub use service::IdGuard;

@@ -7,12 +7,14 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::guard::body::{RequestBody, ResponseBody, Restoring};
+use crate::guard::exchange::{Exchange, GuardDecision};
 use crate::guard::future::ResponseFuture;
 use crate::guard::layer::IdGuardLayer;
 use crate::table::config::Config;
 use crate::table::Stats;
 use crate::table::Table;
 use crate::wire::answer;
+use crate::wire::method::McpMethod;
 use crate::wire::protocol::{has_media_type, RequestHeaders};
 
 /// Middleware that keeps concurrent requests with the same JSON-RPC id in one
@@ -152,7 +154,15 @@ where
                 self.read_first(request, headers, true)
             }
             Handling::Untouched => {
+                // A POST the guard does not read counts as one message, by
+                // the method its `Mcp-Method` header names (2026-07-28).
+                let exchange = if request.method() == Method::POST {
+                    Exchange::one(headers.method, GuardDecision::Passed)
+                } else {
+                    Exchange::default()
+                };
                 ResponseFuture::called(self.inner.call(request.map(RequestBody::new)), None)
+                    .with_exchange(exchange)
             }
             // A standalone or resumed stream may carry (or replay) responses to
             // remapped requests; restoring is stateless, by the id encoding.
@@ -180,7 +190,8 @@ where
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
                 if declared_length_over(&headers, limit) {
-                    return ResponseFuture::answered(answer::body_too_large(limit));
+                    return ResponseFuture::answered(answer::body_too_large(limit))
+                        .with_exchange(Exchange::one(McpMethod::Other, GuardDecision::Refused));
                 }
                 self.read_first(request, headers, false)
             }

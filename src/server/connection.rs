@@ -123,7 +123,7 @@ where
                     answer::connection_closing(reason.refusal()).map(ProtectedBody::refusal);
                 response.extensions_mut().insert(Refused::ConnectionClosing);
                 if let Some(metrics) = &metrics {
-                    metrics.answered(&response, started.elapsed());
+                    metrics.answered(&response, started.elapsed(), 0);
                 }
                 response
             }

@@ -54,7 +54,7 @@ impl<const N: usize> InlineBytes<N> {
 /// A sequence whose single element is stored inline. Nearly always there is
 /// exactly one (a POST carries one request, an id is in flight once), and
 /// that case then costs no allocation. It reads as a slice.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum InlineVec<T> {
     One([T; 1]),
     /// Empty, or more than one (or one left after removals).

@@ -8,6 +8,7 @@ pub(crate) mod answer;
 pub(crate) mod edit;
 pub(crate) mod envelope;
 pub(crate) mod id;
+pub(crate) mod method;
 pub(crate) mod protocol;
 pub(crate) mod restore;
 pub(crate) mod scan;

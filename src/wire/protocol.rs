@@ -5,11 +5,16 @@
 use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::HeaderMap;
 
+use crate::wire::method::McpMethod;
+
 /// The session header of the legacy streamable-HTTP revisions (2025-03-26 to
 /// 2025-11-25). Header names are case-insensitive.
 pub(crate) static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(crate) static MCP_PROTOCOL_VERSION: HeaderName =
     HeaderName::from_static("mcp-protocol-version");
+/// The method of a POST's message, in revision 2026-07-28 (servers answer
+/// 400 when it differs from the body's).
+static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 
 /// The first protocol revision without sessions (2026-07-28): each response
 /// comes back on its own POST there, so ids cannot cross-wire.
@@ -29,7 +34,7 @@ pub(crate) fn is_sessionless_revision(version: &[u8]) -> bool {
 
 /// The request headers the guard decides on, read in one pass over the map:
 /// each lookup of a custom header such as `Mcp-Session-Id` hashes its name
-/// byte by byte, and the guard needs five.
+/// byte by byte, and the guard needs six.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct RequestHeaders {
     /// The first `Mcp-Session-Id` (what `HeaderMap::get` returns).
@@ -42,12 +47,15 @@ pub(crate) struct RequestHeaders {
     pub(crate) content_length: Option<u64>,
     /// Some `Content-Encoding` value is not `identity`.
     pub(crate) encoded: bool,
+    /// The first `Mcp-Method` (revision 2026-07-28 names each POST's method
+    /// in it), read against the closed list; `Other` when absent.
+    pub(crate) method: McpMethod,
 }
 
 impl RequestHeaders {
     pub(crate) fn read(headers: &HeaderMap) -> Self {
         let mut read = Self::default();
-        let (mut version_seen, mut length_seen) = (false, false);
+        let (mut version_seen, mut length_seen, mut method_seen) = (false, false, false);
         for (name, value) in headers {
             // Standard names compare by their tag, custom ones by bytes.
             if name == CONTENT_LENGTH {
@@ -66,6 +74,9 @@ impl RequestHeaders {
                 } else {
                     read.session = Some(value.clone());
                 }
+            } else if name == MCP_METHOD && !method_seen {
+                method_seen = true;
+                read.method = McpMethod::from_name(value.as_bytes());
             } else if name == MCP_PROTOCOL_VERSION && !version_seen {
                 version_seen = true;
                 read.sessionless = is_sessionless_revision(value.as_bytes());
@@ -197,6 +208,9 @@ mod tests {
                     .trim_ascii()
                     .eq_ignore_ascii_case(b"identity")
             }),
+            method: headers.get(&MCP_METHOD).map_or(McpMethod::Other, |method| {
+                McpMethod::from_name(method.as_bytes())
+            }),
         }
     }
 
@@ -211,6 +225,7 @@ mod tests {
                         Just("content-length"),
                         Just("content-encoding"),
                         Just("content-type"),
+                        Just("mcp-method"),
                         Just("mcp-session"),
                         Just("x-other"),
                     ],
@@ -222,6 +237,8 @@ mod tests {
                         Just("identity".to_owned()),
                         Just(" Identity ".to_owned()),
                         Just("gzip".to_owned()),
+                        Just("tools/call".to_owned()),
+                        Just("ping".to_owned()),
                         Just("12".to_owned()),
                         Just("+12".to_owned()),
                         Just("99999999999999999999".to_owned()),

@@ -69,7 +69,7 @@ async fn mcp(State(echo): State<Arc<Echo>>, body: Bytes) -> Response {
     ([(CONTENT_TYPE, "application/json")], answer_text(&id)).into_response()
 }
 
-fn request_text(id: &str, method: &str) -> String {
+pub(crate) fn request_text(id: &str, method: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{}}}}"#)
 }
 
@@ -78,8 +78,8 @@ fn answer_text(id: &str) -> String {
 }
 
 /// A router served on 127.0.0.1 with an ephemeral port.
-struct Server {
-    url: String,
+pub(crate) struct Server {
+    pub(crate) url: String,
     echo: Arc<Echo>,
     entered: mpsc::UnboundedReceiver<String>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -87,7 +87,7 @@ struct Server {
 
 impl Server {
     /// Serves the echo router after `wrap` added its layers.
-    async fn start(wrap: impl FnOnce(Router) -> Router) -> Self {
+    pub(crate) async fn start(wrap: impl FnOnce(Router) -> Router) -> Self {
         let (sender, entered) = mpsc::unbounded_channel();
         let echo = Arc::new(Echo {
             seen: Mutex::default(),
@@ -110,11 +110,11 @@ impl Server {
         }
     }
 
-    async fn entered(&mut self) -> String {
+    pub(crate) async fn entered(&mut self) -> String {
         within(self.entered.recv()).await.expect("server alive")
     }
 
-    fn release(&self, permits: usize) {
+    pub(crate) fn release(&self, permits: usize) {
         self.echo.gate.add_permits(permits);
     }
 
@@ -129,20 +129,24 @@ impl Drop for Server {
     }
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("a plain HTTP client")
 }
 
-struct Reply {
-    status: StatusCode,
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
     content_type: Option<String>,
-    body: String,
+    pub(crate) body: String,
 }
 
-async fn send(client: &reqwest::Client, url: &str, body: impl Into<reqwest::Body>) -> Reply {
+pub(crate) async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> Reply {
     within(async {
         let response = client
             .post(url)
@@ -169,7 +173,11 @@ async fn send(client: &reqwest::Client, url: &str, body: impl Into<reqwest::Body
 }
 
 /// Sends a request from its own task (for requests the echo holds).
-fn spawn_send(client: &reqwest::Client, url: &str, body: String) -> tokio::task::JoinHandle<Reply> {
+pub(crate) fn spawn_send(
+    client: &reqwest::Client,
+    url: &str,
+    body: String,
+) -> tokio::task::JoinHandle<Reply> {
     let (client, url) = (client.clone(), url.to_owned());
     tokio::spawn(async move { send(&client, &url, body).await })
 }

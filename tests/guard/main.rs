@@ -12,6 +12,8 @@ mod bound_ids;
 #[cfg(feature = "internals")]
 mod fuzz_regressions;
 mod hostile_input;
+// Requests by MCP method and the guard's decision, scraped.
+mod metrics_labels;
 mod model;
 mod release_property;
 mod tower_service;

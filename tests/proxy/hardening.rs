@@ -1177,7 +1177,15 @@ pub(crate) async fn admin_base(guard: &Guard) -> anyhow::Result<String> {
 async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
     let rmcp = upstream().await?;
     let plain = Guard::start(&["--upstream", &rmcp.base]).await?;
-    let guard = Guard::start(&["--upstream", &rmcp.base, "--admin-listen", "127.0.0.1:0"]).await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &rmcp.base,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--metrics-tool-names",
+        "1",
+    ])
+    .await?;
     let admin = admin_base(&guard).await?;
     assert!(
         plain.lines_with("admin endpoints").is_empty(),
@@ -1209,6 +1217,11 @@ async fn admin_endpoints_report_health_and_metrics() -> anyhow::Result<()> {
         "mcp_id_guard_refused_total{kind=\"host\"} 1",
         "mcp_id_guard_request_duration_seconds_bucket{le=",
         "mcp_id_guard_request_duration_seconds_count ",
+        // By MCP method, the guard's decision and (--metrics-tool-names)
+        // the tool.
+        "mcp_id_guard_requests_total{mcp_method_name=\"tools/call\",decision=\"remapped\",gen_ai_tool_name=\"echo\"} 1\n",
+        "mcp_server_operation_duration_seconds_count{mcp_method_name=\"tools/call\",decision=\"remapped\",gen_ai_tool_name=\"echo\"} 1\n",
+        "mcp_id_guard_requests_total{mcp_method_name=\"notifications/initialized\",decision=\"passed\"} 1\n",
         "# EOF",
     ] {
         assert!(metrics.contains(expected), "{expected} missing");

@@ -357,6 +357,18 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<SocketAddr>,
 
+    /// Label each tools/call in /metrics with its tool's name
+    /// (gen_ai_tool_name), for the first N distinct names; later names are
+    /// "other". 0 (the default) leaves tool names out: clients choose them,
+    /// and each is a series per decision.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_METRICS_TOOL_NAMES",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub(crate) metrics_tool_names: usize,
+
     /// Log format on stderr: text, or json (one object per line, for log
     /// pipelines).
     #[arg(

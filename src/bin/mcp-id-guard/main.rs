@@ -115,7 +115,7 @@ async fn run(args: Args) -> Result<(), String> {
     // Per request, outermost first: metrics see every answer; the cheap
     // checks run before the guard reads a body.
     let per_request = ServiceBuilder::new()
-        .layer(MetricsLayer::new(metrics.clone()))
+        .layer(MetricsLayer::new(metrics.clone()).tool_names(args.metrics_tool_names))
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
         .layer(args.pace())

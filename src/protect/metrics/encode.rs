@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::family::{bound, Family, Labels, BUCKETS};
+use super::family::{bound, Family, Histogram, Labels, BUCKETS};
 use super::Recorded;
 use crate::metric_names::{self as names, MetricName};
 use crate::table::Stats;
@@ -22,6 +22,8 @@ pub(super) fn all(recorded: &Recorded, stats: Option<&Stats>, out: &mut String) 
         recorded.client_resets.load(Ordering::Relaxed),
     );
     histogram(out, recorded);
+    family(out, names::REQUESTS, &recorded.requests);
+    histograms(out, names::OPERATION_DURATION, &recorded.operations);
     for (name, value) in stats.map(Stats::series).into_iter().flatten() {
         single(out, name, value);
     }
@@ -58,21 +60,48 @@ fn single(out: &mut String, name: MetricName, value: u64) {
     let _ = writeln!(out, "{} {value}", name.sample);
 }
 
+/// The histogram without labels.
 fn histogram(out: &mut String, recorded: &Recorded) {
     let name = names::REQUEST_DURATION;
     head(out, name);
-    let (sum, count, buckets) = recorded.duration.read();
-    let _ = writeln!(out, "{}_sum {sum}", name.sample);
-    let _ = writeln!(out, "{}_count {count}", name.sample);
+    samples(out, name, "", &recorded.duration);
+}
+
+/// A family of histograms with labels; left out while it has no series.
+fn histograms<K: Labels>(out: &mut String, name: MetricName, family: &Family<K, Histogram>) {
+    if family.is_empty() {
+        return;
+    }
+    head(out, name);
+    let mut labels = String::new();
+    family.each(|key, histogram| {
+        labels.clear();
+        key.write(&mut labels);
+        samples(out, name, &labels, histogram);
+    });
+}
+
+/// One histogram's samples; `labels` are its pairs without braces (or
+/// nothing).
+fn samples(out: &mut String, name: MetricName, labels: &str, histogram: &Histogram) {
+    let (sum, count, buckets) = histogram.read();
+    let sample = name.sample;
+    let (open, close) = if labels.is_empty() {
+        ("", "")
+    } else {
+        ("{", "}")
+    };
+    let _ = writeln!(out, "{sample}_sum{open}{labels}{close} {sum}");
+    let _ = writeln!(out, "{sample}_count{open}{labels}{close} {count}");
+    let comma = if labels.is_empty() { "" } else { "," };
     for (bucket, cumulative) in buckets.iter().enumerate().take(BUCKETS) {
         let _ = writeln!(
             out,
-            "{}_bucket{{le=\"{}\"}} {cumulative}",
-            name.sample,
+            "{sample}_bucket{{{labels}{comma}le=\"{}\"}} {cumulative}",
             bound(bucket)
         );
     }
-    let _ = writeln!(out, "{}_bucket{{le=\"+Inf\"}} {count}", name.sample);
+    let _ = writeln!(out, "{sample}_bucket{{{labels}{comma}le=\"+Inf\"}} {count}");
 }
 
 #[cfg(test)]
@@ -90,8 +119,8 @@ mod tests {
         let mut response = http::Response::new(());
         *response.status_mut() = http::StatusCode::MISDIRECTED_REQUEST;
         response.extensions_mut().insert(Refused::Host);
-        metrics.answered(&response, Duration::from_millis(3));
-        metrics.answered(&http::Response::new(()), Duration::from_micros(100));
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_micros(100), 0);
         metrics.client_reset();
         let open = metrics.connection();
         let mut text = String::new();
@@ -129,5 +158,48 @@ mod tests {
             text.contains("mcp_id_guard_client_connections 0\n"),
             "{text}"
         );
+    }
+
+    /// The guard's account of a POST labels the request counter and the
+    /// operation histogram by method and decision, one series per pair; a
+    /// response without it (a `GET`, no guard) counts in neither.
+    #[test]
+    fn requests_by_method_and_decision() {
+        use crate::guard::{Exchange, GuardDecision, McpMethod};
+
+        let metrics = Metrics::new();
+        let mut batch = Exchange::one(McpMethod::ToolsCall, GuardDecision::Remapped);
+        batch.push(McpMethod::Ping, GuardDecision::Passed, None);
+        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None);
+        let mut response = http::Response::new(());
+        response.extensions_mut().insert(batch);
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_millis(1), 0);
+        let mut text = String::new();
+        metrics.encode(None, &mut text);
+        for expected in [
+            "# HELP mcp_id_guard_requests JSON-RPC requests",
+            "# TYPE mcp_id_guard_requests counter\n\
+             mcp_id_guard_requests_total{mcp_method_name=\"ping\",decision=\"passed\"} 1\n\
+             mcp_id_guard_requests_total{mcp_method_name=\"tools/call\",decision=\"remapped\"} 2\n",
+            "# TYPE mcp_server_operation_duration_seconds histogram\n\
+             mcp_server_operation_duration_seconds_sum{mcp_method_name=\"ping\",decision=\"passed\"} 0.003\n\
+             mcp_server_operation_duration_seconds_count{mcp_method_name=\"ping\",decision=\"passed\"} 1\n\
+             mcp_server_operation_duration_seconds_bucket{mcp_method_name=\"ping\",decision=\"passed\",le=\"0.0005\"} 0\n",
+            "mcp_server_operation_duration_seconds_bucket{mcp_method_name=\"tools/call\",decision=\"remapped\",le=\"0.004\"} 2\n\
+             mcp_server_operation_duration_seconds_bucket{mcp_method_name=\"tools/call\",decision=\"remapped\",le=\"0.008\"} 2\n",
+            "mcp_server_operation_duration_seconds_bucket{mcp_method_name=\"tools/call\",decision=\"remapped\",le=\"+Inf\"} 2\n",
+            // The unlabelled histogram counts both responses.
+            "mcp_id_guard_request_duration_seconds_count 2\n",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        // Without the guard's account, neither family is written.
+        let bare = Metrics::new();
+        bare.answered(&http::Response::new(()), Duration::from_millis(1), 0);
+        let mut text = String::new();
+        bare.encode(None, &mut text);
+        assert!(!text.contains("mcp_id_guard_requests"), "{text}");
+        assert!(!text.contains("mcp_server_operation"), "{text}");
     }
 }

@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use crate::guard::{GuardDecision, McpMethod};
 
 /// The labels of one series, written as `name="value"` pairs. A series
 /// gains a label (an MCP `method`, say) by a new key type, not a new family
 /// mechanism.
-pub(super) trait Labels: Ord + Copy {
+pub(super) trait Labels: Ord + Clone {
     /// Writes the pairs without the braces.
     fn write(&self, out: &mut String);
 }
@@ -33,6 +35,81 @@ pub(super) struct Named(pub(super) &'static str, pub(super) &'static str);
 impl Labels for Named {
     fn write(&self, out: &mut String) {
         let _ = write!(out, "{}=\"{}\"", self.0, self.1);
+    }
+}
+
+/// `mcp_method_name="tools/call",decision="remapped"`: one JSON-RPC message
+/// as the guard handled it, and `gen_ai_tool_name="..."` for a `tools/call`
+/// when tool names are asked for. Method and decision come from closed
+/// lists, a tool name from the first few the operator allows (MCP tool
+/// names, which need no escaping): a bounded number of series.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Operation {
+    pub(super) method: McpMethod,
+    pub(super) decision: GuardDecision,
+    pub(super) tool: Option<ToolLabel>,
+}
+
+/// The `gen_ai_tool_name` of a `tools/call`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum ToolLabel {
+    /// One of the first distinct names seen.
+    Named(Arc<str>),
+    /// Past the cap, or no name MCP allows.
+    Other,
+}
+
+impl Labels for Operation {
+    fn write(&self, out: &mut String) {
+        let _ = write!(
+            out,
+            "mcp_method_name=\"{}\",decision=\"{}\"",
+            self.method.as_str(),
+            self.decision.as_str()
+        );
+        match &self.tool {
+            Some(ToolLabel::Named(name)) => {
+                let _ = write!(out, ",gen_ai_tool_name=\"{name}\"");
+            }
+            Some(ToolLabel::Other) => out.push_str(",gen_ai_tool_name=\"other\""),
+            None => {}
+        }
+    }
+}
+
+/// The tool names that have a series of their own: the first `max`
+/// distinct ones recorded.
+#[derive(Debug, Default)]
+pub(super) struct ToolNames {
+    names: RwLock<Vec<Arc<str>>>,
+}
+
+impl ToolNames {
+    /// `name`'s label, admitting it while fewer than `max` names are.
+    pub(super) fn label(&self, name: Option<&str>, max: usize) -> ToolLabel {
+        let Some(name) = name else {
+            return ToolLabel::Other;
+        };
+        let find = |names: &[Arc<str>]| names.iter().find(|known| ***known == *name).cloned();
+        {
+            let names = self.names.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(known) = find(&names) {
+                return ToolLabel::Named(known);
+            }
+            if names.len() >= max {
+                return ToolLabel::Other;
+            }
+        }
+        let mut names = self.names.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = find(&names) {
+            return ToolLabel::Named(known);
+        }
+        if names.len() >= max {
+            return ToolLabel::Other;
+        }
+        let name: Arc<str> = Arc::from(name);
+        names.push(Arc::clone(&name));
+        ToolLabel::Named(name)
     }
 }
 
@@ -65,10 +142,10 @@ impl<K: Labels, V: Default> Family<K, V> {
     }
 
     /// Every series, in label order.
-    pub(super) fn each(&self, mut visit: impl FnMut(K, &V)) {
+    pub(super) fn each(&self, mut visit: impl FnMut(&K, &V)) {
         let series = self.series.read().unwrap_or_else(|e| e.into_inner());
         for (key, value) in series.iter() {
-            visit(*key, value);
+            visit(key, value);
         }
     }
 

@@ -19,14 +19,17 @@ pub struct MetricsFuture<F> {
     inner: F,
     metrics: Metrics,
     started: Instant,
+    /// How many tool names may have series of their own.
+    tool_names: usize,
 }
 
 impl<F> MetricsFuture<F> {
-    pub(super) fn new(inner: F, metrics: Metrics, started: Instant) -> Self {
+    pub(super) fn new(inner: F, metrics: Metrics, started: Instant, tool_names: usize) -> Self {
         Self {
             inner,
             metrics,
             started,
+            tool_names,
         }
     }
 }
@@ -43,7 +46,8 @@ where
         // A failed service gave no response: whoever turns the error into
         // one (hyper closes the stream) is outside this layer.
         if let Ok(response) = &output {
-            this.metrics.answered(response, this.started.elapsed());
+            this.metrics
+                .answered(response, this.started.elapsed(), *this.tool_names);
         }
         Poll::Ready(output)
     }

@@ -9,18 +9,34 @@ use tower_service::Service;
 
 use super::future::MetricsFuture;
 use super::Metrics;
+use crate::guard::exchange::WantsToolNames;
 
 /// Records every response of the service it wraps into a [`Metrics`]; see
 /// the [module docs](super).
 #[derive(Debug, Clone)]
 pub struct MetricsLayer {
     metrics: Metrics,
+    tool_names: usize,
 }
 
 impl MetricsLayer {
     /// Records into `metrics` (a clone shares its counters).
     pub fn new(metrics: Metrics) -> Self {
-        Self { metrics }
+        Self {
+            metrics,
+            tool_names: 0,
+        }
+    }
+
+    /// Labels each `tools/call` with its tool's name (`gen_ai_tool_name`),
+    /// for the first `max` distinct names recorded into the [`Metrics`];
+    /// later names, and a name MCP does not allow, are `other`. Off (0) by
+    /// default: tool names are the client's to choose, and every name is a
+    /// series per decision. The guard inside reads each `tools/call`'s
+    /// `params.name` only while this is on.
+    pub fn tool_names(mut self, max: usize) -> Self {
+        self.tool_names = max;
+        self
     }
 }
 
@@ -31,6 +47,7 @@ impl<S> Layer<S> for MetricsLayer {
         MetricsService {
             inner,
             metrics: self.metrics.clone(),
+            tool_names: self.tool_names,
         }
     }
 }
@@ -40,6 +57,7 @@ impl<S> Layer<S> for MetricsLayer {
 pub struct MetricsService<S> {
     inner: S,
     metrics: Metrics,
+    tool_names: usize,
 }
 
 impl<S, B, R> Service<Request<B>> for MetricsService<S>
@@ -54,10 +72,18 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         // From the request's arrival: time it spent in the layers inside
         // (a queued duplicate's wait) counts.
         let started = Instant::now();
-        MetricsFuture::new(self.inner.call(request), self.metrics.clone(), started)
+        if self.tool_names > 0 {
+            request.extensions_mut().insert(WantsToolNames);
+        }
+        MetricsFuture::new(
+            self.inner.call(request),
+            self.metrics.clone(),
+            started,
+            self.tool_names,
+        )
     }
 }

@@ -7,6 +7,30 @@
 //! all, with the guard's [`Stats`], in the Prometheus (OpenMetrics) text
 //! format, for a `/metrics` endpoint.
 //!
+//! # By MCP method
+//! With [`IdGuardLayer`](crate::IdGuardLayer) inside it, the layer also
+//! counts each JSON-RPC request and notification of a POST (each member of a
+//! batch) from the guard's [`Exchange`] on the response:
+//! `mcp_id_guard_requests_total` and the histogram
+//! `mcp_server_operation_duration_seconds` (OpenTelemetry's
+//! `mcp.server.operation.duration`), labelled
+//! - `mcp_method_name`: the MCP method ([`McpMethod`]: the methods of
+//!   revision 2025-11-25 by name, tasks included), everything else `other`;
+//! - `decision`: what the guard did ([`GuardDecision`](crate::GuardDecision)):
+//!   `passed`, `remapped`, `rejected` (a duplicate the policy refused),
+//!   `queued`, `refused` (answered by the guard for another reason: over
+//!   capacity or budget, unreadable, too large, session id too long) or
+//!   `cancelled` (a `notifications/cancelled` that named a request in
+//!   flight);
+//! - `gen_ai_tool_name` on `tools/call` only with
+//!   [`MetricsLayer::tool_names`]: the first N distinct names, then `other`.
+//!
+//! A POST the guard does not read (no session yet, as an `initialize`; or
+//! revision 2026-07-28) counts once as `passed`, under the method its
+//! `Mcp-Method` header names (revision 2026-07-28 sends one), else `other`.
+//! The histogram times each message to its POST's response headers: for an
+//! answer streamed as server-sent events, that is when the stream opened.
+//!
 //! Put the layer outermost, so that it sees what every other layer answers:
 //!
 //! ```
@@ -37,6 +61,7 @@ use std::time::Duration;
 
 use http::Response;
 
+use crate::guard::{Exchange, McpMethod};
 use crate::protect::Refused;
 use crate::table::Stats;
 
@@ -48,7 +73,7 @@ mod layer;
 pub use future::MetricsFuture;
 pub use layer::{MetricsLayer, MetricsService};
 
-use family::{Family, Histogram, Named, Status};
+use family::{Family, Histogram, Named, Operation, Status, ToolNames};
 
 /// What a server records as it serves, shared by every clone: cheap to
 /// clone, one set of counters.
@@ -59,14 +84,18 @@ pub struct Metrics {
 
 #[derive(Debug, Default)]
 struct Recorded {
-    // A later `method` label goes into the key of `responses` and, as a
-    // `Family` of histograms, of `duration`.
     responses: Family<Status, AtomicU64>,
     upstream_failures: Family<Named, AtomicU64>,
     refused: Family<Named, AtomicU64>,
     closed: Family<Named, AtomicU64>,
     client_resets: AtomicU64,
     duration: Histogram,
+    /// JSON-RPC messages by method and the guard's decision (the guard's
+    /// [`Exchange`] on a response).
+    requests: Family<Operation, AtomicU64>,
+    operations: Family<Operation, Histogram>,
+    /// The tool names with series of their own.
+    tools: ToolNames,
     connections: AtomicU64,
 }
 
@@ -80,8 +109,10 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str =
         "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-    /// A response left for the client `elapsed` after its request arrived.
-    pub(crate) fn answered<B>(&self, response: &Response<B>, elapsed: Duration) {
+    /// A response left for the client `elapsed` after its request arrived;
+    /// `tools`: how many tool names may have series of their own (0: none,
+    /// no `gen_ai_tool_name` label).
+    pub(crate) fn answered<B>(&self, response: &Response<B>, elapsed: Duration, tools: usize) {
         let recorded = &*self.recorded;
         recorded.responses.inc(Status(response.status().as_u16()));
         if let Some(kind) = response.extensions().get::<Refused>() {
@@ -97,6 +128,27 @@ impl Metrics {
                 .inc(Named("kind", failure.as_str()));
         }
         recorded.duration.observe(elapsed);
+        // Each message of a POST took as long as the POST: a batch is
+        // answered at once.
+        for handled in response
+            .extensions()
+            .get::<Exchange>()
+            .into_iter()
+            .flatten()
+        {
+            let method = handled.method();
+            let tool = (tools > 0 && method == McpMethod::ToolsCall)
+                .then(|| recorded.tools.label(handled.tool(), tools));
+            let operation = Operation {
+                method,
+                decision: handled.decision(),
+                tool,
+            };
+            recorded.requests.inc(operation.clone());
+            recorded
+                .operations
+                .with(operation, |histogram| histogram.observe(elapsed));
+        }
     }
 
     /// A request refused with no response to count (an HTTP/2 stream

@@ -58,6 +58,13 @@ pub(crate) struct Message {
     /// For a `notifications/cancelled`, the byte range of `params.requestId`
     /// (absent or `null`: `None`).
     pub(crate) cancels: Option<Range<usize>>,
+    /// Byte range of the `method` string token (quotes included) of a
+    /// request or notification, `None` for other messages. Read it with
+    /// [`McpMethod::from_token`](crate::wire::method::McpMethod::from_token).
+    pub(crate) method: Option<Range<usize>>,
+    /// Byte range of a request's `params` when it is an object (for
+    /// [`tool_name`]), `None` for other messages.
+    pub(crate) params: Option<Range<usize>>,
 }
 
 /// The shape of a read body.
@@ -91,14 +98,18 @@ impl Peeked {
     }
 
     /// The `params.requestId` of each `notifications/cancelled`, in order:
-    /// where it sits in `input` and its JSON text.
+    /// the message's index, where the id sits in `input` and its JSON text.
     pub(crate) fn cancelled_ids<'a>(
         &self,
         input: &'a [u8],
-    ) -> impl Iterator<Item = (Range<usize>, &'a str)> + use<'_, 'a> {
+    ) -> impl Iterator<Item = (usize, Range<usize>, &'a str)> + use<'_, 'a> {
         self.messages()
             .iter()
-            .filter_map(move |message| token(input, message.cancels.clone()?))
+            .enumerate()
+            .filter_map(move |(index, message)| {
+                let (range, text) = token(input, message.cancels.clone()?)?;
+                Some((index, range, text))
+            })
     }
 }
 
@@ -370,6 +381,8 @@ impl Sink for Messages<'_> {
                 kind: Kind::Other,
                 id: None,
                 cancels: None,
+                method: None,
+                params: None,
             }),
             Found::Key { .. } | Found::ValueStart(_) | Found::ValueEnd(_) => {
                 self.members.event(event)
@@ -479,14 +492,13 @@ fn classify(
     [id, method, params, result, error]: [Option<Range<usize>>; 5],
 ) -> Result<Message, Unreadable> {
     let id = id.filter(|range| &input[range.clone()] != b"null");
-    let method = match method {
-        Some(range) if input[range.start] == b'"' => {
-            Some(string_text(&input[range]).ok_or(Unreadable::Malformed)?)
-        }
-        _ => None,
+    let method = method.filter(|range| input[range.start] == b'"');
+    let method_text = match &method {
+        Some(range) => Some(string_text(&input[range.clone()]).ok_or(Unreadable::Malformed)?),
+        None => None,
     };
     let answers = |range: Option<Range<usize>>| range.is_some_and(|range| &input[range] != b"null");
-    let kind = match (&method, &id) {
+    let kind = match (&method_text, &id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
         (None, _) if answers(result) || answers(error) => Kind::Response,
@@ -497,13 +509,20 @@ fn classify(
             check_id(&input[id.clone()])?;
         }
     }
-    let cancels = match (kind, method.as_deref(), params) {
-        (Kind::Notification, Some(CANCELLED), Some(params)) if input[params.start] == b'{' => {
-            cancelled_request(input, params)?
+    let params = params.filter(|range| input[range.start] == b'{');
+    let cancels = match (kind, method_text.as_deref(), &params) {
+        (Kind::Notification, Some(CANCELLED), Some(params)) => {
+            cancelled_request(input, params.clone())?
         }
         _ => None,
     };
-    Ok(Message { kind, id, cancels })
+    Ok(Message {
+        kind,
+        id,
+        cancels,
+        method,
+        params: params.filter(|_| kind == Kind::Request),
+    })
 }
 
 /// Reads the members of the one object a JSON text holds.
@@ -531,29 +550,46 @@ impl<const N: usize> Sink for Object<'_, N> {
     }
 }
 
+/// The value of the one key `slot` wants in the object at `object` in
+/// `input`, in `input` coordinates.
+fn member_of(
+    input: &[u8],
+    object: Range<usize>,
+    slot: fn(&[u8]) -> Option<usize>,
+) -> Result<Option<Range<usize>>, Unreadable> {
+    let inner = &input[object.clone()];
+    let mut members = Object {
+        members: Members::new(inner, slot),
+        found: None,
+    };
+    scan_whole(inner, &mut members)?;
+    let Some(found) = members.found else {
+        return Ok(None);
+    };
+    let [value] = found?;
+    Ok(value.map(|value| object.start + value.start..object.start + value.end))
+}
+
 /// The `requestId` in a cancellation's `params` object (at `params` in
 /// `input`), in `input` coordinates.
 fn cancelled_request(
     input: &[u8],
     params: Range<usize>,
 ) -> Result<Option<Range<usize>>, Unreadable> {
-    let inner = &input[params.clone()];
-    let mut object = Object {
-        members: Members::new(inner, |key| (key == b"requestId").then_some(0)),
-        found: None,
-    };
-    scan_whole(inner, &mut object)?;
-    let Some(found) = object.found else {
+    let request_id = member_of(input, params, |key| (key == b"requestId").then_some(0))?;
+    let Some(request_id) = request_id.filter(|range| &input[range.clone()] != b"null") else {
         return Ok(None);
     };
-    let [request_id] = found?;
-    let Some(request_id) = request_id.filter(|range| &inner[range.clone()] != b"null") else {
-        return Ok(None);
-    };
-    check_id(&inner[request_id.clone()])?;
-    Ok(Some(
-        params.start + request_id.start..params.start + request_id.end,
-    ))
+    check_id(&input[request_id.clone()])?;
+    Ok(Some(request_id))
+}
+
+/// A tool call's name: the decoded text of the string at `params.name` in a
+/// request's `params` ([`Message::params`]), when it is one. Read only on
+/// demand: it scans the whole `params`, arguments included.
+pub(crate) fn tool_name(input: &[u8], params: Range<usize>) -> Option<Cow<'_, [u8]>> {
+    let name = member_of(input, params, |key| (key == b"name").then_some(0)).ok()??;
+    string_text(&input[name])
 }
 
 #[cfg(test)]

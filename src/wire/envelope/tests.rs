@@ -202,3 +202,67 @@ fn reading_like_the_servers() {
         Kind::Request
     );
 }
+
+#[test]
+fn keeps_the_method_token_of_requests_and_notifications() {
+    use crate::wire::method::McpMethod;
+    let body = r#"[{"id":1,"method":"tools\/call"},{"method":"notifications/cancelled","params":{"requestId":1}},{"id":2,"result":{}},{"\u006dethod":"ping","id":3},7]"#;
+    let Reading::Read(Peeked::Batch(messages)) = read(body.as_bytes()) else {
+        panic!("a batch");
+    };
+    let methods: Vec<_> = messages
+        .iter()
+        .map(|message| {
+            message
+                .method
+                .clone()
+                .map(|range| McpMethod::from_token(&body.as_bytes()[range]))
+        })
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            Some(McpMethod::ToolsCall),
+            Some(McpMethod::NotificationsCancelled),
+            None,
+            Some(McpMethod::Ping),
+            None
+        ]
+    );
+    assert_eq!(
+        &body[messages[0].method.clone().unwrap()],
+        r#""tools\/call""#
+    );
+    // A method that is no string makes no request and keeps no token.
+    assert_eq!(single(r#"{"id":1,"method":7}"#).method, None);
+}
+
+#[test]
+fn reads_a_tool_name_from_params_on_demand() {
+    let name = |body: &str| {
+        let message = single(body);
+        let params = message.params?;
+        tool_name(body.as_bytes(), params).map(|name| String::from_utf8(name.into_owned()).unwrap())
+    };
+    assert_eq!(
+        name(
+            r#"{"id":1,"method":"tools/call","params":{"arguments":{"name":"inner"},"name":"outer"}}"#
+        ),
+        Some("outer".to_owned())
+    );
+    assert_eq!(
+        name(r#"{"id":1,"method":"tools/call","params":{"n\u0061me":"e\u0063ho"}}"#),
+        Some("echo".to_owned())
+    );
+    assert_eq!(
+        name(r#"{"id":1,"method":"tools/call","params":{"name":7}}"#),
+        None
+    );
+    assert_eq!(name(r#"{"id":1,"method":"tools/call","params":{}}"#), None);
+    assert_eq!(name(r#"{"id":1,"method":"tools/call","params":[1]}"#), None);
+    // Only a request keeps its params.
+    assert_eq!(
+        name(r#"{"method":"tools/call","params":{"name":"x"}}"#),
+        None
+    );
+}

@@ -1,0 +1,220 @@
+//! What the guard did with each JSON-RPC message of a POST, left on the
+//! response for the layers outside it (the metrics layer counts requests by
+//! method and decision from it).
+
+use crate::table::InlineVec;
+use crate::wire::method::McpMethod;
+
+/// What the guard did with one message of a POST. Each value is counted in
+/// the guard's [`Stats`](crate::Stats) too, except `refused` (there split by
+/// cause) and `passed` for a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum GuardDecision {
+    /// Forwarded as the client wrote it: a request with its own id, a
+    /// notification (other than a cancellation that freed an id), or a POST
+    /// the guard does not track (no session, revision 2026-07-28, a body that
+    /// is no JSON-RPC).
+    Passed,
+    /// A request forwarded with a server-side id (a duplicate of an id in
+    /// flight, an abandoned id reused, or `rewrite_all_ids`).
+    Remapped,
+    /// A duplicate the policy refused (`Reject`, or a batch under `Queue`):
+    /// answered by the guard, never forwarded.
+    Rejected,
+    /// A request that waited for its id under `Queue`, whatever came of it
+    /// (forwarded when its turn came, or `503` after `max_queue_wait`).
+    Queued,
+    /// Answered by the guard for any other reason: the session at its
+    /// in-flight cap, the table at its byte budget, a session id too long, a
+    /// body too large, unreadable or compressed, several session headers, or
+    /// a request of a batch refused for its sibling's duplicate.
+    Refused,
+    /// A `notifications/cancelled` that named a request in flight in its
+    /// session (and freed its id); forwarded.
+    Cancelled,
+}
+
+impl GuardDecision {
+    /// Every decision, in order.
+    pub const ALL: &'static [GuardDecision] = &[
+        Self::Passed,
+        Self::Remapped,
+        Self::Rejected,
+        Self::Queued,
+        Self::Refused,
+        Self::Cancelled,
+    ];
+
+    /// The decision as a label value: `passed`, `remapped`, `rejected`,
+    /// `queued`, `refused` or `cancelled`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Passed => "passed",
+            Self::Remapped => "remapped",
+            Self::Rejected => "rejected",
+            Self::Queued => "queued",
+            Self::Refused => "refused",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One message of a POST: its method, what the guard did with it, and for
+/// a `tools/call` the tool's name when a layer outside asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    method: McpMethod,
+    decision: GuardDecision,
+    tool: Option<Box<str>>,
+}
+
+impl Handled {
+    /// The message's method (`Other` for any method not in the closed list).
+    pub fn method(&self) -> McpMethod {
+        self.method
+    }
+
+    /// What the guard did with it.
+    pub fn decision(&self) -> GuardDecision {
+        self.decision
+    }
+
+    /// A `tools/call`'s `params.name`, read only when a layer outside the
+    /// guard asked for tool names (the metrics layer's
+    /// [`tool_names`](crate::protect::metrics::MetricsLayer::tool_names)),
+    /// and only a name as MCP allows them (1 to 128 ASCII letters, digits,
+    /// `_`, `-` and `.`): anything else, and any other message, has none.
+    pub fn tool(&self) -> Option<&str> {
+        self.tool.as_deref()
+    }
+}
+
+/// The request extension by which a layer outside the guard asks it to read
+/// the tool name of each `tools/call` (the guard reads it from the same
+/// envelope, at the cost of a second pass over the call's `params`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WantsToolNames;
+
+/// A tool name as a label value: MCP's tool names (revision 2025-11-25: 1 to
+/// 128 of `A-Z a-z 0-9 _ - .`), which need no escaping anywhere; `None` for
+/// anything else.
+pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
+    let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.');
+    if name.is_empty() || name.len() > 128 || !name.iter().all(allowed) {
+        return None;
+    }
+    std::str::from_utf8(name).ok().map(Box::from)
+}
+
+/// The guard's account of one POST, put in the extensions of its response
+/// (the inner service's or the guard's own): the method of each request and
+/// notification in it, in order (a batch has one per member; client
+/// responses to server requests and elements that are no message have none),
+/// and what the guard did with each.
+///
+/// A POST the guard does not read (no session, revision 2026-07-28) counts as
+/// one message, `passed`, whose method is the `Mcp-Method` header's (which
+/// revision 2026-07-28 sends) or `Other`. A POST refused before its body
+/// could be read counts as one `Other`, `refused`. `GET` and `DELETE` carry
+/// no `Exchange`.
+///
+/// ```
+/// # use http::Response;
+/// use mcp_id_guard::{Exchange, GuardDecision, McpMethod};
+///
+/// fn remapped_tool_calls<B>(response: &Response<B>) -> usize {
+///     response.extensions().get::<Exchange>().map_or(0, |exchange| {
+///         exchange
+///             .iter()
+///             .filter(|handled| {
+///                 handled.method() == McpMethod::ToolsCall
+///                     && handled.decision() == GuardDecision::Remapped
+///             })
+///             .count()
+///     })
+/// }
+/// # assert_eq!(remapped_tool_calls(&Response::new(())), 0);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    // Nearly every POST carries one message: kept inline, no allocation.
+    handled: InlineVec<Handled>,
+}
+
+impl Exchange {
+    /// One message, no tool name.
+    pub(crate) fn one(method: McpMethod, decision: GuardDecision) -> Self {
+        Self {
+            handled: InlineVec::One([Handled {
+                method,
+                decision,
+                tool: None,
+            }]),
+        }
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        method: McpMethod,
+        decision: GuardDecision,
+        tool: Option<Box<str>>,
+    ) {
+        self.handled.push(Handled {
+            method,
+            decision,
+            tool,
+        });
+    }
+
+    /// The messages, in the POST's order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Handled> {
+        self.handled.iter()
+    }
+
+    /// How many messages the POST held.
+    pub fn len(&self) -> usize {
+        self.handled.len()
+    }
+
+    /// Whether it held none (only client responses, say).
+    pub fn is_empty(&self) -> bool {
+        self.handled.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a Exchange {
+    type Item = &'a Handled;
+    type IntoIter = std::slice::Iter<'a, Handled>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.handled.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tool_label;
+
+    #[test]
+    fn tool_labels_are_mcp_tool_names() {
+        assert_eq!(
+            tool_label(b"get_weather-v2.1").as_deref(),
+            Some("get_weather-v2.1")
+        );
+        let longest = "a".repeat(128);
+        assert_eq!(tool_label(longest.as_bytes()).as_deref(), Some(&*longest));
+        for refused in [
+            &b""[..],
+            "a".repeat(129).as_bytes(),
+            b"two words",
+            b"quote\"",
+            b"new\nline",
+            b"back\\slash",
+            "caf\u{e9}".as_bytes(),
+            b"\xff",
+        ] {
+            assert_eq!(tool_label(refused), None, "{refused:?}");
+        }
+    }
+}
