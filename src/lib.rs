@@ -246,6 +246,27 @@
 #![warn(missing_docs)]
 #![deny(unreachable_pub)]
 
+/// `get_ref`, `get_mut` and `into_inner` for a service whose inner service
+/// is its field `inner`, as tower's middleware has them.
+macro_rules! inner_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// The inner service, unwrapped.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+
 mod guard;
 #[cfg(feature = "internals")]
 #[doc(hidden)]

@@ -30,27 +30,6 @@
 //!
 //! They need no crate feature, and Tokio's timer only for [`BodyPaceLayer`].
 
-/// `get_ref`, `get_mut` and `into_inner` for a service whose inner service
-/// is its field `inner`, as tower's middleware has them.
-macro_rules! inner_accessors {
-    () => {
-        /// The inner service.
-        pub fn get_ref(&self) -> &S {
-            &self.inner
-        }
-
-        /// The inner service, mutably.
-        pub fn get_mut(&mut self) -> &mut S {
-            &mut self.inner
-        }
-
-        /// The inner service, unwrapped.
-        pub fn into_inner(self) -> S {
-            self.inner
-        }
-    };
-}
-
 mod body;
 mod future;
 pub mod head;
