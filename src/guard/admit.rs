@@ -119,27 +119,10 @@ pub(crate) fn admit<B>(
     // Until the body is read, the guard's answer refuses one message of
     // unknown method.
     *exchange = Exchange::one(McpMethod::Other, GuardDecision::Refused);
-    // Servers disagree on which of several headers counts (the first, the
-    // last, or all joined): no reading is safe.
-    if headers.several_sessions {
-        return Admission::Answer(answer::several_sessions());
-    }
-    // A server that inflates request bodies reads a request the guard
-    // cannot see in the compressed bytes.
-    if headers.encoded {
-        return Admission::Answer(answer::unreadable(Unreadable::Compressed));
-    }
     let session_id_too_long = session.len() > config.max_session_id_bytes;
-    // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
-    // it, so every server reads the bytes the guard read.
-    let bom = utf8_bom(&pending.body);
-    if bom > 0 {
-        pending.body = pending.body.slice(bom..);
-        pending.resized = true;
-    }
-    let peeked = match read(&pending.body) {
-        Reading::Read(peeked) => peeked,
-        Reading::NotJsonRpc if session_id_too_long => {
+    let peeked = match screen(&mut pending, headers) {
+        Ok(Reading::Read(peeked)) => peeked,
+        Ok(Reading::NotJsonRpc) if session_id_too_long => {
             return Admission::Answer(session_id_refusal(
                 table,
                 session.as_bytes(),
@@ -149,11 +132,12 @@ pub(crate) fn admit<B>(
             ));
         }
         // No server reads it as JSON-RPC; the server gives its own error.
-        Reading::NotJsonRpc => {
+        Ok(Reading::NotJsonRpc) => {
             *exchange = Exchange::one(headers.method, GuardDecision::Passed);
             return untracked(pending);
         }
-        Reading::Unreadable(why) => return Admission::Answer(answer::unreadable(why)),
+        Ok(Reading::Unreadable(why)) => return Admission::Answer(answer::unreadable(why)),
+        Err(refusal) => return Admission::Answer(refusal),
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
@@ -207,20 +191,7 @@ pub(crate) fn admit<B>(
             (Some(registration), remapped, None)
         }
         Some(refused) => {
-            // The notifications of a refused POST are refused with it.
-            *exchange = match &refused {
-                Decision::Duplicate { colliding } => handled(
-                    &peeked,
-                    &body,
-                    tools,
-                    |request| match colliding.get(request) {
-                        Some(true) => GuardDecision::Rejected,
-                        _ => GuardDecision::Refused,
-                    },
-                    |_| GuardDecision::Refused,
-                ),
-                _ => all_refused(&peeked, &body, tools),
-            };
+            *exchange = refused_exchange(&refused, &peeked, &body, tools);
             return Admission::Answer(asked.refusal(refused));
         }
     };
@@ -258,6 +229,52 @@ pub(crate) fn admit<B>(
             registration,
             restore,
         },
+    }
+}
+
+/// Reads a tracked POST's body after the checks its headers call for: a
+/// body no server can be trusted to read alike is refused before it is read.
+/// The refusal is returned by value and answered at once, like [`Admission`].
+#[allow(clippy::result_large_err)]
+fn screen(
+    pending: &mut PendingForward,
+    headers: &RequestHeaders,
+) -> Result<Reading, Response<Full<Bytes>>> {
+    // Servers disagree on which of several headers counts (the first, the
+    // last, or all joined): no reading is safe.
+    if headers.several_sessions {
+        return Err(answer::several_sessions());
+    }
+    // A server that inflates request bodies reads a request the guard
+    // cannot see in the compressed bytes.
+    if headers.encoded {
+        return Err(answer::unreadable(Unreadable::Compressed));
+    }
+    // The Python SDK skips a UTF-8 byte order mark, serde refuses one: drop
+    // it, so every server reads the bytes the guard read.
+    let bom = utf8_bom(&pending.body);
+    if bom > 0 {
+        pending.body = pending.body.slice(bom..);
+        pending.resized = true;
+    }
+    Ok(read(&pending.body))
+}
+
+/// What became of each message of a POST the table refused: its
+/// notifications are refused with it.
+fn refused_exchange(refused: &Decision, peeked: &Peeked, body: &[u8], tools: bool) -> Exchange {
+    match refused {
+        Decision::Duplicate { colliding } => handled(
+            peeked,
+            body,
+            tools,
+            |request| match colliding.get(request) {
+                Some(true) => GuardDecision::Rejected,
+                _ => GuardDecision::Refused,
+            },
+            |_| GuardDecision::Refused,
+        ),
+        _ => all_refused(peeked, body, tools),
     }
 }
 

@@ -125,28 +125,10 @@ impl Table {
 
         if any_collision && queue_single {
             let probe = &probes[0];
-            let ticket = Arc::new(Waiter {
-                raw_id: probe.raw.into(),
-                always_remap: config.rewrite_all_ids || is_reserved(&probe.key) || unseen,
-                state: Mutex::new(WaitState::Waiting(None)),
-            });
-            charged += budget::waiter(probe.raw.len());
-            KeyState::get_or_insert(&mut entry.keys, probe, &mut charged)
-                .waiters
-                .push_back(Arc::clone(&ticket));
+            let (ticket, queued_charge) = enqueue(entry, probe, config, unseen);
             drop(locked);
-            self.settle(bound, charged);
-            self.queued_total.fetch_add(1, Ordering::Relaxed);
-            let queued = Some((probe.hash, Arc::clone(&ticket)));
-            // Awaited as going with its own id until its turn says otherwise.
-            let mut awaited = Awaited::default();
-            awaited.add((probe.hash, false));
-            let mut registration = self.register(at, InlineVec::default(), queued, awaited, config);
-            registration.count = 1;
-            return Decision::Queued {
-                registration,
-                ticket,
-            };
+            self.settle(bound, charged + queued_charge);
+            return self.queued(at, probe.hash, ticket, config);
         }
 
         let forwarded = self.enter(
@@ -196,6 +178,27 @@ impl Table {
                 .sum::<usize>();
         self.make_room(bound, config.max_table_bytes)
             .then_some(bound)
+    }
+
+    /// The registration of a lone request that waits in the queue for its
+    /// id: awaited as going with its own id until its turn says otherwise.
+    fn queued(
+        self: &Arc<Self>,
+        at: SessionRef,
+        key_hash: u64,
+        ticket: Arc<Waiter>,
+        config: &Config,
+    ) -> Decision {
+        self.queued_total.fetch_add(1, Ordering::Relaxed);
+        let mut awaited = Awaited::default();
+        awaited.add((key_hash, false));
+        let queued = Some((key_hash, Arc::clone(&ticket)));
+        let mut registration = self.register(at, InlineVec::default(), queued, awaited, config);
+        registration.count = 1;
+        Decision::Queued {
+            registration,
+            ticket,
+        }
     }
 
     /// Counts a POST's requests as refused.
@@ -270,6 +273,26 @@ impl Table {
         forwarded.charged = charged;
         forwarded
     }
+}
+
+/// Puts a lone request in line behind the live request with its id; says
+/// what the ticket costs.
+fn enqueue(
+    entry: &mut Session,
+    probe: &Probe<'_>,
+    config: &Config,
+    unseen: bool,
+) -> (Arc<Waiter>, usize) {
+    let ticket = Arc::new(Waiter {
+        raw_id: probe.raw.into(),
+        always_remap: config.rewrite_all_ids || is_reserved(&probe.key) || unseen,
+        state: Mutex::new(WaitState::Waiting(None)),
+    });
+    let mut charged = budget::waiter(probe.raw.len());
+    KeyState::get_or_insert(&mut entry.keys, probe, &mut charged)
+        .waiters
+        .push_back(Arc::clone(&ticket));
+    (ticket, charged)
 }
 
 /// What entering a POST's requests needs besides the session.
