@@ -52,14 +52,22 @@ macro_rules! counter {
     };
 }
 
-macro_rules! gauge {
-    ($family:literal, $help:literal) => {
+/// A gauge or a histogram family: its samples carry the family's name (a
+/// histogram's with `_bucket`, `_sum` and `_count` after it).
+macro_rules! named {
+    ($kind:ident, $family:literal, $help:literal) => {
         MetricName {
             family: $family,
             sample: $family,
             help: $help,
-            kind: MetricType::Gauge,
+            kind: MetricType::$kind,
         }
+    };
+}
+
+macro_rules! gauge {
+    ($family:literal, $help:literal) => {
+        named!(Gauge, $family, $help)
     };
 }
 
@@ -140,23 +148,21 @@ pub(crate) const CLIENT_RESETS: MetricName = counter!(
     "mcp_id_guard_client_resets",
     "HTTP/2 streams the client reset before their response ended."
 );
-pub(crate) const REQUEST_DURATION: MetricName = MetricName {
-    family: "mcp_id_guard_request_duration_seconds",
-    sample: "mcp_id_guard_request_duration_seconds",
-    help: "Time from a request's head to its response headers.",
-    kind: MetricType::Histogram,
-};
+pub(crate) const REQUEST_DURATION: MetricName = named!(
+    Histogram,
+    "mcp_id_guard_request_duration_seconds",
+    "Time from a request's head to its response headers."
+);
 pub(crate) const REQUESTS: MetricName = counter!(
     "mcp_id_guard_requests",
     "JSON-RPC requests and notifications in POSTs (each member of a batch), by MCP method (mcp_method_name: the MCP methods by name, everything else other), the guard's decision (passed, remapped, rejected, queued, refused, cancelled) and, when enabled, the tool of a tools/call (gen_ai_tool_name)."
 );
 /// OpenTelemetry's `mcp.server.operation.duration` (seconds), as Prometheus
 /// names it; its attribute `mcp.method.name` becomes `mcp_method_name`.
-pub(crate) const OPERATION_DURATION: MetricName = MetricName {
-    family: "mcp_server_operation_duration_seconds",
-    sample: "mcp_server_operation_duration_seconds",
-    help: "Time from a POST's head to its response headers, per JSON-RPC request or notification in it, by MCP method and the guard's decision (OpenTelemetry mcp.server.operation.duration; an event stream's headers may come before its result).",
-    kind: MetricType::Histogram,
-};
+pub(crate) const OPERATION_DURATION: MetricName = named!(
+    Histogram,
+    "mcp_server_operation_duration_seconds",
+    "Time from a POST's head to its response headers, per JSON-RPC request or notification in it, by MCP method and the guard's decision (OpenTelemetry mcp.server.operation.duration; an event stream's headers may come before its result)."
+);
 pub(crate) const CLIENT_CONNECTIONS: MetricName =
     gauge!("mcp_id_guard_client_connections", "Client connections open");

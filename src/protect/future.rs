@@ -77,3 +77,33 @@ where
         }
     }
 }
+
+/// The `Service` impl of a layer that decides on the request head alone:
+/// `$service<S>` answers what its `refusal(&request)` names, and passes the
+/// rest to its `inner` service.
+macro_rules! head_check_service {
+    ($service:ident) => {
+        impl<S, B, ResBody> tower_service::Service<http::Request<B>> for $service<S>
+        where
+            S: tower_service::Service<http::Request<B>, Response = http::Response<ResBody>>,
+        {
+            type Response = http::Response<$crate::protect::ProtectedBody<ResBody>>;
+            type Error = S::Error;
+            type Future = $crate::protect::ProtectedFuture<S::Future>;
+
+            fn poll_ready(
+                &mut self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), Self::Error>> {
+                self.inner.poll_ready(cx)
+            }
+
+            fn call(&mut self, request: http::Request<B>) -> Self::Future {
+                match self.refusal(&request) {
+                    Some((kind, answer)) => $crate::protect::ProtectedFuture::refused(kind, answer),
+                    None => $crate::protect::ProtectedFuture::called(self.inner.call(request)),
+                }
+            }
+        }
+    };
+}

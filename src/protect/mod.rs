@@ -31,6 +31,7 @@
 //! They need no crate feature, and Tokio's timer only for [`BodyPaceLayer`].
 
 mod body;
+#[macro_use]
 mod future;
 pub mod head;
 pub mod host;

@@ -1,10 +1,7 @@
-use std::task::{Context, Poll};
-
+use bytes::Bytes;
 use http::{Request, Response};
-use tower_service::Service;
+use http_body_util::Full;
 
-use crate::protect::body::ProtectedBody;
-use crate::protect::future::ProtectedFuture;
 use crate::protect::refused::Refused;
 use crate::wire::answer;
 
@@ -30,26 +27,15 @@ impl<S> HeadLimit<S> {
     inner_accessors!();
 }
 
-impl<S, B, ResBody> Service<Request<B>> for HeadLimit<S>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-{
-    type Response = Response<ProtectedBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ProtectedFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        if head_size(&request) > self.max_bytes {
-            let answer = answer::head_too_large(self.max_bytes);
-            return ProtectedFuture::refused(Refused::HeadSize, answer);
-        }
-        ProtectedFuture::called(self.inner.call(request))
+impl<S> HeadLimit<S> {
+    /// `431` for a head over the limit.
+    fn refusal<B>(&self, request: &Request<B>) -> Option<(Refused, Response<Full<Bytes>>)> {
+        (head_size(request) > self.max_bytes)
+            .then(|| (Refused::HeadSize, answer::head_too_large(self.max_bytes)))
     }
 }
+
+head_check_service!(HeadLimit);
 
 /// The size of a request head as HTTP/1.1 sends it: request line, and each
 /// header as `name: value` and a line break. The same measure for HTTP/2

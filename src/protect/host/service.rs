@@ -1,12 +1,11 @@
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
-use tower_service::Service;
+use http_body_util::Full;
 
 use super::policy::{refusal, HostPolicy};
-use crate::protect::body::ProtectedBody;
-use crate::protect::future::ProtectedFuture;
+use crate::protect::refused::Refused;
 
 /// Answers requests whose `Host` or `Origin` its [`HostPolicy`] refuses,
 /// and passes the others to the inner service. Made by
@@ -30,24 +29,15 @@ impl<S> HostCheck<S> {
     inner_accessors!();
 }
 
-impl<S, B, ResBody> Service<Request<B>> for HostCheck<S>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-{
-    type Response = Response<ProtectedBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ProtectedFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        // Checked before anything reads the body: a rebound page's request
-        // never reaches the server.
-        match self.policy.check(&request) {
-            Ok(()) => ProtectedFuture::called(self.inner.call(request)),
-            Err(kind) => ProtectedFuture::refused(kind, refusal(kind)),
-        }
+impl<S> HostCheck<S> {
+    /// `421` or `403` for what the policy refuses. Checked before anything
+    /// reads the body: a rebound page's request never reaches the server.
+    fn refusal<B>(&self, request: &Request<B>) -> Option<(Refused, Response<Full<Bytes>>)> {
+        self.policy
+            .check(request)
+            .err()
+            .map(|kind| (kind, refusal(kind)))
     }
 }
+
+head_check_service!(HostCheck);

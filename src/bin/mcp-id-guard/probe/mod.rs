@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use client::{Client, Endpoint, Reply, SESSION_ID};
 use judge::Shape;
+use pairs::PairIds;
 use report::{Check, Report, Verdict};
 
 /// The protocol revision the probe asks for; the server's choice is used.
@@ -220,14 +221,12 @@ async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
     let (pairs, concurrency) = (usize::from(args.pairs), usize::from(args.concurrency));
 
     let shapes = &shapes;
-    let same_id = in_session(&base, "same-id", |client| async move {
-        pairs::same_id(&client, shapes, pairs, concurrency).await
-    });
-    report.checks.push(same_id.await);
-    let text_ids = in_session(&base, "number-vs-string", |client| async move {
-        pairs::number_vs_string(&client, shapes, pairs, concurrency).await
-    });
-    report.checks.push(text_ids.await);
+    for ids in [PairIds::Same, PairIds::NumberAndString] {
+        let check = in_session(&base, ids.name(), |client| async move {
+            pairs::check(&client, shapes, pairs, concurrency, ids).await
+        });
+        report.checks.push(check.await);
+    }
     let empty = json!({});
     let tool = args
         .tool

@@ -19,37 +19,62 @@ const SAME_ID_BASE: u64 = 1000;
 /// Ids of `number-vs-string`.
 const TEXT_ID_BASE: u64 = 2000;
 
-/// Many pairs of concurrent requests with one id each.
-pub(super) async fn same_id(
-    client: &Client,
-    shapes: &Shapes,
-    pairs: usize,
-    concurrency: usize,
-) -> Check {
-    let ids = |pair: usize| {
-        let id = json!(SAME_ID_BASE + pair as u64);
-        (id.clone(), id)
-    };
-    run(client, shapes, pairs, concurrency, ids, "same-id").await
+/// Which ids the two requests of a pair carry.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum PairIds {
+    /// One id for both (`same-id`).
+    Same,
+    /// `n` and `"n"` (`number-vs-string`): servers that route by `str(id)`
+    /// cross-wire them.
+    NumberAndString,
 }
 
-/// Pairs of concurrent requests with ids `n` and `"n"`.
-pub(super) async fn number_vs_string(
+impl PairIds {
+    /// The check's name in the report.
+    pub(super) const fn name(self) -> &'static str {
+        match self {
+            Self::Same => "same-id",
+            Self::NumberAndString => "number-vs-string",
+        }
+    }
+
+    /// The ids of pair `pair`: the ping's, then tools/list's.
+    fn of(self, pair: usize) -> (Value, Value) {
+        match self {
+            Self::Same => {
+                let id = json!(SAME_ID_BASE + pair as u64);
+                (id.clone(), id)
+            }
+            Self::NumberAndString => {
+                let number = TEXT_ID_BASE + pair as u64;
+                // Half the pairs give the number to the ping, half to tools/list.
+                if pair % 2 == 0 {
+                    (json!(number), json!(number.to_string()))
+                } else {
+                    (json!(number.to_string()), json!(number))
+                }
+            }
+        }
+    }
+}
+
+/// Many pairs of concurrent requests, their ids as `ids` says.
+pub(super) async fn check(
     client: &Client,
     shapes: &Shapes,
     pairs: usize,
     concurrency: usize,
+    ids: PairIds,
 ) -> Check {
-    let ids = |pair: usize| {
-        let number = TEXT_ID_BASE + pair as u64;
-        // Half the pairs give the number to the ping, half to tools/list.
-        if pair % 2 == 0 {
-            (json!(number), json!(number.to_string()))
-        } else {
-            (json!(number.to_string()), json!(number))
-        }
-    };
-    run(client, shapes, pairs, concurrency, ids, "number-vs-string").await
+    run(
+        client,
+        shapes,
+        pairs,
+        concurrency,
+        |pair| ids.of(pair),
+        ids.name(),
+    )
+    .await
 }
 
 /// Sends `pairs` pairs, `concurrency` pairs in flight at a time. Each wave
