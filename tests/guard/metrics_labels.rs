@@ -36,6 +36,18 @@ fn request_series(metrics: &Metrics, layer: Option<&IdGuardLayer>) -> Vec<String
     series
 }
 
+/// A server behind `guard` and a metrics layer outside it, and its metrics.
+async fn metered(guard: &IdGuardLayer) -> (Metrics, Server) {
+    let metrics = Metrics::new();
+    let server = Server::start(|router| {
+        router
+            .layer(guard.clone())
+            .layer(MetricsLayer::new(metrics.clone()))
+    })
+    .await;
+    (metrics, server)
+}
+
 fn series(expected: &[(&str, &str, u64)]) -> Vec<String> {
     expected
         .iter()
@@ -53,14 +65,8 @@ fn series(expected: &[(&str, &str, u64)]) -> Vec<String> {
 /// the MCP list (`hold`) is `other`.
 #[tokio::test]
 async fn requests_are_counted_by_method_and_decision() {
-    let metrics = Metrics::new();
     let guard = IdGuardLayer::new();
-    let mut server = Server::start(|router| {
-        router
-            .layer(guard.clone())
-            .layer(MetricsLayer::new(metrics.clone()))
-    })
-    .await;
+    let (metrics, mut server) = metered(&guard).await;
     let client = client();
     for (id, method) in [("1", "tools/list"), ("2", "ping"), ("3", "tools/call")] {
         let reply = send(&client, &server.url, request_text(id, method)).await;
@@ -100,14 +106,8 @@ async fn requests_are_counted_by_method_and_decision() {
 /// Under `Reject` the duplicate is `rejected`, never forwarded.
 #[tokio::test]
 async fn a_rejected_duplicate_is_counted_as_rejected() {
-    let metrics = Metrics::new();
     let guard = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
-    let mut server = Server::start(|router| {
-        router
-            .layer(guard.clone())
-            .layer(MetricsLayer::new(metrics.clone()))
-    })
-    .await;
+    let (metrics, mut server) = metered(&guard).await;
     let client = client();
     let held = spawn_send(&client, &server.url, request_text("1", "hold"));
     assert_eq!(server.entered().await, "1");

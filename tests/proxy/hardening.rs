@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::client::Session;
+use crate::support::client::{initialize_message, Session};
 use crate::support::process::{Guard, BIN};
 use crate::support::proxy::{duplicate_while_held, Outcome};
 use crate::support::server::{refused_port, serve_service, upstream, Served};
@@ -22,16 +22,9 @@ use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
-/// The `initialize` request a client (or a rebound page) sends first.
+/// The `initialize` this file's clients send.
 fn initialize() -> Value {
-    json!({
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {
-            "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {},
-            "clientInfo": { "name": "hardening-test", "version": "0" }
-        }
-    })
+    initialize_message("hardening-test")
 }
 
 /// POSTs `message` to `url` with extra headers; returns the status and body.

@@ -15,13 +15,14 @@ use hyper_util::rt::TokioIo;
 use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
 use mcp_id_guard::proxy::Proxy;
 use mcp_id_guard::IdGuardLayer;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tower::ServiceBuilder;
 use tower_layer::Layer;
 
+use crate::support::client::initialize_message;
 use crate::support::server::{upstream, McpServer};
-use crate::support::{ACCEPT, OK_TIMEOUT, PROTOCOL_VERSION, WAIT_TIMEOUT};
+use crate::support::{ACCEPT, OK_TIMEOUT, WAIT_TIMEOUT};
 
 /// Serves `app` on `127.0.0.1:<ephemeral>`; the server task ends with the
 /// test's runtime.
@@ -32,15 +33,9 @@ async fn serve(app: Router) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
+/// The `initialize` this file's clients send.
 fn initialize() -> Value {
-    json!({
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {
-            "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {},
-            "clientInfo": { "name": "layers-test", "version": "0" }
-        }
-    })
+    initialize_message("layers-test")
 }
 
 /// POSTs an `initialize` to `http://{addr}/mcp` with extra headers; the
@@ -234,6 +229,17 @@ fn short_pace() -> BodyPaceLayer {
 type Chunks = mpsc::Sender<Result<Frame<Bytes>, std::convert::Infallible>>;
 
 /// What one request over its own HTTP/1.1 connection got back.
+/// The pace layer's `408`: a JSON-RPC refusal whose message says `why`, on
+/// a connection that closes after it.
+fn assert_timed_out(answer: &Answer, why: &str) -> anyhow::Result<()> {
+    assert_eq!(answer.status, 408, "{}", answer.body);
+    let error = assert_refusal(&answer.body)?;
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "{error}");
+    assert_eq!(answer.connection.as_deref(), Some("close"));
+    Ok(())
+}
+
 struct Answer {
     status: u16,
     connection: Option<String>,
@@ -322,16 +328,7 @@ async fn a_trickling_body_is_cut_by_the_minimum_rate() -> anyhow::Result<()> {
     let (chunks, answer) = post_fed(paced).await?;
     let sending = trickle(chunks);
     let answer = tokio::time::timeout(OK_TIMEOUT, answer).await??;
-    assert_eq!(answer.status, 408, "{}", answer.body);
-    let error = assert_refusal(&answer.body)?;
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("100 bytes per second"),
-        "{error}"
-    );
-    assert_eq!(answer.connection.as_deref(), Some("close"));
+    assert_timed_out(&answer, "100 bytes per second")?;
     tokio::time::timeout(WAIT_TIMEOUT, answer.closed)
         .await
         .map_err(|_| anyhow::anyhow!("the server kept the connection open"))??;
@@ -382,16 +379,7 @@ async fn a_paused_body_is_cut_by_the_idle_timeout() -> anyhow::Result<()> {
         .send(Ok(Frame::data(Bytes::from_static(b"x"))))
         .await?;
     let answer = tokio::time::timeout(OK_TIMEOUT, answer).await??;
-    assert_eq!(answer.status, 408, "{}", answer.body);
-    let error = assert_refusal(&answer.body)?;
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("no request body data"),
-        "{error}"
-    );
-    assert_eq!(answer.connection.as_deref(), Some("close"));
+    assert_timed_out(&answer, "no request body data")?;
     drop(chunks);
     Ok(())
 }

@@ -198,14 +198,7 @@ impl Session {
             url: url.to_owned(),
             id: String::new(),
         };
-        let initialize = serde_json::json!({
-            "jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {
-                "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": {},
-                "clientInfo": { "name": "mcp-id-guard-tests", "version": "0" }
-            }
-        });
+        let initialize = initialize_message("mcp-id-guard-tests");
         let exchange = open(session.request(initialize.to_string(), None), OK_TIMEOUT)
             .await
             .read_to_end()
@@ -699,4 +692,17 @@ pub async fn pair(
         server.gates.release(&b.sentinel);
         Ok((report_a, report_b))
     }
+}
+
+/// The `initialize` request a client (or a rebound page) sends first, from
+/// the client named `client`.
+pub fn initialize_message(client: &str) -> serde_json::Value {
+    serde_json::json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": client, "version": "0" }
+        }
+    })
 }
