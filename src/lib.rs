@@ -279,7 +279,7 @@ mod wire;
 
 pub use guard::{
     Exchange, GuardDecision, Handled, IdGuard, IdGuardLayer, McpMethod, OnDuplicate, RequestBody,
-    ResponseBody, ResponseFuture, Unanswered,
+    ResponseBody, ResponseFuture, Unanswered, WantsExchange,
 };
 pub use table::Stats;
 

@@ -96,6 +96,20 @@ impl Handled {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WantsToolNames;
 
+/// Put in a request's extensions by a layer outside the guard that reads the
+/// [`Exchange`] of its response (as
+/// [`MetricsLayer`](crate::protect::metrics::MetricsLayer) does): without
+/// it, the guard leaves none.
+///
+/// ```
+/// use mcp_id_guard::WantsExchange;
+///
+/// let mut request = http::Request::post("/mcp").body(()).unwrap();
+/// request.extensions_mut().insert(WantsExchange);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WantsExchange;
+
 /// A tool name as a label value: MCP's tool names (revision 2025-11-25: 1 to
 /// 128 of `A-Z a-z 0-9 _ - .`), which need no escaping anywhere; `None` for
 /// anything else.
@@ -108,7 +122,9 @@ pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
 }
 
 /// The guard's account of one POST, put in the extensions of its response
-/// (the inner service's or the guard's own): the method of each request and
+/// (the inner service's or the guard's own) when the request's extensions
+/// hold a [`WantsExchange`] (the metrics layer inserts one), so a guard with
+/// no layer outside that reads it costs no extension per request: the method of each request and
 /// notification in it, in order (a batch has one per member; client
 /// responses to server requests and elements that are no message have none),
 /// and what the guard did with each.

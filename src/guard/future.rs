@@ -36,6 +36,9 @@ where
     /// What became of the POST's messages, for the response's extensions
     /// (empty: none to add).
     exchange: Exchange,
+    /// A layer outside asked for the [`Exchange`]
+    /// ([`WantsExchange`](crate::WantsExchange)).
+    record: bool,
 }
 
 // The future is allocated once per request and then stays put (servers box
@@ -116,6 +119,7 @@ where
                 starts: None,
             },
             exchange: Exchange::default(),
+            record: false,
         }
     }
 
@@ -125,12 +129,20 @@ where
                 response: Some(response),
             },
             exchange: Exchange::default(),
+            record: false,
         }
     }
 
     /// Puts `exchange` on the response.
     pub(crate) fn with_exchange(mut self, exchange: Exchange) -> Self {
         self.exchange = exchange;
+        self
+    }
+
+    /// Whether a layer outside reads the [`Exchange`]: only then does the
+    /// response carry one.
+    pub(crate) fn recording(mut self, record: bool) -> Self {
+        self.record = record;
         self
     }
 
@@ -161,6 +173,7 @@ where
                 },
             },
             exchange: Exchange::default(),
+            record: false,
         }
     }
 }
@@ -199,14 +212,14 @@ where
                     }
                     let response =
                         ResponseBody::wrap(response, registration.take(), restore.take());
-                    return Poll::Ready(Ok(with_exchange(response, this.exchange)));
+                    return Poll::Ready(Ok(with_exchange(response, this.exchange, *this.record)));
                 }
                 StateProj::Answered { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let response = response.map(ResponseBody::answer);
-                    return Poll::Ready(Ok(with_exchange(response, this.exchange)));
+                    return Poll::Ready(Ok(with_exchange(response, this.exchange, *this.record)));
                 }
             };
             self.as_mut().project().state.set(next);
@@ -365,10 +378,14 @@ impl<S> Queued<S> {
     }
 }
 
-/// Puts the guard's account of the POST on its response, unless there is
-/// none (not a POST).
-fn with_exchange<B>(mut response: Response<B>, exchange: &mut Exchange) -> Response<B> {
-    if !exchange.is_empty() {
+/// Puts the guard's account of the POST on its response when a layer
+/// outside asked for it, unless there is none (not a POST).
+fn with_exchange<B>(
+    mut response: Response<B>,
+    exchange: &mut Exchange,
+    record: bool,
+) -> Response<B> {
+    if record && !exchange.is_empty() {
         response.extensions_mut().insert(std::mem::take(exchange));
     }
     response

@@ -14,7 +14,7 @@ mod unanswered;
 pub use crate::table::OnDuplicate;
 pub use crate::wire::method::McpMethod;
 pub use body::{RequestBody, ResponseBody};
-pub use exchange::{Exchange, GuardDecision, Handled};
+pub use exchange::{Exchange, GuardDecision, Handled, WantsExchange};
 pub use future::ResponseFuture;
 pub use layer::IdGuardLayer;
 pub use service::IdGuard;

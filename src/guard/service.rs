@@ -7,7 +7,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::guard::body::{RequestBody, ResponseBody, Restoring};
-use crate::guard::exchange::{Exchange, GuardDecision};
+use crate::guard::exchange::{Exchange, GuardDecision, WantsExchange};
 use crate::guard::future::ResponseFuture;
 use crate::guard::layer::IdGuardLayer;
 use crate::table::config::Config;
@@ -114,6 +114,17 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let record = request.extensions().get::<WantsExchange>().is_some();
+        self.respond(request).recording(record)
+    }
+}
+
+impl<S> IdGuard<S> {
+    /// What `call` does with a request, whatever becomes of its [`Exchange`].
+    fn respond<ReqBody, ResBody>(&mut self, request: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+    {
         let headers = RequestHeaders::read(request.headers());
         let handling = handling(request.method(), &headers);
         // A tracked POST is refused once its body is read, with its ids.

@@ -196,3 +196,49 @@ async fn tool_names_only_when_asked_and_capped() {
         assert_eq!(scraped, expected);
     }
 }
+
+/// The guard leaves its `Exchange` only on the responses of requests that ask
+/// for it (`WantsExchange`, which `MetricsLayer` inserts): a guard with no
+/// such layer outside it adds no extension to any response.
+#[tokio::test]
+async fn the_exchange_is_left_only_when_asked_for() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use mcp_id_guard::{Exchange, GuardDecision, McpMethod, WantsExchange};
+    use tower::{Layer, ServiceExt};
+
+    let guard = IdGuardLayer::new();
+    let inner = tower::service_fn(|_: http::Request<_>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        ))))
+    });
+    // Each in a session of its own: the first's unread answer leaves its id
+    // abandoned.
+    let post = |wants: bool| {
+        let mut request = http::Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("mcp-session-id", if wants { "asked" } else { "unasked" })
+            .body(Full::new(Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            )))
+            .unwrap();
+        if wants {
+            request.extensions_mut().insert(WantsExchange);
+        }
+        request
+    };
+    let unasked = within(guard.layer(inner).oneshot(post(false)))
+        .await
+        .unwrap();
+    assert!(unasked.extensions().get::<Exchange>().is_none());
+    let asked = within(guard.layer(inner).oneshot(post(true)))
+        .await
+        .unwrap();
+    let exchange = asked.extensions().get::<Exchange>().expect("an Exchange");
+    let handled: Vec<_> = exchange
+        .iter()
+        .map(|handled| (handled.method(), handled.decision()))
+        .collect();
+    assert_eq!(handled, [(McpMethod::Ping, GuardDecision::Passed)]);
+}

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::future::MetricsFuture;
 use super::Metrics;
-use crate::guard::exchange::WantsToolNames;
+use crate::guard::exchange::{WantsExchange, WantsToolNames};
 
 /// Records every response of the service it wraps into a [`Metrics`]; see
 /// the [module docs](super).
@@ -76,6 +76,8 @@ where
         // From the request's arrival: time it spent in the layers inside
         // (a queued duplicate's wait) counts.
         let started = Instant::now();
+        // The guard inside leaves its account of the POST only when asked.
+        request.extensions_mut().insert(WantsExchange);
         if self.tool_names > 0 {
             request.extensions_mut().insert(WantsToolNames);
         }
