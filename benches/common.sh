@@ -6,8 +6,14 @@
 # and pids (processes to stop on exit).
 
 # Builds mcp-id-guard in release mode and the echo server with the
-# `bench-upstream` profile (see Cargo.toml).
+# `bench-upstream` profile (see Cargo.toml). PROXY_BIN (and ECHO_BIN) name
+# binaries already built instead, e.g. to compare two builds.
 build() {
+    if [ -n "${PROXY_BIN:-}" ]; then
+        proxy_bin=$PROXY_BIN
+        echo_bin=${ECHO_BIN:-}
+        return
+    fi
     cargo build --release --quiet --features cli --bin mcp-id-guard
     cargo build --profile bench-upstream --quiet -p mcp-id-guard-loadtest
     local target_dir

@@ -55,13 +55,15 @@ pub(super) fn spawn<S, B>(
     let per_request = hyper::service::service_fn(move |request: Request<Incoming>| {
         request_arrived(&shared_, &watched, service.clone(), request)
     });
-    let served = shared
-        .http
-        .serve_connection(
-            TokioIo::new(Watched::new(stream, Arc::clone(&activity))),
-            per_request,
-        )
-        .into_owned();
+    let served = Box::pin(
+        shared
+            .http
+            .serve_connection(
+                TokioIo::new(Watched::new(stream, Arc::clone(&activity))),
+                per_request,
+            )
+            .into_owned(),
+    );
     let limits = shared.limits;
     let Ending { stop, mut cut } = ending;
     tokio::spawn(async move {
