@@ -82,14 +82,28 @@ fn padding(len: usize) -> String {
     format!(r#""fill":"{}","items":{items}"#, "x".repeat(fill))
 }
 
-/// A `tools/call` request with the id JSON text `id`, exactly `size` bytes.
+/// A `tools/call` request with the id JSON text `id`, exactly `size` bytes,
+/// its arguments token-dense (see [`padding`]).
 fn request_json(id: &str, size: usize) -> Bytes {
+    request_json_with(id, size, padding)
+}
+
+/// The same request with one long string as its arguments: the body the
+/// scanner skips at memchr speed.
+fn request_json_string(id: &str, size: usize) -> Bytes {
+    request_json_with(id, size, |len| {
+        // `"fill":"` and `"` around the string.
+        format!(r#""fill":"{}""#, "x".repeat(len - 9))
+    })
+}
+
+fn request_json_with(id: &str, size: usize, pad: impl Fn(usize) -> String) -> Bytes {
     let frame = |pad: &str| {
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{{pad}}}}}}}"#
         )
     };
-    let body = frame(&padding(size - frame("").len()));
+    let body = frame(&pad(size - frame("").len()));
     assert_eq!(body.len(), size);
     Bytes::from(body)
 }
@@ -339,6 +353,8 @@ enum Case {
     Untracked,
     /// Tracked, the id is not in flight: read, peeked, registered, released.
     PassThrough,
+    /// The same with a long-string body instead of a token-dense one.
+    PassThroughString,
     /// Tracked, the id is in flight: remapped, and the JSON response restored.
     Remapped,
     /// Tracked, the id is in flight, `OnDuplicate::Reject`: answered by the
@@ -347,9 +363,10 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 4] = [
+    const ALL: [Case; 5] = [
         Case::Untracked,
         Case::PassThrough,
+        Case::PassThroughString,
         Case::Remapped,
         Case::Rejected,
     ];
@@ -358,6 +375,7 @@ impl Case {
         match self {
             Case::Untracked => "untracked",
             Case::PassThrough => "pass_through",
+            Case::PassThroughString => "pass_through_string",
             Case::Remapped => "remapped",
             Case::Rejected => "rejected",
         }
@@ -370,7 +388,10 @@ fn overhead(c: &mut Criterion) {
     for case in Case::ALL {
         let mut group = c.benchmark_group(format!("overhead/{}", case.name()));
         for size in SIZES {
-            let body = request_json("1", size);
+            let body = match case {
+                Case::PassThroughString => request_json_string("1", size),
+                _ => request_json("1", size),
+            };
             let session = match case {
                 Case::Untracked => None,
                 _ => Some(session.as_str()),
@@ -471,7 +492,7 @@ where
     let outcome = (status.as_u16(), passed, remapped, restored, rejected);
     match case {
         Case::Untracked => assert_eq!(outcome, (200, 0, 0, 0, 0)),
-        Case::PassThrough => assert_eq!(outcome, (200, 1, 0, 0, 0)),
+        Case::PassThrough | Case::PassThroughString => assert_eq!(outcome, (200, 1, 0, 0, 0)),
         Case::Remapped => assert_eq!((outcome, id), ((200, 0, 1, 1, 0), Value::from(1))),
         Case::Rejected => assert_eq!((outcome, id), ((400, 0, 0, 0, 1), Value::from(1))),
     }
