@@ -9,7 +9,9 @@
 # upstream) reads the front's resident set once every call is held. nginx:
 # one worker, `proxy_buffering off` (benches/nginx/proxy_vs_nginx.conf), its
 # worker's RSS. mcp-id-guard: its defaults, with room for N client and N
-# upstream connections. Rounds alternate which front goes first.
+# upstream connections. hyper: a bare hyper-util proxy (`loadtest
+# --bare-proxy`: hyper's server and pooled client, nothing of the guard), the
+# floor hyper itself sets. Rounds alternate the order of the fronts.
 #
 #   benches/held_vs_nginx.sh
 #   EXCHANGES=2000 ROUNDS=3 benches/held_vs_nginx.sh
@@ -54,6 +56,12 @@ start_front() {
         front_launcher=$!
         wait_for_port "$front_port" "nginx"
         front_pid=$(pgrep -P "$front_launcher" | head -1)
+    elif [ "$front" = hyper ]; then
+        "$echo_bin" --bare-proxy "127.0.0.1:$front_port" \
+            --upstream "127.0.0.1:$upstream_port" >"$work/hyper.log" 2>&1 &
+        front_launcher=$!
+        wait_for_port "$front_port" "the bare hyper proxy"
+        front_pid=$front_launcher
     else
         # shellcheck disable=SC2086 # PROXY_ARGS is a word list
         "$proxy_bin" --listen "127.0.0.1:$front_port" \
@@ -76,7 +84,7 @@ echo "nginx $(nginx -v 2>&1 | sed 's|.*/||'), $("$proxy_bin" --version), $EXCHAN
 results="$work/results"
 : >"$results"
 for round in $(seq "$ROUNDS"); do
-    if [ $((round % 2)) -eq 1 ]; then order="nginx proxy"; else order="proxy nginx"; fi
+    if [ $((round % 2)) -eq 1 ]; then order="nginx proxy hyper"; else order="hyper proxy nginx"; fi
     for shape in pending sse; do
         for front in $order; do
             front_port=$(free_port)
@@ -113,6 +121,8 @@ for shape in ("pending", "sse"):
     proxy, nginx = median[(shape, "proxy")], median[(shape, "nginx")]
     ratio = proxy[1] / nginx[1]
     met = met and ratio <= 1.5
-    print(f"{shape}: proxy/nginx {ratio:.2f}x (all), {proxy[0] / nginx[0]:.2f}x (held)")
+    hyper = median[(shape, "hyper")]
+    print(f"{shape}: proxy/nginx {ratio:.2f}x (all), {proxy[0] / nginx[0]:.2f}x (held);"
+          f" bare hyper/nginx {hyper[1] / nginx[1]:.2f}x (all)")
 print("target (at most 1.5x nginx in both shapes):", "met" if met else "not met")
 PY

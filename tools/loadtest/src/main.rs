@@ -37,6 +37,8 @@
 //! over all its runs and the median of its per-round ratios to bare (the
 //! more robust figure when the machine is shared). Defaults take about 45 s.
 
+mod bare_proxy;
+
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,6 +121,14 @@ struct Settings {
     /// put another proxy in front of it (`benches/proxy_vs_nginx.sh`).
     #[arg(long, env = "LOADTEST_SERVE", value_parser = loopback_address)]
     serve: Option<SocketAddr>,
+    /// Serve only a bare hyper-util reverse proxy on this loopback address,
+    /// forwarding to `--upstream`, until killed: hyper's own floor, measured
+    /// beside the fronts by `benches/held_vs_nginx.sh`.
+    #[arg(long, value_parser = loopback_address, requires = "upstream")]
+    bare_proxy: Option<SocketAddr>,
+    /// Where `--bare-proxy` forwards to.
+    #[arg(long, value_parser = loopback_address)]
+    upstream: Option<SocketAddr>,
 }
 
 fn loopback_address(text: &str) -> Result<SocketAddr, String> {
@@ -492,9 +502,12 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    match settings.serve {
-        Some(address) => runtime.block_on(serve_only(address, settings.nodelay)),
-        None => runtime.block_on(load(settings)),
+    match (settings.serve, settings.bare_proxy, settings.upstream) {
+        (Some(address), _, _) => runtime.block_on(serve_only(address, settings.nodelay)),
+        (None, Some(listen), Some(upstream)) => {
+            runtime.block_on(bare_proxy::serve(listen, upstream))
+        }
+        _ => runtime.block_on(load(settings)),
     }
 }
 
