@@ -169,8 +169,8 @@ mod tests {
 
         let metrics = Metrics::new();
         let mut batch = Exchange::one(McpMethod::ToolsCall, GuardDecision::Remapped);
-        batch.push(McpMethod::Ping, GuardDecision::Passed, None);
-        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None);
+        batch.push(McpMethod::Ping, GuardDecision::Passed, None, None);
+        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None, None);
         let mut response = http::Response::new(());
         response.extensions_mut().insert(batch);
         metrics.answered(&response, Duration::from_millis(3), 0);
