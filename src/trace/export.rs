@@ -71,9 +71,10 @@ impl OtlpExporter {
         self.tracer.counts.dropped.load(Ordering::Relaxed)
     }
 
-    /// Exports what is queued and stops the task, within one export timeout
-    /// (`OTEL_EXPORTER_OTLP_TIMEOUT`); spans still queued then are dropped.
-    /// Spans that end later are dropped too. Later calls do nothing.
+    /// Exports what is queued and stops the task, within two export
+    /// timeouts (`OTEL_EXPORTER_OTLP_TIMEOUT`: the export in flight, then
+    /// the flush); spans still queued then are dropped, as are spans that
+    /// end later. Later calls do nothing.
     pub async fn shutdown(&self) {
         let task = self
             .task
@@ -82,8 +83,9 @@ impl OtlpExporter {
             .take();
         if let Some((stop, mut task)) = task {
             let _ = stop.send(());
-            // The task bounds its own flush; this bounds a stuck task.
-            let bound = self.export_timeout + Duration::from_millis(100);
+            // The task bounds the export in flight and its flush; this
+            // bounds a task that somehow did not.
+            let bound = self.export_timeout * 2 + Duration::from_millis(100);
             if timeout(bound, &mut task).await.is_err() {
                 task.abort();
             }
@@ -159,7 +161,12 @@ impl Collector {
     /// dropped.
     async fn export(&self, batch: &mut Vec<SpanRecord>) {
         let body = export_request(&self.config.resource, batch);
-        let spans = batch.len() as u64;
+        // Counted dropped unless the collector takes them, also when the
+        // flush's bound cuts this export short.
+        let mut in_flight = InFlight {
+            counts: &self.counts,
+            spans: batch.len() as u64,
+        };
         batch.clear();
         let outcome = match timeout(self.config.export_timeout, self.post(body)).await {
             Ok(outcome) => outcome,
@@ -167,10 +174,10 @@ impl Collector {
         };
         match outcome {
             Ok(()) => {
+                let spans = std::mem::take(&mut in_flight.spans);
                 self.counts.exported.fetch_add(spans, Ordering::Relaxed);
             }
             Err(error) => {
-                self.counts.dropped.fetch_add(spans, Ordering::Relaxed);
                 if let Some(not_logged) = self.counts.throttle.ready(EXPORT_FAILED) {
                     let endpoint = &self.config.endpoint;
                     tracing::warn!(
@@ -180,7 +187,7 @@ impl Collector {
                             endpoint.port_u16().unwrap_or(80)
                         ),
                         %error,
-                        spans,
+                        spans = in_flight.spans,
                         not_logged,
                         "could not export spans; dropped"
                     );
@@ -235,6 +242,19 @@ impl Collector {
         } else {
             Err(format!("collector answered {}", response.status()))
         }
+    }
+}
+
+/// Spans of an export not (yet) taken by the collector: dropped, however
+/// the export ends.
+struct InFlight<'a> {
+    counts: &'a Counts,
+    spans: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counts.dropped.fetch_add(self.spans, Ordering::Relaxed);
     }
 }
 

@@ -71,7 +71,7 @@
 //! export timeout; a batch that fails is dropped (logged at most once per
 //! 10 s, never with header values). A collector that is down loses spans,
 //! not requests. [`OtlpExporter::shutdown`] exports what is left, within
-//! one export timeout.
+//! two export timeouts (the export in flight, then the flush).
 //!
 //! ```
 //! use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};

@@ -164,7 +164,7 @@ fn describe(handled: &Handled) -> (String, Vec<(&'static str, Value)>) {
     if let Some(server_id) = handled.server_id() {
         attributes.push((
             "mcp_id_guard.server_request_id",
-            Value::Str(server_id.into()),
+            Value::Str(id_as_text(server_id)),
         ));
     }
     let target = match method {
