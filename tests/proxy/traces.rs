@@ -737,3 +737,67 @@ async fn failed_exchanges_end_their_spans_in_error() -> anyhow::Result<()> {
     exporter.shutdown().await;
     Ok(())
 }
+
+/// What a hostile client writes stays bounded and never shapes a span
+/// name: an id of 10 000 characters is cut to 256 bytes, a tool name MCP
+/// does not allow is left out (the span is named after the method alone),
+/// an oversized `MCP-Protocol-Version` is left out, and two `traceparent`
+/// headers start a new trace. A batch gets one span per message, siblings
+/// under the client's span; the upstream's parent is the first one's.
+#[tokio::test]
+async fn hostile_input_stays_bounded_and_a_batch_gets_a_span_per_message() -> anyhow::Result<()> {
+    let (collector, mut received) = receiver(Collector::Accepts).await?;
+    let (upstream, mut seen) = upstream(false).await?;
+    let exporter = exporter(&format!("http://{}", collector.addr), &[]);
+    let (_front, url) = front(Some(TraceLayer::new(&exporter)), &upstream).await?;
+    let client = reqwest::Client::new();
+    let hostile_post = |body: String| {
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", "s-secret-1")
+            .header("mcp-protocol-version", "9".repeat(1000))
+            .header("traceparent", client_traceparent())
+            .header("traceparent", client_traceparent())
+            .body(body)
+            .send()
+    };
+    let long_id = format!("\"{}\"", "x".repeat(10_000));
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{long_id},"method":"tools/call","params":{{"name":"evil name\n","arguments":{{}}}}}}"#
+    );
+    let response = tokio::time::timeout(OK_TIMEOUT, hostile_post(body)).await??;
+    assert_eq!(response.status(), 200);
+    let span = spans(&mut received, 1).await.remove(0);
+    assert_eq!(span.span.name, "tools/call");
+    assert_eq!(span.attribute("gen_ai.tool.name"), None);
+    assert_eq!(span.attribute("mcp.protocol.version"), None);
+    let id = span.attribute("jsonrpc.request.id").unwrap();
+    assert!(id.len() <= 256 && id.starts_with("\"xxx"), "{}", id.len());
+    assert!(span.span.parent_span_id.is_empty());
+    assert_ne!(hex(&span.span.trace_id), CLIENT_TRACE);
+    let _ = tokio::time::timeout(WAIT_TIMEOUT, seen.recv()).await?;
+
+    let batch = format!(
+        r#"[{{"jsonrpc":"2.0","id":1,"method":"ping"}},{},{{"jsonrpc":"2.0","method":"notifications/progress","params":{{}}}}]"#,
+        tool_call("2", "echo")
+    );
+    let (status, _) = post(&url, &batch, &client_traceparent()).await?;
+    assert_eq!(status, 200);
+    let spans = spans(&mut received, 3).await;
+    let names: Vec<&str> = spans.iter().map(|span| span.span.name.as_str()).collect();
+    assert_eq!(names, ["ping", "tools/call echo", "notifications/progress"]);
+    for span in &spans {
+        assert_eq!(hex(&span.span.trace_id), CLIENT_TRACE);
+        assert_eq!(hex(&span.span.parent_span_id), CLIENT_SPAN);
+    }
+    assert_eq!(spans[2].attribute("jsonrpc.request.id"), None);
+    let saw = tokio::time::timeout(WAIT_TIMEOUT, seen.recv())
+        .await?
+        .unwrap();
+    let (_, parent, _) = parts(&saw.traceparent);
+    assert_eq!(parent, hex(&spans[0].span.span_id));
+    exporter.shutdown().await;
+    Ok(())
+}
