@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
+use crate::protect::metrics::Metrics;
 use crate::trace::context::TraceParent;
 
 /// How the exporter sends spans: endpoint, headers, resource, batching and
@@ -45,6 +46,7 @@ pub struct OtlpConfig {
     pub(crate) schedule_delay: Duration,
     pub(crate) export_timeout: Duration,
     pub(crate) sampler: Sampler,
+    pub(crate) metrics: Option<Metrics>,
 }
 
 impl fmt::Debug for OtlpConfig {
@@ -258,7 +260,16 @@ impl OtlpConfig {
             schedule_delay: Duration::from_millis(schedule_delay.max(1)),
             export_timeout: Duration::from_millis(export_timeout.max(1)),
             sampler,
+            metrics: None,
         }))
+    }
+
+    /// Counts exported and dropped spans into `metrics` too
+    /// (`mcp_id_guard_trace_spans_exported_total`,
+    /// `mcp_id_guard_trace_spans_dropped_total`), for a `/metrics` endpoint.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Where spans are sent.

@@ -47,7 +47,14 @@ impl OtlpExporter {
     /// Outside a Tokio runtime.
     pub fn start(config: OtlpConfig) -> Self {
         let (sender, receiver) = mpsc::channel(config.max_queue_size);
-        let counts = Arc::new(Counts::default());
+        let counts = Arc::new(Counts {
+            metrics: config.metrics.clone(),
+            ..Counts::default()
+        });
+        if let Some(metrics) = &counts.metrics {
+            // The counters appear, at zero.
+            metrics.spans(0, 0);
+        }
         let (stop, stopped) = oneshot::channel();
         let export_timeout = config.export_timeout;
         let tracer = Arc::new(Tracer::new(sender, config.sampler, Arc::clone(&counts)));
@@ -144,10 +151,7 @@ async fn run(
     let bound = collector.config.export_timeout;
     if timeout(bound, flush).await.is_err() {
         let left = batch.len() + receiver.len();
-        collector
-            .counts
-            .dropped
-            .fetch_add(left as u64, Ordering::Relaxed);
+        collector.counts.dropped(left as u64);
     }
 }
 
@@ -175,7 +179,7 @@ impl Collector {
         match outcome {
             Ok(()) => {
                 let spans = std::mem::take(&mut in_flight.spans);
-                self.counts.exported.fetch_add(spans, Ordering::Relaxed);
+                self.counts.exported(spans);
             }
             Err(error) => {
                 if let Some(not_logged) = self.counts.throttle.ready(EXPORT_FAILED) {
@@ -254,7 +258,7 @@ struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.counts.dropped.fetch_add(self.spans, Ordering::Relaxed);
+        self.counts.dropped(self.spans);
     }
 }
 

@@ -65,7 +65,9 @@
 //!
 //! Finished spans go into a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`); a
 //! request never waits for it: when it is full the span is dropped and
-//! counted ([`OtlpExporter::dropped_spans`]). A background task posts them
+//! counted ([`OtlpExporter::dropped_spans`]; with
+//! [`OtlpConfig::metrics`], also in `mcp_id_guard_trace_spans_dropped_total`
+//! and `…_exported_total` of a [`Metrics`](crate::protect::metrics::Metrics)). A background task posts them
 //! in batches (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, every
 //! `OTEL_BSP_SCHEDULE_DELAY`), one export at a time, each bounded by the
 //! export timeout; a batch that fails is dropped (logged at most once per

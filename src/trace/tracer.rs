@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use crate::protect::metrics::Metrics;
 use crate::throttle::Throttle;
 use crate::trace::config::Sampler;
 use crate::trace::context::Minter;
@@ -42,7 +43,7 @@ impl Tracer {
     /// Queues a finished span, or drops it when the queue is full.
     pub(crate) fn send(&self, span: SpanRecord) {
         if self.sender.try_send(span).is_err() {
-            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            self.counts.dropped(1);
             if let Some(not_logged) = self.counts.throttle.ready(QUEUE_FULL) {
                 tracing::warn!(
                     not_logged,
@@ -59,4 +60,22 @@ pub(crate) struct Counts {
     pub(crate) exported: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) throttle: Throttle<2>,
+    /// Where they are counted too, for a `/metrics` endpoint.
+    pub(crate) metrics: Option<Metrics>,
+}
+
+impl Counts {
+    pub(crate) fn exported(&self, spans: u64) {
+        self.exported.fetch_add(spans, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.spans(spans, 0);
+        }
+    }
+
+    pub(crate) fn dropped(&self, spans: u64) {
+        self.dropped.fetch_add(spans, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.spans(0, spans);
+        }
+    }
 }

@@ -20,6 +20,7 @@ use http::{HeaderMap, Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
+use mcp_id_guard::protect::metrics::Metrics;
 use mcp_id_guard::proxy::Proxy;
 use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
 use mcp_id_guard::IdGuardLayer;
@@ -293,12 +294,17 @@ async fn upstream(pair: bool) -> anyhow::Result<(Served, mpsc::UnboundedReceiver
 
 /// The exporter with the test's short settings, to `endpoint`.
 fn exporter(endpoint: &str, more: &[(&str, &str)]) -> OtlpExporter {
+    OtlpExporter::start(config(endpoint, more))
+}
+
+/// The test's short settings, to `endpoint`.
+fn config(endpoint: &str, more: &[(&str, &str)]) -> OtlpConfig {
     let endpoint = endpoint.to_owned();
     let more: Vec<(String, String)> = more
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    let config = OtlpConfig::from_vars(|name| {
+    OtlpConfig::from_vars(|name| {
         if name == "OTEL_EXPORTER_OTLP_ENDPOINT" {
             return Some(endpoint.clone());
         }
@@ -314,8 +320,7 @@ fn exporter(endpoint: &str, more: &[(&str, &str)]) -> OtlpExporter {
             .or(short.map(str::to_owned))
     })
     .expect("valid settings")
-    .expect("an endpoint");
-    OtlpExporter::start(config)
+    .expect("an endpoint")
 }
 
 /// `layer` (the trace layer, or none) in front of the guard and a proxy
@@ -637,7 +642,8 @@ async fn a_collector_that_is_down_loses_spans_not_requests() -> anyhow::Result<(
         format!("http://{}", hanging.addr),
         format!("http://{}", failing.addr),
     ] {
-        let exporter = exporter(&endpoint, &tiny);
+        let metrics = Metrics::new();
+        let exporter = OtlpExporter::start(config(&endpoint, &tiny).metrics(metrics.clone()));
         let (_front, url) = front(Some(TraceLayer::new(&exporter)), &upstream).await?;
         for id in 0..REQUESTS {
             let (status, answer) = post(
@@ -654,6 +660,15 @@ async fn a_collector_that_is_down_loses_spans_not_requests() -> anyhow::Result<(
         assert!(stopped.is_ok(), "{endpoint}: shutdown hung");
         assert_eq!(exporter.exported_spans(), 0, "{endpoint}");
         assert_eq!(exporter.dropped_spans(), REQUESTS, "{endpoint}");
+        let mut scrape = String::new();
+        metrics.encode(None, &mut scrape);
+        assert!(
+            scrape.contains(&format!(
+                "mcp_id_guard_trace_spans_dropped_total {REQUESTS}\n"
+            )),
+            "{scrape}"
+        );
+        assert!(scrape.contains("mcp_id_guard_trace_spans_exported_total 0\n"));
     }
     Ok(())
 }

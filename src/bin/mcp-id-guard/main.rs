@@ -102,7 +102,7 @@ async fn run(args: Args) -> Result<(), String> {
             "exporting traces to {} (OTLP/HTTP protobuf)",
             config.endpoint()
         );
-        OtlpExporter::start(config)
+        OtlpExporter::start(config.metrics(metrics.clone()))
     });
     if let Some(address) = args.admin_listen {
         let listener = TcpListener::bind(address)

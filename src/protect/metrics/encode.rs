@@ -32,6 +32,12 @@ pub(super) fn all(recorded: &Recorded, stats: Option<&Stats>, out: &mut String) 
         names::CLIENT_CONNECTIONS,
         recorded.connections.load(Ordering::Relaxed),
     );
+    if recorded.traced.load(Ordering::Relaxed) {
+        let exported = recorded.spans_exported.load(Ordering::Relaxed);
+        single(out, names::TRACE_SPANS_EXPORTED, exported);
+        let dropped = recorded.spans_dropped.load(Ordering::Relaxed);
+        single(out, names::TRACE_SPANS_DROPPED, dropped);
+    }
     out.push_str("# EOF\n");
 }
 
