@@ -31,7 +31,12 @@
 //!
 //! A span starts when the request arrives and ends when its response body
 //! ends or is dropped: a queued duplicate's wait counts, and an answer
-//! streamed as server-sent events is covered until the stream ends. A POST
+//! streamed as server-sent events is covered until the stream ends (a
+//! server that keeps a POST's stream open after its answer keeps the span
+//! open; a client that then leaves makes it `response_incomplete`). A POST
+//! the guard does not read (no session yet, as an `initialize`; revision
+//! 2026-07-28) gets one span, under the method its `Mcp-Method` header
+//! names, else `other`, with no request id. A POST
 //! with no message that has a method (only client responses), or whose
 //! response carries no `Exchange` (no guard inside), gets one span named
 //! `POST`. `GET` and `DELETE` get none and pass untouched.
