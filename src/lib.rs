@@ -240,6 +240,7 @@
 //! | `server` | [`server::Server`]: the connection-level protections (head, keep-alive and send timeouts, request and reset budgets per connection, connection cap, graceful shutdown) around any tower service |
 //! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy` and `server`) |
 //! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
+//! | `otel` | [`trace`]: OpenTelemetry traces, one span per JSON-RPC message, exported over OTLP/HTTP (enabled by `cli`) |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -290,3 +291,7 @@ pub mod proxy;
 #[cfg(feature = "server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
+
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod trace;

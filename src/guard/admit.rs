@@ -11,7 +11,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::guard::body::RequestBody;
-use crate::guard::exchange::{tool_label, Exchange, GuardDecision, WantsToolNames};
+use crate::guard::exchange::{
+    id_text, tool_label, Exchange, GuardDecision, WantsRequestIds, WantsToolNames,
+};
 use crate::table::config::Config;
 use crate::table::{Decision, InlineVec, Registration, Route, Table, Waiter};
 use crate::wire::answer;
@@ -141,14 +143,22 @@ pub(crate) fn admit<B>(
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
-    // A layer outside asked for the tool names of `tools/call`s.
-    let tools = pending.parts.extensions.get::<WantsToolNames>().is_some();
     let (id_ranges, ids) = InlineVec::collect(peeked.request_ids(&body)).unzip();
+    // What layers outside asked for: the tool names of `tools/call`s (the
+    // metrics layer), each request's ids (the trace layer).
+    let extensions = &pending.parts.extensions;
+    let wants = Wants {
+        tools: extensions.get::<WantsToolNames>().is_some(),
+        ids: extensions
+            .get::<WantsRequestIds>()
+            .is_some()
+            .then_some(&ids[..]),
+    };
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {
         // Requests are refused below, by the table; a body without any is
         // refused here, so nothing in such a session reaches the server.
-        *exchange = all_refused(&peeked, &body, tools);
+        *exchange = all_refused(&peeked, &body, &wants);
         return Admission::Answer(session_id_refusal(table, session, &ids, is_batch, config));
     }
 
@@ -162,8 +172,10 @@ pub(crate) fn admit<B>(
         ids: &ids,
         is_batch,
     };
-    // What became of each request, in order.
+    // What became of each request, in order, and the server-side id of
+    // each remapped one when asked for.
     let decisions: InlineVec<GuardDecision>;
+    let mut server_ids: InlineVec<Option<Box<str>>> = InlineVec::default();
     let (registration, restore, queued) = match admission {
         None => {
             decisions = InlineVec::default();
@@ -186,12 +198,20 @@ pub(crate) fn admit<B>(
                 Route::AsIs => GuardDecision::Passed,
                 Route::Remapped { .. } => GuardDecision::Remapped,
             }));
+            if wants.ids.is_some() {
+                server_ids = InlineVec::collect(routes.iter().map(|route| match route {
+                    Route::AsIs => None,
+                    Route::Remapped { server_id, .. } => {
+                        Some(String::from_utf8_lossy(server_id).into())
+                    }
+                }));
+            }
             let remapped = asked.remap(&mut pending, &id_ranges, routes);
             pending.reads_response();
             (Some(registration), remapped, None)
         }
         Some(refused) => {
-            *exchange = refused_exchange(&refused, &peeked, &body, tools);
+            *exchange = refused_exchange(&refused, &peeked, &body, &wants);
             return Admission::Answer(asked.refusal(refused));
         }
     };
@@ -199,12 +219,13 @@ pub(crate) fn admit<B>(
     *exchange = handled(
         &peeked,
         &body,
-        tools,
+        &wants,
         |request| {
-            decisions
+            let decision = decisions
                 .get(request)
                 .copied()
-                .unwrap_or(GuardDecision::Passed)
+                .unwrap_or(GuardDecision::Passed);
+            (decision, server_ids.get(request).cloned().flatten())
         },
         |message| {
             if cancelled.contains(&message) {
@@ -262,20 +283,29 @@ fn screen(
 
 /// What became of each message of a POST the table refused: its
 /// notifications are refused with it.
-fn refused_exchange(refused: &Decision, peeked: &Peeked, body: &[u8], tools: bool) -> Exchange {
+fn refused_exchange(refused: &Decision, peeked: &Peeked, body: &[u8], wants: &Wants) -> Exchange {
     match refused {
         Decision::Duplicate { colliding } => handled(
             peeked,
             body,
-            tools,
+            wants,
             |request| match colliding.get(request) {
-                Some(true) => GuardDecision::Rejected,
-                _ => GuardDecision::Refused,
+                Some(true) => (GuardDecision::Rejected, None),
+                _ => (GuardDecision::Refused, None),
             },
             |_| GuardDecision::Refused,
         ),
-        _ => all_refused(peeked, body, tools),
+        _ => all_refused(peeked, body, wants),
     }
+}
+
+/// What layers outside the guard asked it to note for each message.
+struct Wants<'a> {
+    /// The tool name of each `tools/call`.
+    tools: bool,
+    /// Each request's id (the POST's request ids, in order), server-side
+    /// id and the name a `tools/call` or `prompts/get` names.
+    ids: Option<&'a [&'a str]>,
 }
 
 /// A POST's requests as the table was asked about them.
@@ -410,14 +440,14 @@ fn cancel(
 }
 
 /// What became of each message of a read body that has a method, in order:
-/// `request(i)` for its `i`-th request, `notification(index)` for the
-/// notification at `index` among the messages; with the tool name of each
-/// `tools/call` when `tools`.
+/// `request(i)` for its `i`-th request (with its server-side id, if any),
+/// `notification(index)` for the notification at `index` among the
+/// messages; with what `wants` asks for.
 fn handled(
     peeked: &Peeked,
     body: &[u8],
-    tools: bool,
-    request: impl Fn(usize) -> GuardDecision,
+    wants: &Wants,
+    request: impl Fn(usize) -> (GuardDecision, Option<Box<str>>),
     notification: impl Fn(usize) -> GuardDecision,
 ) -> Exchange {
     let mut exchange = Exchange::default();
@@ -426,21 +456,28 @@ fn handled(
         let Some(method) = message.method.clone() else {
             continue;
         };
-        let decision = match message.kind {
+        let (decision, ids) = match message.kind {
             Kind::Request => {
                 requests += 1;
-                request(requests - 1)
+                let (decision, server_id) = request(requests - 1);
+                let client_id = wants.ids.and_then(|ids| ids.get(requests - 1));
+                (decision, client_id.map(|id| (id_text(id), server_id)))
             }
-            _ => notification(index),
+            _ => (notification(index), None),
         };
         let method = McpMethod::from_token(&body[method]);
-        let tool = match (&message.params, method) {
-            (Some(params), McpMethod::ToolsCall) if tools => {
+        let named = match method {
+            McpMethod::ToolsCall => wants.tools || wants.ids.is_some(),
+            McpMethod::PromptsGet => wants.ids.is_some(),
+            _ => false,
+        };
+        let name = match &message.params {
+            Some(params) if named => {
                 tool_name(body, params.clone()).and_then(|name| tool_label(&name))
             }
             _ => None,
         };
-        exchange.push(method, decision, tool);
+        exchange.push(method, decision, name, ids);
     }
     exchange
 }
@@ -464,12 +501,12 @@ fn session_id_refusal(
 }
 
 /// A read body the guard answers itself: every message refused.
-fn all_refused(peeked: &Peeked, body: &[u8], tools: bool) -> Exchange {
+fn all_refused(peeked: &Peeked, body: &[u8], wants: &Wants) -> Exchange {
     handled(
         peeked,
         body,
-        tools,
-        |_| GuardDecision::Refused,
+        wants,
+        |_| (GuardDecision::Refused, None),
         |_| GuardDecision::Refused,
     )
 }

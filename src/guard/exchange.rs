@@ -60,13 +60,26 @@ impl GuardDecision {
     }
 }
 
-/// One message of a POST: its method, what the guard did with it, and for
-/// a `tools/call` the tool's name when a layer outside asked for it.
+/// One message of a POST: its method, what the guard did with it, and,
+/// when a layer outside asked for them, the name a `tools/call` or
+/// `prompts/get` names and a request's ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handled {
     method: McpMethod,
     decision: GuardDecision,
-    tool: Option<Box<str>>,
+    /// `params.name` of a `tools/call` or a `prompts/get`.
+    name: Option<Box<str>>,
+    /// Only when asked ([`WantsRequestIds`]): boxed, so the common
+    /// message costs one pointer for them.
+    ids: Option<Box<RequestIds>>,
+}
+
+/// A request's id as the client wrote it and, when remapped, as the server
+/// saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RequestIds {
+    client: Box<str>,
+    server: Option<Box<str>>,
 }
 
 impl Handled {
@@ -86,8 +99,50 @@ impl Handled {
     /// and only a name as MCP allows them (1 to 128 ASCII letters, digits,
     /// `_`, `-` and `.`): anything else, and any other message, has none.
     pub fn tool(&self) -> Option<&str> {
-        self.tool.as_deref()
+        self.name
+            .as_deref()
+            .filter(|_| self.method == McpMethod::ToolsCall)
     }
+
+    /// A `prompts/get`'s `params.name`, read only when a layer outside the
+    /// guard asked for request ids (the trace layer, feature `otel`), and
+    /// only a name as [`tool`](Self::tool) allows.
+    pub fn prompt(&self) -> Option<&str> {
+        self.name
+            .as_deref()
+            .filter(|_| self.method == McpMethod::PromptsGet)
+    }
+
+    /// A request's `id` as its JSON text (`1`, `"a"`), cut to at most 256
+    /// bytes; only when a layer outside the guard asked for
+    /// request ids (the trace layer, feature `otel`). Notifications have
+    /// none.
+    pub fn request_id(&self) -> Option<&str> {
+        self.ids.as_ref().map(|ids| &*ids.client)
+    }
+
+    /// The server-side id a [`Remapped`](GuardDecision::Remapped) request
+    /// went to the server with (JSON text), when request ids were asked for.
+    /// A request queued under `rewrite_all_ids` gets its server-side id when
+    /// its turn comes, after this account was written: it has none here.
+    pub fn server_id(&self) -> Option<&str> {
+        self.ids.as_ref().and_then(|ids| ids.server.as_deref())
+    }
+}
+
+/// The most bytes of a request id's text an [`Exchange`] keeps
+/// ([`Handled::request_id`]): ids are the client's to choose, up to the body
+/// limit.
+pub(crate) const MAX_ID_TEXT: usize = 256;
+
+/// An id's text cut to at most [`MAX_ID_TEXT`] bytes, at a character
+/// boundary.
+pub(crate) fn id_text(id: &str) -> Box<str> {
+    let mut end = id.len().min(MAX_ID_TEXT);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    id[..end].into()
 }
 
 /// The request extension by which a layer outside the guard asks it to read
@@ -95,6 +150,14 @@ impl Handled {
 /// envelope, at the cost of a second pass over the call's `params`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WantsToolNames;
+
+/// The request extension by which a layer outside the guard asks it for
+/// each request's id, the server-side id of a remapped one, and the name a
+/// `tools/call` or `prompts/get` names (the trace layer): a copy of at most
+/// [`MAX_ID_TEXT`] bytes per id, and a second pass over the call's `params`.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+pub(crate) struct WantsRequestIds;
 
 /// Put in a request's extensions by a layer outside the guard that reads the
 /// [`Exchange`] of its response (as
@@ -165,21 +228,26 @@ impl Exchange {
             handled: InlineVec::One([Handled {
                 method,
                 decision,
-                tool: None,
+                name: None,
+                ids: None,
             }]),
         }
     }
 
+    /// One more message; `ids`: the request's id text (cut with
+    /// [`id_text`]) and its server-side id, when asked for.
     pub(crate) fn push(
         &mut self,
         method: McpMethod,
         decision: GuardDecision,
-        tool: Option<Box<str>>,
+        name: Option<Box<str>>,
+        ids: Option<(Box<str>, Option<Box<str>>)>,
     ) {
         self.handled.push(Handled {
             method,
             decision,
-            tool,
+            name,
+            ids: ids.map(|(client, server)| Box::new(RequestIds { client, server })),
         });
     }
 

@@ -232,7 +232,7 @@ pub(crate) enum Restored {
 
 /// 64 random bits from the OS-seeded `RandomState`, mixed with the time and
 /// the process id (processes started from one image separate).
-fn random_word(salt: u64) -> u64 {
+pub(crate) fn random_word(salt: u64) -> u64 {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u64(salt);
     hasher.write_u32(std::process::id());

@@ -27,3 +27,6 @@ mod replicas;
 mod resets;
 mod rmcp;
 mod streaming;
+// OpenTelemetry traces exported to an OTLP receiver the tests start.
+#[cfg(feature = "otel")]
+mod traces;

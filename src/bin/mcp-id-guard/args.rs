@@ -15,6 +15,16 @@ use clap::{Parser, ValueEnum};
 ///
 /// Is a server affected? `mcp-id-guard probe URL` checks one, bare or behind
 /// this proxy (see `mcp-id-guard probe --help`).
+///
+/// OpenTelemetry traces (one span per JSON-RPC message, continuing the
+/// client's traceparent) go to an OTLP/HTTP collector when
+/// OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is
+/// set: plain http:// and http/protobuf only, so point it at a local
+/// collector. Also read: OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT,
+/// OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG),
+/// OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+/// OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_EXPORT_TIMEOUT, OTEL_SDK_DISABLED,
+/// OTEL_TRACES_EXPORTER (otlp or none).
 #[derive(Debug, Parser)]
 #[command(name = "mcp-id-guard", version)]
 pub(crate) struct Args {

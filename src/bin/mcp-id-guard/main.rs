@@ -7,8 +7,9 @@
 //!
 //! Everything that protects the upstream is the library's; this program
 //! reads the flags (`args`, `settings`) and composes, per client
-//! connection: metrics, the head-size, Host/Origin and body-pace checks,
-//! the id guard, the proxy, served by `mcp_id_guard::server`.
+//! connection: traces (when `OTEL_*` configures them), metrics, the
+//! head-size, Host/Origin and body-pace checks, the id guard, the proxy,
+//! served by `mcp_id_guard::server`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use clap::Parser;
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::protect::HostLayer;
+use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;
@@ -78,6 +80,7 @@ async fn run(args: Args) -> Result<(), String> {
     );
     let proxy = args.proxy(max_upstream)?;
     let guard = args.guard()?;
+    let traces = OtlpConfig::from_env().map_err(|error| format!("OpenTelemetry: {error}"))?;
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -94,6 +97,13 @@ async fn run(args: Args) -> Result<(), String> {
     args.log_limits(max_connections, descriptors, max_upstream);
 
     let metrics = Metrics::new();
+    let exporter = traces.map(|config| {
+        tracing::info!(
+            "exporting traces to {} (OTLP/HTTP protobuf)",
+            config.endpoint()
+        );
+        OtlpExporter::start(config.metrics(metrics.clone()))
+    });
     if let Some(address) = args.admin_listen {
         let listener = TcpListener::bind(address)
             .await
@@ -112,9 +122,16 @@ async fn run(args: Args) -> Result<(), String> {
         tokio::spawn(admin::serve(listener, Arc::new(admin), head_timeout));
     }
 
-    // Per request, outermost first: metrics see every answer; the cheap
-    // checks run before the guard reads a body.
+    // Per request, outermost first: a span starts as the request arrives
+    // (time in every layer counts, a slow body's too) and ends with the
+    // response body; metrics see every answer; the cheap checks run before
+    // the guard reads a body.
     let per_request = ServiceBuilder::new()
+        .layer(
+            exporter
+                .as_ref()
+                .map_or_else(TraceLayer::disabled, TraceLayer::new),
+        )
         .layer(MetricsLayer::new(metrics.clone()).tool_names(args.metrics_tool_names))
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
@@ -132,6 +149,15 @@ async fn run(args: Args) -> Result<(), String> {
         per_request.service(proxy)
     };
     server.serve(listener, make_service, shutdown).await;
+    if let Some(exporter) = exporter {
+        // Bounded by the export timeout.
+        exporter.shutdown().await;
+        tracing::info!(
+            exported = exporter.exported_spans(),
+            dropped = exporter.dropped_spans(),
+            "trace exporter stopped"
+        );
+    }
     Ok(())
 }
 

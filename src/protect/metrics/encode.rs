@@ -32,6 +32,12 @@ pub(super) fn all(recorded: &Recorded, stats: Option<&Stats>, out: &mut String) 
         names::CLIENT_CONNECTIONS,
         recorded.connections.load(Ordering::Relaxed),
     );
+    if recorded.traced.load(Ordering::Relaxed) {
+        let exported = recorded.spans_exported.load(Ordering::Relaxed);
+        single(out, names::TRACE_SPANS_EXPORTED, exported);
+        let dropped = recorded.spans_dropped.load(Ordering::Relaxed);
+        single(out, names::TRACE_SPANS_DROPPED, dropped);
+    }
     out.push_str("# EOF\n");
 }
 
@@ -169,8 +175,8 @@ mod tests {
 
         let metrics = Metrics::new();
         let mut batch = Exchange::one(McpMethod::ToolsCall, GuardDecision::Remapped);
-        batch.push(McpMethod::Ping, GuardDecision::Passed, None);
-        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None);
+        batch.push(McpMethod::Ping, GuardDecision::Passed, None, None);
+        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None, None);
         let mut response = http::Response::new(());
         response.extensions_mut().insert(batch);
         metrics.answered(&response, Duration::from_millis(3), 0);

@@ -55,7 +55,7 @@
 //! # }
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +97,11 @@ struct Recorded {
     /// The tool names with series of their own.
     tools: ToolNames,
     connections: AtomicU64,
+    /// Spans of the trace exporter (feature `otel`), written only once an
+    /// exporter records into these metrics.
+    traced: AtomicBool,
+    spans_exported: AtomicU64,
+    spans_dropped: AtomicU64,
 }
 
 impl Metrics {
@@ -167,6 +172,18 @@ impl Metrics {
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn client_reset(&self) {
         self.recorded.client_resets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Spans the trace exporter saw exported and dropped (from now on,
+    /// the two counters are written).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn spans(&self, exported: u64, dropped: u64) {
+        let recorded = &*self.recorded;
+        recorded.traced.store(true, Ordering::Relaxed);
+        recorded
+            .spans_exported
+            .fetch_add(exported, Ordering::Relaxed);
+        recorded.spans_dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 
     /// A client connection opened; it counts as open until the returned
