@@ -4,7 +4,8 @@
 //! and values sit. It never parses a value: strings are skipped with memchr
 //! over quotes and backslashes (the first few bytes looked at one by one:
 //! most strings are short), nested objects and arrays by counting their own
-//! brackets outside strings, scalars up to the next delimiter.
+//! brackets outside strings, 64 bytes at a time (`blocks`, `nested`),
+//! scalars up to the next delimiter.
 //!
 //! Counting only `{}` inside an object (or only `[]` inside an array) finds
 //! the right end in every well-formed text. A malformed one is either caught
@@ -12,7 +13,12 @@
 //! only inside a value that every JSON parser the guard fronts refuses
 //! anyway.
 
+mod blocks;
+mod nested;
+
 use std::ops::Range;
+
+use blocks::Nest;
 
 /// What the scanner reports, in input order, with offsets from the start of
 /// the text.
@@ -173,11 +179,7 @@ enum Token {
     },
     Nested {
         role: Role,
-        open: u8,
-        close: u8,
-        depth: usize,
-        in_string: bool,
-        escape: bool,
+        nest: Nest,
     },
 }
 
@@ -192,6 +194,10 @@ pub(crate) struct Scanner {
     offset: usize,
     /// The key being read.
     key: KeyPrefix,
+    /// Nested values are read by the byte path alone: the reference the
+    /// block index is tested against.
+    #[cfg(test)]
+    bytes_only: bool,
 }
 
 impl Default for Scanner {
@@ -202,6 +208,8 @@ impl Default for Scanner {
             batch: false,
             offset: 0,
             key: KeyPrefix::default(),
+            #[cfg(test)]
+            bytes_only: false,
         }
     }
 }
@@ -421,11 +429,13 @@ impl Scanner {
             },
             b'{' | b'[' => Token::Nested {
                 role,
-                open: byte,
-                close: if byte == b'{' { b'}' } else { b']' },
-                depth: 1,
-                in_string: false,
-                escape: false,
+                nest: Nest {
+                    open: byte,
+                    close: if byte == b'{' { b'}' } else { b']' },
+                    depth: 1,
+                    in_string: false,
+                    escape: false,
+                },
             },
             _ => Token::Scalar { role },
         };
@@ -490,65 +500,28 @@ impl Scanner {
     fn nested<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        mut at: usize,
+        at: usize,
         base: usize,
         events: &mut S,
     ) -> usize {
-        let Token::Nested {
-            role,
-            open,
-            close,
-            mut depth,
-            mut in_string,
-            mut escape,
-        } = self.token
-        else {
+        let Token::Nested { role, ref mut nest } = self.token else {
             unreachable!("called only inside a nested value");
         };
-        while at < chunk.len() {
-            if in_string {
-                if escape {
-                    escape = false;
-                    at += 1;
-                    continue;
-                }
-                let Some(found) = find2(b'"', b'\\', &chunk[at..]) else {
-                    break;
-                };
-                if chunk[at + found] == b'\\' {
-                    escape = true;
-                } else {
-                    in_string = false;
-                }
-                at += found + 1;
-                continue;
-            }
-            let Some(found) = find3(b'"', open, close, &chunk[at..]) else {
-                break;
-            };
-            let byte = chunk[at + found];
-            at += found + 1;
-            if byte == b'"' {
-                in_string = true;
-            } else if byte == open {
-                depth += 1;
-            } else {
-                depth -= 1;
-                if depth == 0 {
-                    self.end_token(role, base + at, events);
-                    return at;
-                }
-            }
-        }
-        self.token = Token::Nested {
-            role,
-            open,
-            close,
-            depth,
-            in_string,
-            escape,
+        #[cfg(test)]
+        let closed = if self.bytes_only {
+            nest.bytes(chunk, at)
+        } else {
+            nest.skip(chunk, at)
         };
-        chunk.len()
+        #[cfg(not(test))]
+        let closed = nest.skip(chunk, at);
+        match closed {
+            Some(end) => {
+                self.end_token(role, base + end, events);
+                end
+            }
+            None => chunk.len(),
+        }
     }
 
     /// A value (or element) token ended just before `end`.
