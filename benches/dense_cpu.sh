@@ -13,6 +13,10 @@
 #          \"quoted\" words\nand a newline"},...]} (the items of
 #          benches/guard.rs)
 #   long:  arguments {"sentinel":"s","fill":"xxxx..."}
+# and, with SHAPES, two long strings with escapes:
+#   text:   a document, lines of words, "\n" every 70 bytes or so
+#   quoted: the dense items as JSON quoted in one string (every quote and
+#           backslash escaped), as a tool returns structured content in text
 # and checks each answer (200, its own id, ECHO:s). The proxy's CPU time
 # (utime + stime from /proc/<pid>/stat, user and kernel) is read before and
 # after MIB_PER_SHAPE MiB of each shape, after a warm-up; it includes
@@ -27,14 +31,16 @@
 #   CALLGRIND=1 benches/dense_cpu.sh
 #   PROXY_BIN=/path/to/other/mcp-id-guard CALLGRIND=1 benches/dense_cpu.sh
 #
-# Environment: BODY_BYTES (1048576), MIB_PER_SHAPE (256), ROUNDS (3: the
-# shapes alternate, dense then long, per round), CALLGRIND (0),
+# Environment: SHAPES ("dense long"; also text, quoted), BODY_BYTES
+# (1048576), MIB_PER_SHAPE (256; 0: callgrind only), ROUNDS (3: the shapes
+# alternate, in SHAPES order, per round), CALLGRIND (0),
 # CALLGRIND_MIB (16), PROXY_BIN (a proxy binary to measure instead of
 # building this checkout's), PROXY_ARGS (extra flags for mcp-id-guard).
 # Installs valgrind from Debian when CALLGRIND=1 and it is missing (needs
 # root). Loopback only.
 set -euo pipefail
 
+SHAPES=${SHAPES:-dense long}
 BODY_BYTES=${BODY_BYTES:-1048576}
 MIB_PER_SHAPE=${MIB_PER_SHAPE:-256}
 ROUNDS=${ROUNDS:-3}
@@ -74,9 +80,9 @@ def body(members):
 def frame_len():
     return len(body("").replace("ID", str(first_id)))
 
-def dense(length):
-    # `"items":[` + items + `]`, padded with spaces where the last item ends.
-    items, n, total = [], 0, len('"items":[]')
+def items(length):
+    # `[` + items + `]`, at most `length` bytes.
+    items, n, total = [], 0, len('[]')
     while True:
         item = ('{"n":%d,"name":"item-%d","ok":true,"score":%d.25,"tags":["alpha","beta"],'
                 '"text":"line %d: \\"quoted\\" words\\nand a newline"}' % (n, n, n * 7, n))
@@ -86,12 +92,33 @@ def dense(length):
         items.append(item)
         total += extra
         n += 1
-    return '"items":[' + ",".join(items) + "]" + " " * (length - total)
+    return "[" + ",".join(items) + "]"
+
+def dense(length):
+    # Padded with spaces where the last item ends.
+    array = items(length - len('"items":'))
+    return '"items":' + array + " " * (length - len('"items":') - len(array))
+
+def fill(length, text):
+    # `"fill":"` + text + `"`, the text cut to size on a whole escape.
+    room = length - len('"fill":""')
+    text = (text * (room // len(text) + 1))[:room]
+    while (len(text) - len(text.rstrip("\\"))) % 2 == 1:
+        text = text[:-1] + "x"
+    return '"fill":"' + text + '"'
 
 def long(length):
-    return '"fill":"' + "x" * (length - len('"fill":""')) + '"'
+    return fill(length, "x")
 
-members = (dense if shape == "dense" else long)(size - frame_len())
+def text(length):
+    line = "line of a document with some words in it, as a file or a page reads\\n"
+    return fill(length, line)
+
+def quoted(length):
+    inner = json.dumps(items(length // 2 + 4096))[1:-1]
+    return fill(length, inner + "\\n")
+
+members = {"dense": dense, "long": long, "text": text, "quoted": quoted}[shape](size - frame_len())
 template = body(members).encode()
 assert len(template.replace(b"ID", str(first_id).encode())) == size, "body size"
 json.loads(template.replace(b"ID", b"1"))
@@ -148,48 +175,47 @@ tick=$(getconf CLK_TCK)
 count=$(((MIB_PER_SHAPE * 1048576 + BODY_BYTES - 1) / BODY_BYTES))
 mib=$(python3 -c "print($count * $BODY_BYTES / 1048576)")
 
-start_proxy
-send dense 8
-send long 8
-declare -A ticks=([dense]=0 [long]=0)
-for round in $(seq "$ROUNDS"); do
-    for shape in dense long; do
-        before=$(cpu_ticks)
-        send "$shape" "$count"
-        after=$(cpu_ticks)
-        ticks[$shape]=$((ticks[$shape] + after - before))
-        echo "round $round, $shape: $(python3 -c "print(f'{($after - $before) * 1000 / $tick / $mib:.3f}')") ms/MiB" >&2
+if [ "$MIB_PER_SHAPE" != 0 ]; then
+    start_proxy
+    declare -A ticks=()
+    for shape in $SHAPES; do
+        send "$shape" 8
+        ticks[$shape]=0
     done
-done
-kill "$proxy_pid"
-wait "$proxy_pid" 2>/dev/null || true
-
-python3 - "${ticks[dense]}" "${ticks[long]}" "$tick" "$mib" "$ROUNDS" "$BODY_BYTES" <<'EOF'
-import sys
-dense, long, tick, mib, rounds, size = (float(v) for v in sys.argv[1:])
-per = lambda ticks: ticks * 1000 / tick / (mib * rounds)
-print(f"body {int(size)} B, {mib * rounds:.0f} MiB per shape, proxy CPU (user + kernel):")
-print(f"  dense: {per(dense):.3f} ms/MiB")
-print(f"  long:  {per(long):.3f} ms/MiB")
-print(f"  dense - long: {per(dense) - per(long):.3f} ms/MiB, dense / long: {per(dense) / per(long):.2f}")
-EOF
+    for round in $(seq "$ROUNDS"); do
+        for shape in $SHAPES; do
+            before=$(cpu_ticks)
+            send "$shape" "$count"
+            after=$(cpu_ticks)
+            ticks[$shape]=$((ticks[$shape] + after - before))
+            echo "round $round, $shape: $(python3 -c "print(f'{($after - $before) * 1000 / $tick / $mib:.3f}')") ms/MiB" >&2
+        done
+    done
+    kill "$proxy_pid"
+    wait "$proxy_pid" 2>/dev/null || true
+    echo "body $BODY_BYTES B, $(python3 -c "print(f'{$mib * $ROUNDS:.0f}')") MiB per shape, proxy CPU (user + kernel), ms/MiB:"
+    for shape in $SHAPES; do
+        python3 -c "print(f'  {\"$shape\":6}  {${ticks[$shape]} * 1000 / $tick / ($mib * $ROUNDS):.3f}')"
+    done
+fi
 
 if [ "$CALLGRIND" = 1 ]; then
     cg_count=$(((CALLGRIND_MIB * 1048576 + BODY_BYTES - 1) / BODY_BYTES))
     cg_mib=$(python3 -c "print($cg_count * $BODY_BYTES / 1048576)")
     start_proxy valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out"
-    send dense 2
-    send long 2
+    for shape in $SHAPES; do
+        send "$shape" 2
+    done
     echo "user-space instructions per MiB (callgrind, $cg_mib MiB per shape):"
     part=0
-    for shape in dense long; do
+    for shape in $SHAPES; do
         callgrind_control --zero "$proxy_pid" >/dev/null 2>&1
         send "$shape" "$cg_count"
         callgrind_control --dump "$proxy_pid" >/dev/null 2>&1
         part=$((part + 1))
         total=$(callgrind_annotate --threshold=100 "$work/callgrind.out.$part" 2>/dev/null \
             | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
-        python3 -c "print(f'  {\"$shape\":5}  {$total / $cg_mib:,.0f}')"
+        python3 -c "print(f'  {\"$shape\":6}  {$total / $cg_mib:,.0f}')"
     done
     kill "$proxy_pid"
     wait "$proxy_pid" 2>/dev/null || true

@@ -47,8 +47,9 @@ pub(super) enum Stop {
     /// The block at this offset holds a backslash outside a string: the byte
     /// path reads it.
     Bytes(usize),
-    /// The block just read, up to this offset, lay inside one string without
-    /// an escape: a long string, which memchr reads faster than blocks do.
+    /// The block just read, up to this offset, lay inside one string with at
+    /// most one escape: a long string (text, a document), which memchr reads
+    /// faster than blocks do as long as its escapes are far apart.
     LongString(usize),
 }
 
@@ -157,7 +158,7 @@ impl Nest {
             } else {
                 self.depth = self.depth + opens.count_ones() as usize - close_count;
             }
-            let long_string = self.in_string && quotes == 0 && masks.backslash == 0;
+            let long_string = self.in_string && quotes == 0 && masks.backslash.count_ones() <= 1;
             self.in_string = inside >> 63 == 1;
             self.escape = escape_after;
             at += BLOCK;

@@ -23,10 +23,19 @@ impl Nest {
                     from + BLOCK
                 }
                 Stop::LongString(from) => {
-                    // memchr over the rest of the string, then blocks again.
+                    // memchr over the rest of the string, then blocks again;
+                    // blocks sooner where escapes come close together (a
+                    // document quoted in a string), since there each search
+                    // costs more than a block does.
                     at = from;
                     while self.in_string && at < chunk.len() {
-                        at = self.string_step(chunk, at);
+                        let escaped_byte = self.escape;
+                        let next = self.string_step(chunk, at);
+                        let near = next - at <= BLOCK;
+                        at = next;
+                        if near && !escaped_byte {
+                            break;
+                        }
                     }
                     continue;
                 }

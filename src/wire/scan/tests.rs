@@ -291,6 +291,17 @@ fn blocks_read_edges_as_bytes_do() {
     );
     texts.push(deep.into_bytes());
     texts.push(format!(r#"{{"params":[{}]}}"#, r#"{"s":"\\\\\\\"]"},"#.repeat(40)).into_bytes());
+    // Long strings whose escapes are far apart, close together, or both.
+    for gap in [1, 10, 63, 64, 65, 70, 200] {
+        let line = format!("{}\\n", "w".repeat(gap));
+        let doc = format!(
+            "{}{}\\\"{}",
+            line.repeat(20),
+            "z".repeat(300),
+            line.repeat(5)
+        );
+        texts.push(format!(r#"{{"params":{{"doc":"{doc}","n":[1]}}}}"#).into_bytes());
+    }
     for text in &texts {
         let bytes = scan_cut(text, &[text.len()], true);
         for cut in [1, 7, 63, 64, 65, 100, text.len()] {
