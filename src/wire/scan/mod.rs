@@ -4,7 +4,8 @@
 //! and values sit. It never parses a value: strings are skipped with memchr
 //! over quotes and backslashes (the first few bytes looked at one by one:
 //! most strings are short), nested objects and arrays by counting their own
-//! brackets outside strings, scalars up to the next delimiter.
+//! brackets outside strings, 64 bytes at a time (`blocks`, `nested`),
+//! scalars up to the next delimiter.
 //!
 //! Counting only `{}` inside an object (or only `[]` inside an array) finds
 //! the right end in every well-formed text. A malformed one is either caught
@@ -12,7 +13,12 @@
 //! only inside a value that every JSON parser the guard fronts refuses
 //! anyway.
 
+mod blocks;
+mod nested;
+
 use std::ops::Range;
+
+use blocks::Nest;
 
 /// What the scanner reports, in input order, with offsets from the start of
 /// the text.
@@ -173,11 +179,7 @@ enum Token {
     },
     Nested {
         role: Role,
-        open: u8,
-        close: u8,
-        depth: usize,
-        in_string: bool,
-        escape: bool,
+        nest: Nest,
     },
 }
 
@@ -192,6 +194,10 @@ pub(crate) struct Scanner {
     offset: usize,
     /// The key being read.
     key: KeyPrefix,
+    /// Nested values are read by the byte path alone: the reference the
+    /// block index is tested against.
+    #[cfg(test)]
+    bytes_only: bool,
 }
 
 impl Default for Scanner {
@@ -202,6 +208,8 @@ impl Default for Scanner {
             batch: false,
             offset: 0,
             key: KeyPrefix::default(),
+            #[cfg(test)]
+            bytes_only: false,
         }
     }
 }
@@ -421,11 +429,13 @@ impl Scanner {
             },
             b'{' | b'[' => Token::Nested {
                 role,
-                open: byte,
-                close: if byte == b'{' { b'}' } else { b']' },
-                depth: 1,
-                in_string: false,
-                escape: false,
+                nest: Nest {
+                    open: byte,
+                    close: if byte == b'{' { b'}' } else { b']' },
+                    depth: 1,
+                    in_string: false,
+                    escape: false,
+                },
             },
             _ => Token::Scalar { role },
         };
@@ -490,65 +500,28 @@ impl Scanner {
     fn nested<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        mut at: usize,
+        at: usize,
         base: usize,
         events: &mut S,
     ) -> usize {
-        let Token::Nested {
-            role,
-            open,
-            close,
-            mut depth,
-            mut in_string,
-            mut escape,
-        } = self.token
-        else {
+        let Token::Nested { role, ref mut nest } = self.token else {
             unreachable!("called only inside a nested value");
         };
-        while at < chunk.len() {
-            if in_string {
-                if escape {
-                    escape = false;
-                    at += 1;
-                    continue;
-                }
-                let Some(found) = find2(b'"', b'\\', &chunk[at..]) else {
-                    break;
-                };
-                if chunk[at + found] == b'\\' {
-                    escape = true;
-                } else {
-                    in_string = false;
-                }
-                at += found + 1;
-                continue;
-            }
-            let Some(found) = find3(b'"', open, close, &chunk[at..]) else {
-                break;
-            };
-            let byte = chunk[at + found];
-            at += found + 1;
-            if byte == b'"' {
-                in_string = true;
-            } else if byte == open {
-                depth += 1;
-            } else {
-                depth -= 1;
-                if depth == 0 {
-                    self.end_token(role, base + at, events);
-                    return at;
-                }
-            }
-        }
-        self.token = Token::Nested {
-            role,
-            open,
-            close,
-            depth,
-            in_string,
-            escape,
+        #[cfg(test)]
+        let closed = if self.bytes_only {
+            nest.bytes(chunk, at)
+        } else {
+            nest.skip(chunk, at)
         };
-        chunk.len()
+        #[cfg(not(test))]
+        let closed = nest.skip(chunk, at);
+        match closed {
+            Some(end) => {
+                self.end_token(role, base + end, events);
+                end
+            }
+            None => chunk.len(),
+        }
     }
 
     /// A value (or element) token ended just before `end`.
@@ -563,131 +536,4 @@ impl Scanner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scan_in(text: &[u8], cut: usize) -> Result<Vec<Found>, Malformed> {
-        let mut scanner = Scanner::default();
-        let mut events = Vec::new();
-        for piece in text.chunks(cut.max(1)) {
-            scanner.feed_into(piece, &mut events)?;
-        }
-        scanner.finish(&mut events)?;
-        Ok(events)
-    }
-
-    #[test]
-    fn reports_keys_and_values_whatever_the_chunking() {
-        let text = br#" {"id" : "a\"}b", "params":{"x":[1,{"y":"}"}]}, "n":-1.5e3, "long_key_past_the_prefix":0, "long\u0020key\"with\\escapes":1, "methods":2 } "#;
-        let whole = scan_in(text, text.len()).unwrap();
-        for cut in 1..text.len() {
-            assert_eq!(scan_in(text, cut).unwrap(), whole, "cut {cut}");
-        }
-        let keys: Vec<&[u8]> = whole
-            .iter()
-            .filter_map(|event| match event {
-                Found::Key { token, name, .. } => {
-                    assert_eq!(*name == KeyName::Id, &text[token.clone()] == b"\"id\"");
-                    assert_ne!(*name, KeyName::Method);
-                    Some(&text[token.clone()])
-                }
-                _ => None,
-            })
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                &b"\"id\""[..],
-                b"\"params\"",
-                b"\"n\"",
-                b"\"long_key_past_the_prefix\"",
-                br#""long\u0020key\"with\\escapes""#,
-                b"\"methods\"",
-            ]
-        );
-        let values: Vec<&[u8]> = whole
-            .windows(2)
-            .filter_map(|pair| match pair {
-                [Found::ValueStart(start), Found::ValueEnd(end)] => Some(&text[*start..*end]),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(
-            values,
-            [
-                &br#""a\"}b""#[..],
-                br#"{"x":[1,{"y":"}"}]}"#,
-                b"-1.5e3",
-                b"0",
-                b"1",
-                b"2"
-            ]
-        );
-    }
-
-    /// The searches that look at the first bytes themselves find what
-    /// memchr finds: in every haystack up to 3 * SHORT long with the sought
-    /// bytes at any one or two places, or nowhere.
-    #[test]
-    fn short_searches_find_what_memchr_finds() {
-        let mut haystacks = Vec::new();
-        for len in 0..=3 * SHORT {
-            haystacks.push(vec![b'x'; len]);
-            for first in 0..len {
-                for (one, two) in [(b'"', b'\\'), (b'\\', b'"'), (b'{', b'}'), (b'}', b'"')] {
-                    let mut haystack = vec![b'x'; len];
-                    haystack[first] = one;
-                    haystacks.push(haystack.clone());
-                    for second in first + 1..len {
-                        let mut haystack = haystack.clone();
-                        haystack[second] = two;
-                        haystacks.push(haystack);
-                    }
-                }
-            }
-        }
-        for haystack in &haystacks {
-            assert_eq!(
-                find2(b'"', b'\\', haystack),
-                memchr::memchr2(b'"', b'\\', haystack)
-            );
-            assert_eq!(
-                find3(b'"', b'{', b'}', haystack),
-                memchr::memchr3(b'"', b'{', b'}', haystack)
-            );
-        }
-    }
-
-    #[test]
-    fn batches_report_each_message() {
-        let text = br#"[{"id":1},7,"x",{"id":2},[]]"#;
-        let events = scan_in(text, 3).unwrap();
-        let starts = events
-            .iter()
-            .filter(|event| matches!(event, Found::MessageStart(_)))
-            .count();
-        let others = events
-            .iter()
-            .filter(|event| matches!(event, Found::OtherElement))
-            .count();
-        assert_eq!((starts, others), (2, 3));
-    }
-
-    #[test]
-    fn refuses_what_no_parser_reads() {
-        for text in [
-            &b"{\"id\" 1}"[..],
-            b"{\"id\":1,}",
-            b"{\"id\":1",
-            b"{\"id\":1} x",
-            b"[1,,2]",
-            b"{1:2}",
-            b"{\"a\":}",
-        ] {
-            assert!(scan_in(text, text.len()).is_err(), "{:?}", text);
-        }
-        assert!(scan_in(b"[]", 2).is_ok());
-        assert!(scan_in(b"{}", 2).is_ok());
-        assert!(scan_in(b"\"text\"", 2).is_ok());
-    }
-}
+mod tests;
