@@ -50,7 +50,7 @@ start_front() {
         rm -rf "$work/nginx" && mkdir -p "$work/nginx"
         sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@NGINX_PORT@|$front_port|g" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|g" -e "s|@FORWARDED@||" \
-            -e "s|worker_connections 1024;|worker_connections $((EXCHANGES * 2 + 100));|" \
+            -e "s|worker_connections 1024;|worker_connections $((EXCHANGES * 4 + 1000));|" \
             benches/nginx/proxy_vs_nginx.conf >"$work/nginx/nginx.conf"
         nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" 2>"$work/nginx/stderr.log" &
         front_launcher=$!
