@@ -7,6 +7,8 @@ use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{HeaderValue, Method};
 
+use crate::wire::percent_byte;
+
 /// Why an upstream URL was refused by [`Proxy::new`](super::Proxy::new) or
 /// [`ProxyBuilder::build`](super::ProxyBuilder::build).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,7 +226,7 @@ fn has_dot_segment(path: &str) -> bool {
         let (byte, len) = match bytes.get(index) {
             None => (b'/', 0),
             Some(b'%') => match bytes.get(index + 1..index + 3) {
-                Some([high, low]) => (hex(*high, *low).unwrap_or(b'%'), 3),
+                Some([high, low]) => (percent_byte(*high, *low).unwrap_or(b'%'), 3),
                 _ => (b'%', 1),
             },
             Some(byte) => (*byte, 1),
@@ -244,12 +246,6 @@ fn has_dot_segment(path: &str) -> bool {
         }
         index += len;
     }
-}
-
-/// The byte two hex digits spell.
-fn hex(high: u8, low: u8) -> Option<u8> {
-    let digit = |byte: u8| char::from(byte).to_digit(16);
-    u8::try_from(digit(high)? * 16 + digit(low)?).ok()
 }
 
 #[cfg(test)]

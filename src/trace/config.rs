@@ -9,6 +9,7 @@ use http::Uri;
 
 use crate::protect::metrics::Metrics;
 use crate::trace::context::TraceParent;
+use crate::wire::percent_byte;
 
 /// How the exporter sends spans: endpoint, headers, resource, batching and
 /// sampling. Read from the environment with [`from_env`](Self::from_env)
@@ -341,9 +342,8 @@ fn percent_decoded(text: &str) -> Option<String> {
     let mut at = 0;
     while at < bytes.len() {
         if bytes[at] == b'%' {
-            let hex = bytes.get(at + 1..at + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let escape = bytes.get(at + 1..at + 3)?;
+            out.push(percent_byte(escape[0], escape[1])?);
             at += 3;
         } else {
             out.push(bytes[at]);
@@ -491,6 +491,8 @@ mod tests {
             ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
             ("OTEL_BSP_SCHEDULE_DELAY", "5s"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=secret%zz"),
+            // A sign is no hex digit (`from_str_radix` would take "+f").
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=secret%+f"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "authorization"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "x=secret\u{1}"),
         ];
