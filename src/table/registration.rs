@@ -16,6 +16,23 @@ use super::session::Session;
 use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
 use crate::wire::restore::Delivered;
 
+/// The longest an abandoned id is remembered: a century is "for as long as
+/// the process lives", and every platform's `Instant` can add it.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// When an id abandoned `now` expires. A TTL past what the clock can add
+/// (the binary takes `--abandoned-id-ttl` up to `u64::MAX` seconds) means
+/// "remember it": it must never come out as "forget it at once".
+pub(super) fn expiry(now: Instant, ttl: Duration) -> Instant {
+    let mut ttl = ttl.min(FOREVER);
+    loop {
+        match now.checked_add(ttl) {
+            Some(expires) => return expires,
+            None => ttl /= 2,
+        }
+    }
+}
+
 /// A forwarded request of a registration: its key's hash and its entry's
 /// serial, all the release needs to find the entry.
 #[derive(Debug, Clone, Copy)]
@@ -143,8 +160,7 @@ impl Table {
         let keep_until = || {
             *keep_until.get_or_init(|| {
                 (!registration.abandoned_id_ttl.is_zero())
-                    .then(|| Instant::now().checked_add(registration.abandoned_id_ttl))
-                    .flatten()
+                    .then(|| expiry(Instant::now(), registration.abandoned_id_ttl))
             })
         };
         let queued = registration.queued.as_ref().and_then(|(key_hash, ticket)| {

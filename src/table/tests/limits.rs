@@ -407,3 +407,27 @@ fn tracking_costs_the_same_per_request_at_any_batch_size() {
     }
     assert!(superlinear.is_empty(), "{}", superlinear.join("\n"));
 }
+
+/// A TTL too long for the clock to add (the binary saturates
+/// `--abandoned-id-ttl` to `u64::MAX` seconds) remembers an abandoned id
+/// rather than forgetting it at once.
+#[test]
+fn a_ttl_past_the_clock_remembers_abandoned_ids() {
+    let table = Arc::new(Table::new());
+    let config = Config {
+        abandoned_id_ttl: Duration::MAX,
+        ..config(OnDuplicate::Remap)
+    };
+    drop(table.admit(b"session-a", &["1"], false, &config));
+    assert_eq!(table.stats().abandoned_ids, 1, "abandoned, not forgotten");
+    let reuse = table.admit(b"session-a", &["1"], false, &config);
+    let Decision::Admitted { routes, .. } = &reuse else {
+        panic!("admitted expected")
+    };
+    assert!(
+        matches!(routes[0], Route::Remapped { .. }),
+        "a reuse of the abandoned id goes with a server-side id"
+    );
+    let far = registration::expiry(Instant::now(), Duration::MAX);
+    assert!(far > Instant::now() + Duration::from_secs(50 * 365 * 24 * 3600));
+}
