@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
@@ -14,7 +14,7 @@ use pin_project::pin_project;
 
 use crate::guard::unanswered::Unanswered;
 use crate::table::{Registration, Table};
-use crate::wire::protocol::has_media_type;
+use crate::wire::protocol::{has_media_type, is_encoded};
 use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
 use crate::wire::sse::Rewriter;
@@ -448,7 +448,8 @@ impl<B: Body> ResponseBody<B> {
             stand_in.is_none() && restoring.as_ref().is_some_and(|restoring| restoring.frees);
         let watch = awaits || frees;
         // A compressed body cannot be read: nothing in it counts as answered.
-        let readable = (watch || restores) && !parts.headers.contains_key(CONTENT_ENCODING);
+        // `identity` is no compression (as on requests).
+        let readable = (watch || restores) && !is_encoded(&parts.headers);
         let json = has_media_type(&parts.headers, "application/json");
         let (Some(restoring), true, true) = (
             restoring,

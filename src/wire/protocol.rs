@@ -52,6 +52,22 @@ pub(crate) struct RequestHeaders {
     pub(crate) method: McpMethod,
 }
 
+/// Whether a `Content-Encoding` value names a coding other than `identity`
+/// (RFC 9110 §8.4.1: `identity` means no coding; anything else, a list
+/// included, is a body the guard cannot read as it is).
+fn encodes(value: &HeaderValue) -> bool {
+    !value
+        .as_bytes()
+        .trim_ascii()
+        .eq_ignore_ascii_case(b"identity")
+}
+
+/// Whether a message's body is encoded: some `Content-Encoding` value is not
+/// `identity`. Requests and responses answer this the same way.
+pub(crate) fn is_encoded(headers: &HeaderMap) -> bool {
+    headers.get_all(CONTENT_ENCODING).iter().any(encodes)
+}
+
 impl RequestHeaders {
     pub(crate) fn read(headers: &HeaderMap) -> Self {
         let mut read = Self::default();
@@ -64,10 +80,7 @@ impl RequestHeaders {
                     read.content_length = value.to_str().ok().and_then(|value| value.parse().ok());
                 }
             } else if name == CONTENT_ENCODING {
-                read.encoded |= !value
-                    .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"identity");
+                read.encoded |= encodes(value);
             } else if name == MCP_SESSION_ID {
                 if read.session.is_some() {
                     read.several_sessions = true;

@@ -7,7 +7,14 @@
 //! the [`Restorer`]. Bytes are passed on as they arrive: only an id waiting
 //! for its message to show whether it is a response is held back, never a
 //! whole line or event. Comments (keep-alives), `id:`/`event:`/`retry:`
-//! lines and priming events pass byte for byte.
+//! lines and priming events pass byte for byte. A byte order mark at the
+//! start of the stream is ignored, as the SSE standard's decoder does, and
+//! passes on too.
+//!
+//! It also follows the stream's last event id as a client does (the value of
+//! the last `id` field without NUL, taken when an event is dispatched, a
+//! priming event included): a client resuming the stream sends it as
+//! `Last-Event-ID`, which tells the guard which stream a resumed `GET` is.
 //!
 //! Every event's data is read, whatever its type. Clients read JSON-RPC
 //! messages only from events of type `message` (the type of an event with no
@@ -30,6 +37,14 @@ use crate::wire::restore::{Binding, Part, Restorer};
 /// not `data`.
 const SHORT: usize = 4;
 
+/// A UTF-8 byte order mark: the SSE decoder drops one at the start of the
+/// stream, so it is no part of the first field's name.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The longest event id followed. A longer one is known only as "too long":
+/// a stream resumed from it is tied to no request (fail closed).
+pub(crate) const MAX_EVENT_ID: usize = 256;
+
 /// Where the framer is in the current line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Line {
@@ -41,6 +56,10 @@ enum Line {
     DataStart,
     /// In a `data:` value.
     Data,
+    /// Just after `id:`: one leading space is not part of the value.
+    IdStart,
+    /// In an `id:` value.
+    Id,
     /// In a line whose rest does not matter (a comment, another field).
     Skip,
 }
@@ -62,6 +81,39 @@ pub(crate) struct Rewriter {
     /// Absolute offset where the last data line's value ended.
     data_end: usize,
     parts: Vec<Part>,
+    /// No line has ended yet: a byte order mark may lead the first name.
+    first_line: bool,
+    /// The `id` field being read.
+    id_field: EventId,
+    /// The last event id buffer (set by each `id` field without NUL).
+    id_buffer: EventId,
+    /// The last event id of the stream, as of the last dispatched event.
+    last_id: EventId,
+    /// How many times dispatching changed `last_id`.
+    id_changes: u64,
+}
+
+/// An event id as followed: its bytes up to [`MAX_EVENT_ID`], or too long.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct EventId {
+    bytes: Vec<u8>,
+    too_long: bool,
+}
+
+impl EventId {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.too_long = false;
+    }
+
+    fn extend(&mut self, bytes: &[u8]) {
+        if self.too_long || self.bytes.len() + bytes.len() > MAX_EVENT_ID {
+            self.too_long = true;
+            self.bytes.clear();
+        } else {
+            self.bytes.extend_from_slice(bytes);
+        }
+    }
 }
 
 impl Default for Rewriter {
@@ -83,7 +135,26 @@ impl Rewriter {
             data_lines: 0,
             data_end: 0,
             parts: Vec::new(),
+            first_line: true,
+            id_field: EventId::default(),
+            id_buffer: EventId::default(),
+            last_id: EventId::default(),
+            id_changes: 0,
         }
+    }
+
+    /// The stream's last event id as a client holds it now: `None` when
+    /// there is none (or it is empty: a client then sends no
+    /// `Last-Event-ID`) or it was longer than [`MAX_EVENT_ID`].
+    pub(crate) fn last_event_id(&self) -> Option<&[u8]> {
+        (!self.last_id.too_long && !self.last_id.bytes.is_empty())
+            .then_some(self.last_id.bytes.as_slice())
+    }
+
+    /// Changes whenever [`last_event_id`](Self::last_event_id) does: tells a
+    /// reader when it is worth reading again.
+    pub(crate) fn event_id_changes(&self) -> u64 {
+        self.id_changes
     }
 
     /// A rewriter that only watches: it restores nothing.
@@ -180,12 +251,19 @@ impl Rewriter {
                 let Some(&byte) = chunk.get(stop) else {
                     return stop;
                 };
-                let field = self.short.as_slice();
+                let mut field = self.short.as_slice();
+                if self.first_line {
+                    field = field.strip_prefix(BOM).unwrap_or(field);
+                }
                 // The `event:` field is not told apart: see the module docs.
                 let (with_value, empty) = match field {
                     b"data" => (Line::DataStart, Line::Data),
+                    b"id" => (Line::IdStart, Line::Id),
                     _ => (Line::Skip, Line::Skip),
                 };
+                if with_value == Line::IdStart {
+                    self.id_field.clear();
+                }
                 if byte == b':' {
                     self.short.clear();
                     self.line = with_value;
@@ -205,14 +283,22 @@ impl Rewriter {
                 self.line = Line::Data;
                 return start;
             }
-            Line::Data | Line::Skip => {}
+            Line::IdStart => {
+                self.line = Line::Id;
+                return at + usize::from(chunk[at] == b' ');
+            }
+            Line::Data | Line::Id | Line::Skip => {}
         }
         let end = line_end.unwrap_or(chunk.len());
-        if self.line == Line::Data {
-            if end > at {
-                parts.push(Part::Json(base + at..base + end));
+        match self.line {
+            Line::Data => {
+                if end > at {
+                    parts.push(Part::Json(base + at..base + end));
+                }
+                self.data_end = base + end;
             }
-            self.data_end = base + end;
+            Line::Id => self.id_field.extend(&chunk[at..end]),
+            _ => {}
         }
         match line_end {
             Some(end) => self.end_line(chunk, end),
@@ -232,6 +318,12 @@ impl Rewriter {
     /// Consumes the line end at `chunk[at]`; returns where the next line
     /// starts.
     fn end_line(&mut self, chunk: &[u8], at: usize) -> usize {
+        // An `id` field sets the buffer unless its value holds a NUL (the
+        // SSE standard ignores such a field).
+        if matches!(self.line, Line::Id | Line::IdStart) && !self.id_field.bytes.contains(&0) {
+            std::mem::swap(&mut self.id_buffer, &mut self.id_field);
+        }
+        self.first_line = false;
         self.line = Line::Start;
         if chunk[at] == b'\r' {
             match chunk.get(at + 1) {
@@ -249,10 +341,16 @@ impl Rewriter {
             parts.push(Part::End(self.data_end.min(position)));
         }
         self.data_lines = 0;
+        // Dispatching sets the stream's last event id, even for an event
+        // without data (a priming event).
+        if self.last_id != self.id_buffer {
+            self.last_id.clone_from(&self.id_buffer);
+            self.id_changes += 1;
+        }
     }
 
     fn keep_short(&mut self, bytes: &[u8]) {
-        let room = (SHORT + 1).saturating_sub(self.short.len());
+        let room = (SHORT + 1 + BOM.len()).saturating_sub(self.short.len());
         self.short
             .extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
@@ -454,6 +552,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_first_field_is_ignored() {
+        let minter = IdMinter::new();
+        let server_id = String::from_utf8(minter.mint("1")).unwrap();
+        for head in ["", "id: 0\n", ": hi\n"] {
+            let input = format!("\u{feff}{head}data: {{\"id\":{server_id},\"result\":{{}}}}\n\n");
+            let expected = format!("\u{feff}{head}data: {{\"id\":1,\"result\":{{}}}}\n\n");
+            for cut in 0..=input.len() {
+                let mut rewriter = Rewriter::new(usize::MAX, true);
+                let mut out = VecDeque::new();
+                rewriter.push(Bytes::copy_from_slice(&input.as_bytes()[..cut]), &mut out);
+                rewriter.push(Bytes::copy_from_slice(&input.as_bytes()[cut..]), &mut out);
+                let answered: Vec<_> = rewriter.take_answered().collect();
+                rewriter.finish(&mut out);
+                let out: Vec<u8> = out.iter().flat_map(|piece| piece.to_vec()).collect();
+                assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut} {head:?}");
+                assert_eq!(answered, [(id_key("1"), true)], "cut {cut} {head:?}");
+            }
+        }
+        // Only at the start of the stream: later, it is part of a name.
+        let input = format!("data: 1\n\n\u{feff}data: {{\"id\":{server_id},\"result\":{{}}}}\n\n");
+        assert_eq!(rewrite_in_chunks(input.as_bytes(), &[]), input.as_bytes());
+    }
+
+    /// What a client would send as `Last-Event-ID` after reading `input`.
+    fn last_event_id(input: &str, cut: usize) -> Option<Vec<u8>> {
+        let mut rewriter = Rewriter::default();
+        let mut out = VecDeque::new();
+        rewriter.push(Bytes::copy_from_slice(&input.as_bytes()[..cut]), &mut out);
+        rewriter.push(Bytes::copy_from_slice(&input.as_bytes()[cut..]), &mut out);
+        rewriter.last_event_id().map(<[u8]>::to_vec)
+    }
+
+    #[test]
+    fn follows_the_last_event_id_as_a_client_does() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("", None),
+            // A priming event sets it; an event not yet dispatched does not.
+            ("id: 0\ndata:\n\n", Some("0")),
+            ("id: 0\ndata:\n\nid: 1\ndata: x\n", Some("0")),
+            ("id: 0\n\nid: 1\ndata: x\n\n", Some("1")),
+            // The buffer outlives its event.
+            ("id: 5\n\ndata: x\n\n", Some("5")),
+            // One leading space is dropped, others kept; CR and CRLF end lines.
+            ("id:  a b\r\n\r\n", Some(" a b")),
+            ("id:a\r\rid\r\r", None),
+            // A NUL voids the field, not the buffer.
+            ("id: 1\n\nid: 2\u{0}\n\n", Some("1")),
+            // A byte order mark leads only the first name.
+            ("\u{feff}id: 9\n\n", Some("9")),
+            ("\u{feff}: c\nid: 9\n\n", Some("9")),
+            // Not `id`.
+            ("idx: 1\n\nID: 2\n\n", None),
+        ];
+        for (input, expected) in cases {
+            for cut in 0..=input.len() {
+                assert_eq!(
+                    last_event_id(input, cut),
+                    expected.map(|id| id.as_bytes().to_vec()),
+                    "{input:?} cut {cut}"
+                );
+            }
+        }
+        let long = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID + 1));
+        assert_eq!(last_event_id(&long, 3), None, "too long to follow");
+        let fits = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID));
+        assert_eq!(last_event_id(&fits, 9).map(|id| id.len()), Some(MAX_EVENT_ID));
     }
 
     #[test]
