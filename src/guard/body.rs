@@ -13,7 +13,7 @@ use http_body_util::Full;
 use pin_project::pin_project;
 
 use crate::guard::unanswered::Unanswered;
-use crate::table::{Registration, Table};
+use crate::table::{Registration, StreamTag, Table};
 use crate::wire::protocol::{has_media_type, is_encoded};
 use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
@@ -170,10 +170,10 @@ pub(crate) struct Restoring {
     /// The session the response belongs to: only ids issued for it are
     /// restored.
     pub(crate) session: Option<HeaderValue>,
-    /// A stream of the session that is no request's own (a resumed `GET`): a
-    /// response on it answers a request whose own stream ended early, and
-    /// frees its abandoned id.
-    pub(crate) frees: bool,
+    /// A `GET` resuming the stream with this tag (its `Last-Event-ID`): an
+    /// answer on it is that stream's request's, and frees its id if the
+    /// request was abandoned when its own stream ended early.
+    pub(crate) resumes: Option<StreamTag>,
 }
 
 /// A body being read. What reading needs is made at its first chunk: an
@@ -183,8 +183,11 @@ struct Reader {
     table: Arc<Table>,
     /// The digest of the session whose ids are restored.
     session: u64,
-    /// The session whose abandoned ids answers free (a resumed `GET`).
-    frees: Option<HeaderValue>,
+    /// The session and the stream whose abandoned request answers free (a
+    /// resumed `GET`).
+    resumes: Option<(HeaderValue, StreamTag)>,
+    /// The last event id changes the registration learned of.
+    event_ids: u64,
     /// The longest id token held back.
     max_id: usize,
     /// Client ids may be restored: the length of the body may change.
@@ -287,13 +290,26 @@ impl Reader {
         if refused > 0 {
             self.table.note_refused(refused);
         }
+        // Where a client would resume the request's stream from, should it
+        // end before the answer.
+        if let (Framing::Sse(rewriter), Some(registration)) =
+            (&streaming.stream, &mut *registration)
+        {
+            if rewriter.event_id_changes() != self.event_ids {
+                self.event_ids = rewriter.event_id_changes();
+                if let Some(event_id) = rewriter.last_event_id() {
+                    registration.note_stream(event_id);
+                }
+            }
+        }
         let answered = streaming.stream.take_answered();
-        if let Some(session) = &self.frees {
+        if let Some((session, resumed)) = &self.resumes {
             for (key, restored) in answered {
                 // Only an id the server knew as the client's own can be
                 // abandoned; a restored one was unique.
                 if !restored {
-                    self.table.answered_elsewhere(session.as_bytes(), &key);
+                    self.table
+                        .answered_on_resume(session.as_bytes(), &key, *resumed);
                 }
             }
             return false;
@@ -425,15 +441,15 @@ impl<B: Body> ResponseBody<B> {
         restoring: Option<Restoring>,
     ) -> Response<Self> {
         let (mut parts, body) = response.into_parts();
-        // An answer given in the server's place is no response from it. A
-        // `4xx` refuses the request as a whole (a body limit, an unknown
-        // session, a duplicate the server itself rejects): nothing runs.
-        let stand_in = parts.extensions.get::<Unanswered>().copied().or_else(|| {
-            parts
-                .status
-                .is_client_error()
-                .then_some(Unanswered::NotSent)
-        });
+        // An answer given in the server's place is no response from it. Only
+        // a forwarder that knows says so (`Unanswered`). A status alone says
+        // nothing: a `408` from a timeout inside the guard, a `413` from a
+        // body limit there, or a `5xx` may come after the server started the
+        // request, which it then keeps running under its id. Such a response
+        // is read like any other: the server's own JSON-RPC answer (a
+        // refusal carrying the id) frees the id, anything else leaves it
+        // abandoned.
+        let stand_in = parts.extensions.get::<Unanswered>().copied();
         if stand_in == Some(Unanswered::NotSent) {
             if let Some(registration) = registration.take() {
                 registration.unsent();
@@ -444,9 +460,11 @@ impl<B: Body> ResponseBody<B> {
         let restores = restoring
             .as_ref()
             .is_some_and(|restoring| restoring.restore);
-        let frees =
-            stand_in.is_none() && restoring.as_ref().is_some_and(|restoring| restoring.frees);
-        let watch = awaits || frees;
+        let resumes = restoring
+            .as_ref()
+            .and_then(|restoring| restoring.resumes)
+            .filter(|_| stand_in.is_none());
+        let watch = awaits || resumes.is_some();
         // A compressed body cannot be read: nothing in it counts as answered.
         // `identity` is no compression (as on requests).
         let readable = (watch || restores) && !is_encoded(&parts.headers);
@@ -471,7 +489,8 @@ impl<B: Body> ResponseBody<B> {
             .map_or(&[][..], HeaderValue::as_bytes);
         let reading = Reader {
             session: restoring.table.minter().session_digest(session),
-            frees: restoring.session.filter(|_| frees),
+            resumes: restoring.session.zip(resumes),
+            event_ids: 0,
             table: restoring.table,
             max_id: restoring.max_id,
             restores,

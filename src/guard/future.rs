@@ -300,7 +300,7 @@ impl<S> ReadBody<S> {
                     max_id: self.config.max_body_bytes,
                     restore,
                     session: self.headers.session.clone(),
-                    frees: false,
+                    resumes: None,
                 }),
                 registration,
                 starts,
@@ -349,7 +349,7 @@ impl<S> Queued<S> {
                 max_id: self.max_id,
                 restore: remapped,
                 session: self.session.take(),
-                frees: false,
+                resumes: None,
             });
             let future = service.call(pending.into_request(server_id.as_deref()));
             registration.forwarded(remapped);

@@ -171,8 +171,14 @@ impl<S> IdGuard<S> {
                 // Restoring needs the stream as the server wrote it.
                 request.headers_mut().remove(ACCEPT_ENCODING);
                 // Only a resumed stream replays answers (spec 2025-11-25,
-                // resumability); a standalone one carries none.
-                let frees = request.headers().contains_key("last-event-id");
+                // resumability); a standalone one carries none. What it
+                // resumes is the stream whose last event id the client
+                // names; more than one names none.
+                let mut resumed = request.headers().get_all("last-event-id").iter();
+                let resumes = match (resumed.next(), resumed.next()) {
+                    (Some(event_id), None) => Some(self.table.stream_tag(event_id.as_bytes())),
+                    _ => None,
+                };
                 let session = headers.session.clone();
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
@@ -181,7 +187,7 @@ impl<S> IdGuard<S> {
                         max_id: self.config.max_body_bytes,
                         restore: true,
                         session,
-                        frees,
+                        resumes,
                     }),
                 )
             }

@@ -8,7 +8,7 @@ use std::sync::{MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::budget::{self, Eviction};
-use super::{Abandoned, ShardState, Table, SHARDS};
+use super::{Abandoned, ShardState, StreamTag, Table, SHARDS};
 
 /// A set of shards, one bit each; iterating empties it.
 #[derive(Debug, Default)]
@@ -224,15 +224,20 @@ impl Table {
 /// Answers that arrive on a stream other than the request's own.
 impl Table {
     /// A response with the client's own id `key` passed to the client on a
-    /// stream of `session` that belongs to no request (a `GET`, resumed with
-    /// `Last-Event-ID` after the server closed the request's own stream to
-    /// have it poll, SEP-1699). If that id is abandoned, the server has now
-    /// answered the request it was running under it: the id is free.
+    /// `GET` of `session` that resumed the stream `resumed` (its
+    /// `Last-Event-ID`), after the server closed a request's own stream to
+    /// have the client poll (SEP-1699). If the request abandoned under that
+    /// id is the one whose stream this resumes, the server has now answered
+    /// it: the id is free.
     ///
-    /// Only an abandoned entry is freed. While an id is abandoned every new
-    /// request with it goes with a server-side id, so the server runs at
-    /// most one request under the client's own id: the one answered here.
-    pub(crate) fn answered_elsewhere(&self, session: &[u8], key: &str) {
+    /// Only an abandoned entry is freed, and only the one whose own stream
+    /// ended at `resumed`: the server replays a stream's events, so an
+    /// answer on a resumed stream is that stream's request's, possibly an
+    /// old one (a request answered long ago whose stream the client resumes
+    /// again). While an id is abandoned every new request with it goes with
+    /// a server-side id, so the server runs at most one request under the
+    /// client's own id.
+    pub(crate) fn answered_on_resume(&self, session: &[u8], key: &str, resumed: StreamTag) {
         let session_hash = self.hasher.hash_one(session);
         let key_hash = self.hasher.hash_one(key.as_bytes());
         let mut locked = self.shard(session_hash);
@@ -251,11 +256,10 @@ impl Table {
         };
         let state = key_slot.get_mut();
         // Only the entry known by the client's own id can be abandoned.
-        let Some(position) = state
-            .entries
-            .own()
-            .filter(|&position| state.entries.get(position).ended)
-        else {
+        let Some(position) = state.entries.own().filter(|&position| {
+            let entry = state.entries.get(position);
+            entry.ended && entry.stream == Some(resumed)
+        }) else {
             return;
         };
         let mut delta = -(state.entries.remove(position) as isize);

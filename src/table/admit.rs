@@ -263,6 +263,7 @@ impl Table {
                 ended: false,
                 at_server: true,
                 removed: false,
+                stream: None,
             });
             forwarded.members.push(Member {
                 key_hash: probe.hash,

@@ -9,6 +9,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use super::budget::ARC_HEADER;
+use super::StreamTag;
 
 /// Entries oldest first, and so by serial (serials only grow), which finds
 /// one by binary search. A removed entry leaves a hole, until holes are half
@@ -110,9 +111,13 @@ impl Entries {
         self.update(position, |entry| entry.cancelled = true);
     }
 
-    /// The entry's exchange ended before its response.
-    pub(super) fn mark_ended(&mut self, position: usize) {
-        self.update(position, |entry| entry.ended = true);
+    /// The entry's exchange ended before its response; `stream` tags the
+    /// last event id its client saw on the request's own stream, if any.
+    pub(super) fn mark_ended(&mut self, position: usize, stream: Option<StreamTag>) {
+        self.update(position, |entry| {
+            entry.ended = true;
+            entry.stream = stream;
+        });
     }
 
     fn update(&mut self, position: usize, change: impl FnOnce(&mut Entry)) {
@@ -192,6 +197,10 @@ pub(super) struct Entry {
     pub(super) at_server: bool,
     /// Removed: a hole in [`Entries`], kept only for its serial.
     pub(super) removed: bool,
+    /// Once ended: the last event id its client saw on the request's own
+    /// stream. A `GET` resuming the stream from there (`Last-Event-ID`) is
+    /// the only other stream whose answer frees the entry.
+    pub(super) stream: Option<StreamTag>,
 }
 
 impl Entry {

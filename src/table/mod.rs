@@ -177,6 +177,20 @@ struct SessionRef {
     serial: u64,
 }
 
+/// A stream of a session, named by a keyed hash of the last event id its
+/// client saw on it (the `Last-Event-ID` it would resume from). Keyed per
+/// layer, so a client cannot choose an id that names another stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamTag(std::num::NonZeroU64);
+
+impl Table {
+    /// The tag of the stream whose last event id is `event_id`.
+    pub(crate) fn stream_tag(&self, event_id: &[u8]) -> StreamTag {
+        let hash = self.hasher.hash_one(event_id);
+        StreamTag(std::num::NonZeroU64::new(hash).unwrap_or(std::num::NonZeroU64::MIN))
+    }
+}
+
 /// Where an abandoned id sits, to drop it when it expires.
 #[derive(Debug)]
 pub(super) struct Abandoned {
@@ -357,6 +371,7 @@ impl Table {
             count: 0,
             sent: true,
             abandoned_id_ttl: config.abandoned_id_ttl,
+            stream: None,
         }
     }
 
@@ -451,6 +466,7 @@ impl Table {
                 ended: false,
                 at_server: false,
                 removed: false,
+                stream: None,
             });
             state.waiters.pop_front();
         }

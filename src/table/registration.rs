@@ -13,7 +13,7 @@ use super::budget::{self, Eviction};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::Session;
-use super::{shard_index, tag, Abandoned, SessionRef, ShardState, Table, MAX_ABANDONED};
+use super::{shard_index, tag, Abandoned, SessionRef, ShardState, StreamTag, Table, MAX_ABANDONED};
 use crate::wire::restore::Delivered;
 
 /// The longest an abandoned id is remembered: a century is "for as long as
@@ -68,6 +68,8 @@ pub(crate) struct Registration {
     /// The requests may have reached the server.
     pub(super) sent: bool,
     pub(super) abandoned_id_ttl: Duration,
+    /// The last event id the client saw on the request's own stream.
+    pub(super) stream: Option<StreamTag>,
 }
 
 impl Registration {
@@ -93,6 +95,13 @@ impl Registration {
             self.awaited.remove(&(key_hash, restored));
         }
         !self.awaited.is_empty()
+    }
+
+    /// The client saw `event_id` as the last event id of the request's own
+    /// stream: a `GET` resuming from it is the one stream whose answers may
+    /// free the requests if this stream ends before them.
+    pub(crate) fn note_stream(&mut self, event_id: &[u8]) {
+        self.stream = Some(self.table.stream_tag(event_id));
     }
 
     /// How many requests the POST carried.
@@ -252,7 +261,7 @@ impl Table {
                 && registration.awaited.awaits_own(member.key_hash);
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) => {
-                    state.entries.mark_ended(position);
+                    state.entries.mark_ended(position, registration.stream);
                     self.abandoned.fetch_add(1, Ordering::Relaxed);
                     *delta += budget::ABANDONED as isize;
                     kept = Some(expires);

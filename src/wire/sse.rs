@@ -569,7 +569,11 @@ mod tests {
                 let answered: Vec<_> = rewriter.take_answered().collect();
                 rewriter.finish(&mut out);
                 let out: Vec<u8> = out.iter().flat_map(|piece| piece.to_vec()).collect();
-                assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut} {head:?}");
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    expected,
+                    "cut {cut} {head:?}"
+                );
                 assert_eq!(answered, [(id_key("1"), true)], "cut {cut} {head:?}");
             }
         }
@@ -620,7 +624,10 @@ mod tests {
         let long = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID + 1));
         assert_eq!(last_event_id(&long, 3), None, "too long to follow");
         let fits = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID));
-        assert_eq!(last_event_id(&fits, 9).map(|id| id.len()), Some(MAX_EVENT_ID));
+        assert_eq!(
+            last_event_id(&fits, 9).map(|id| id.len()),
+            Some(MAX_EVENT_ID)
+        );
     }
 
     #[test]

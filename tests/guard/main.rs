@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod answered;
 mod axum_composition;
 mod bad_input;
 mod bound_ids;

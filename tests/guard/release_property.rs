@@ -236,6 +236,10 @@ struct GetReplay {
     pick: u8,
     /// A resumed stream (`Last-Event-ID`) rather than the standalone one.
     resume: bool,
+    /// Which stream it resumes: the `from`-th (modulo one more than their
+    /// number) of the session's abandoned streams, or, past them, one that
+    /// belongs to no abandoned request (`0`).
+    from: u8,
     /// Sent with a legacy `MCP-Protocol-Version`.
     versioned: bool,
     /// The line terminator: `EOLS[eol]`.
@@ -279,17 +283,21 @@ fn replay() -> impl Strategy<Value = GetReplay> {
         any::<bool>(),
         (0..=1000u16, 0..=1000u16),
         prop::bool::weighted(0.25),
+        any::<u8>(),
     )
         .prop_map(
-            |(session, pick, resume, versioned, eol, multi_line, cuts, drop_half)| GetReplay {
-                session,
-                pick,
-                resume,
-                versioned,
-                eol,
-                multi_line,
-                cuts,
-                drop_half,
+            |(session, pick, resume, versioned, eol, multi_line, cuts, drop_half, from)| {
+                GetReplay {
+                    session,
+                    pick,
+                    resume,
+                    from,
+                    versioned,
+                    eol,
+                    multi_line,
+                    cuts,
+                    drop_half,
+                }
             },
         )
 }
@@ -338,6 +346,10 @@ struct Shadow {
     server_id: String,
     /// A cancellation named it (before or after it ended).
     cancelled: bool,
+    /// The last event id its client saw on its own stream (an SSE stream
+    /// dropped after its priming event): a `GET` resuming from it is the one
+    /// stream whose answer frees the shadow.
+    stream: Option<String>,
 }
 
 /// An exchange the inner service was called for (live or ended): a GET
@@ -396,6 +408,7 @@ impl Exchange {
             session: self.session,
             server_id: self.server_id.clone().expect("forwarded"),
             cancelled: self.cancelled,
+            stream: None,
         })
     }
 }
@@ -826,13 +839,31 @@ impl Harness {
 
     fn drop_body(&mut self, index: usize) {
         let exchange = self.live.remove(index);
-        let shadow = exchange.shadow_after(Ending::Abandoned);
+        let mut shadow = exchange.shadow_after(Ending::Abandoned);
         let Stage::Answered {
-            mut body, sender, ..
+            mut body,
+            sender,
+            format,
         } = exchange.stage
         else {
             unreachable!("picked an answered exchange")
         };
+        if format == Format::Sse {
+            // A priming event first: its id is where the client would
+            // resume the stream from.
+            let stream = format!("s{}", exchange.arrival);
+            let priming = format!("id: {stream}\ndata:\n\n");
+            sender
+                .unbounded_send(Ok(Frame::data(Bytes::from(priming.clone()))))
+                .unwrap();
+            let Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut context()) else {
+                panic!("the priming event goes on at once")
+            };
+            assert_eq!(frame.into_data().unwrap(), priming.as_bytes());
+            if let Some(shadow) = &mut shadow {
+                shadow.stream = Some(stream);
+            }
+        }
         sender
             .unbounded_send(Ok(Frame::data(Bytes::from_static(b"{\"jsonrpc\":"))))
             .unwrap();
@@ -952,6 +983,7 @@ impl Harness {
             session,
             pick,
             resume,
+            from,
             versioned,
             eol,
             multi_line,
@@ -1036,8 +1068,16 @@ impl Harness {
         if versioned {
             request = request.header("mcp-protocol-version", "2025-11-25");
         }
+        let streams: Vec<String> = self
+            .shadows
+            .iter()
+            .filter(|shadow| shadow.session == session)
+            .filter_map(|shadow| shadow.stream.clone())
+            .collect();
+        let resumed = usize::from(from) % (streams.len() + 1);
+        let resumed = streams.get(resumed).cloned().unwrap_or_else(|| "0".into());
         if resume {
-            request = request.header("last-event-id", "0");
+            request = request.header("last-event-id", resumed.as_str());
         }
         let request = request.body(Full::new(Bytes::new())).unwrap();
         let mut handed_on = request.headers().clone();
@@ -1141,7 +1181,7 @@ impl Harness {
                         end - usize::from(event.0.ends_with("\r\n")) <= fed
                     })
                     .count();
-                self.answered_on_stream(session, &mut own_answers, dispatched);
+                self.answered_on_stream(session, &resumed, &mut own_answers, dispatched);
             }
             self.check();
             if drop_half {
@@ -1160,7 +1200,7 @@ impl Harness {
         );
         assert_eq!(complete_after(wire.len(), true), events.len());
         if resume {
-            self.answered_on_stream(session, &mut own_answers, events.len());
+            self.answered_on_stream(session, &resumed, &mut own_answers, events.len());
             self.check();
         }
         self.expected.restored =
@@ -1175,10 +1215,13 @@ impl Harness {
     /// The model of a resumed stream: each answer with the client's own id
     /// among the first `complete` events frees the session's abandoned id of
     /// that key, if there is one (at most one: while an id is abandoned, new
-    /// requests with it go remapped).
+    /// requests with it go remapped), and only if the stream resumed is that
+    /// abandoned request's own (`resumed`, its `Last-Event-ID`): an answer
+    /// replayed on another request's stream frees nothing.
     fn answered_on_stream(
         &mut self,
         session: usize,
+        resumed: &str,
         own_answers: &mut Vec<(usize, String)>,
         complete: usize,
     ) {
@@ -1187,7 +1230,9 @@ impl Harness {
                 return true;
             }
             if let Some(position) = self.shadows.iter().position(|shadow| {
-                shadow.session == session && key(&shadow.server_id) == key(server_id)
+                shadow.session == session
+                    && key(&shadow.server_id) == key(server_id)
+                    && shadow.stream.as_deref() == Some(resumed)
             }) {
                 self.shadows.remove(position);
             }
@@ -1382,6 +1427,7 @@ fn scripted_interleaving() {
                 session: 0,
                 pick: u8::MAX,
                 resume: true,
+                from: 0,
                 versioned: false,
                 eol: 1,
                 multi_line: true,
@@ -1392,6 +1438,7 @@ fn scripted_interleaving() {
                 session: 1,
                 pick: u8::MAX,
                 resume: false,
+                from: 0,
                 versioned: true,
                 eol: 2,
                 multi_line: false,
@@ -1723,6 +1770,7 @@ fn replayed_answers_come_back_with_the_client_ids() {
             session,
             pick,
             resume: eol == 1,
+            from: 0,
             versioned: multi_line,
             eol,
             multi_line,

@@ -243,20 +243,35 @@ fn an_unsent_request_is_not_abandoned() {
     assert_drained(&table);
 }
 
-/// An abandoned id is freed by its answer on another stream of its session
-/// (a resumed GET), and only in that session.
+/// An abandoned id is freed by its answer on a resumed GET of the stream
+/// its request's own stream ended at, and only there: not by an answer on a
+/// stream resumed from elsewhere (a replay of another request's answer), nor
+/// in another session.
 #[test]
-fn an_answer_on_another_stream_frees_an_abandoned_id() {
+fn an_answer_on_its_resumed_stream_frees_an_abandoned_id() {
     let table = Arc::new(Table::new());
-    drop(admit(&table, &["1"], OnDuplicate::Remap));
+    let Decision::Admitted {
+        mut registration, ..
+    } = admit(&table, &["1"], OnDuplicate::Remap)
+    else {
+        panic!("admitted expected")
+    };
+    registration.note_stream(b"7");
+    drop(registration);
     assert_eq!(table.stats().abandoned_ids, 1);
-    table.answered_elsewhere(b"session-b", "1");
-    table.answered_elsewhere(b"session-a", "2");
+    let resumed = table.stream_tag(b"7");
+    table.answered_on_resume(b"session-b", "1", resumed);
+    table.answered_on_resume(b"session-a", "2", resumed);
+    table.answered_on_resume(b"session-a", "1", table.stream_tag(b"6"));
     assert_eq!(
         table.stats().abandoned_ids,
         1,
-        "another session, another id"
+        "another session, another id, another stream"
     );
+    // A request whose stream showed no event id cannot be resumed.
+    drop(admit(&table, &["2"], OnDuplicate::Remap));
+    table.answered_on_resume(b"session-a", "2", resumed);
+    assert_eq!(table.stats().abandoned_ids, 2);
     // While abandoned, a new 1 goes remapped: the server runs one request
     // under 1 at most.
     let second = admit(&table, &["1"], OnDuplicate::Remap);
@@ -264,8 +279,8 @@ fn an_answer_on_another_stream_frees_an_abandoned_id() {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::Remapped { .. }));
-    table.answered_elsewhere(b"session-a", "1");
-    assert_eq!(table.stats().abandoned_ids, 0);
+    table.answered_on_resume(b"session-a", "1", resumed);
+    assert_eq!(table.stats().abandoned_ids, 1, "2 stays abandoned");
     end(second);
     assert!(
         remapped_id(&admit(&table, &["1"], OnDuplicate::Remap)).is_none(),
