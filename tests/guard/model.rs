@@ -8,7 +8,11 @@
 //! decides, step by step, what the server does with each request: send a
 //! notification or the response on the request's POST stream, end that
 //! stream early (a priming event, then the end) and answer later on the
-//! session's GET stream, fail the stream mid-response, or never answer. The
+//! session's GET stream, fail the stream mid-response, or never answer.
+//! Two actors answer in the server's place: a layer inside the guard (a
+//! timeout) that answers a POST `408` while the server goes on running it,
+//! and a server replaying an answer it already delivered, on a `GET` that
+//! resumes that answer's stream (`Last-Event-ID`). The
 //! client POSTs with ids drawn from `1`, `2` and `"1"` (one id for the
 //! guard), reads what has arrived or drops the body at any point (a
 //! disconnect, or a client giving up after its own timeout while the server
@@ -95,6 +99,9 @@ struct Received {
     method: Method,
     body: Bytes,
     upstream: Upstream,
+    /// A layer inside the guard answered `408` in the server's place; the
+    /// server runs the request all the same.
+    timed_out: bool,
 }
 
 /// The scripted server: every POST or GET gets a `text/event-stream`
@@ -103,6 +110,8 @@ struct Received {
 #[derive(Clone, Default)]
 struct Scripted {
     received: Arc<Mutex<Vec<Received>>>,
+    /// The next request is answered `408` by a layer inside the guard.
+    time_out_next: Arc<Mutex<bool>>,
 }
 
 impl Scripted {
@@ -131,7 +140,14 @@ impl Service<Request<RequestBody<Full<Bytes>>>> for Scripted {
             .to_bytes();
         let (upstream, stream) = channel_body();
         let is_request = fields(&body).is_some_and(|message| message.contains_key("id"));
-        let response = if parts.method == Method::GET || is_request {
+        let timed_out = is_request && std::mem::take(&mut *self.time_out_next.lock().unwrap());
+        let response = if timed_out {
+            // What tower-http's `TimeoutLayer` answers: an empty 408.
+            let (_, empty) = channel_body();
+            Response::builder()
+                .status(StatusCode::REQUEST_TIMEOUT)
+                .body(empty)
+        } else if parts.method == Method::GET || is_request {
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/event-stream")
                 .body(stream)
@@ -144,6 +160,7 @@ impl Service<Request<RequestBody<Full<Bytes>>>> for Scripted {
             method: parts.method,
             body,
             upstream,
+            timed_out,
         });
         ready(Ok(response.unwrap()))
     }
@@ -185,6 +202,15 @@ enum Op {
     /// The server answers the n-th request it runs whose POST stream has
     /// ended, on the GET stream (the answer is lost if there is none).
     AnswerOnGet { n: usize, error: bool },
+    /// A layer inside the guard (a timeout) answers the next POST with a
+    /// request `408` in the server's place; the server runs it all the same,
+    /// and may answer it later on a GET stream.
+    TimeOutNext,
+    /// The client resumes the POST stream of the n-th request answered on
+    /// its own stream, from the event before its answer (a new GET stream
+    /// with that `Last-Event-ID`), and the server replays the answer it
+    /// already delivered.
+    Replay(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -203,6 +229,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::Fail),
         3 => (0..8usize, prop::bool::weighted(0.25))
             .prop_map(|(n, error)| Op::AnswerOnGet { n, error }),
+        1 => Just(Op::TimeOutNext),
+        2 => (0..8usize).prop_map(Op::Replay),
     ]
 }
 
@@ -244,6 +272,9 @@ struct Job {
     post: Option<Upstream>,
     /// The server has not answered it yet (on any stream).
     running: bool,
+    /// Answered on its own POST stream: the id of the event before the
+    /// answer (where a client resumes to have it replayed), and the answer.
+    answered_on_post: Option<(u64, String)>,
 }
 
 /// The client's GET stream and the server's end of it.
@@ -431,11 +462,15 @@ impl Harness {
                 "one POST reached the server twice"
             );
             self.exchanges[exchange].job = Some(self.jobs.len());
+            // A request answered by a layer in the server's place has no
+            // stream from the server: it can only answer on a GET.
+            let post = (!received.timed_out).then_some(received.upstream);
             self.jobs.push(Job {
                 server_id,
                 exchange,
-                post: Some(received.upstream),
+                post,
                 running: true,
+                answered_on_post: None,
             });
         }
     }
@@ -504,7 +539,10 @@ impl Harness {
                 }
             }
             Op::Cancel(id) => self.cancel(IDS[id]).await,
-            Op::OpenGet { resume, eager } => self.open_get(resume, eager).await,
+            Op::OpenGet { resume, eager } => {
+                let from = resume.then_some(self.event_id);
+                self.open_get(from, eager).await;
+            }
             Op::ReadGet => self.read_get().await,
             Op::DropGet => self.get = None,
             Op::Notify(n) => {
@@ -516,11 +554,29 @@ impl Harness {
             }
             Op::Answer { n, error } => {
                 if let Some(job) = self.pick_running(n, true) {
+                    // A priming event first, as rmcp sends: where a client
+                    // resuming the stream would have the answer replayed.
+                    let primed = self.next_event_id();
+                    self.send_post(job, event(primed, ""));
                     let answer = answer_text(&self.jobs[job].server_id, job, error);
                     let event = event(self.next_event_id(), &answer);
                     self.send_post(job, event);
                     self.jobs[job].post = None;
                     self.jobs[job].running = false;
+                    self.jobs[job].answered_on_post = Some((primed, answer));
+                }
+            }
+            Op::TimeOutNext => *self.server.time_out_next.lock().unwrap() = true,
+            Op::Replay(n) => {
+                let answered = Self::pick(&self.jobs, n, |job| job.answered_on_post.is_some());
+                if let Some(job) = answered {
+                    let (primed, answer) = self.jobs[job].answered_on_post.clone().unwrap();
+                    self.open_get(Some(primed), false).await;
+                    let event = event(self.next_event_id(), &answer);
+                    let get = self.get.as_mut().expect("just opened");
+                    if get.upstream.send(event).is_ok() {
+                        get.answered.push(job);
+                    }
                 }
             }
             Op::EndEarly(n) => {
@@ -633,7 +689,8 @@ impl Harness {
         self.receive(None);
     }
 
-    async fn open_get(&mut self, resume: bool, eager: bool) {
+    /// Opens the GET stream, resumed from event `from` or standalone.
+    async fn open_get(&mut self, from: Option<u64>, eager: bool) {
         self.get = None;
         std::future::poll_fn(|cx| self.guard.poll_ready(cx))
             .await
@@ -642,8 +699,8 @@ impl Harness {
             .header("mcp-session-id", SESSION)
             .header("mcp-protocol-version", PROTOCOL_VERSION)
             .header(header::ACCEPT, "text/event-stream");
-        if resume {
-            request = request.header("last-event-id", self.event_id.to_string());
+        if let Some(from) = from {
+            request = request.header("last-event-id", from.to_string());
         }
         let request = request.body(Full::default()).unwrap();
         let response = tokio::time::timeout(HANG_TIMEOUT, self.guard.call(request))
@@ -843,6 +900,57 @@ fn a_restored_answer_on_the_get_stream_frees_nothing() {
                     id: 0,
                     eager: false,
                 },
+            ],
+        );
+    }
+}
+
+/// A layer inside the guard answers `408` in the server's place (a timeout)
+/// while the server runs the request: the client reads the 408 and sends
+/// the id again, which must not reach the server as it is.
+#[test]
+fn a_timeout_inside_the_guard_does_not_free_the_id() {
+    use Op::*;
+    for policy in POLICIES {
+        run(
+            policy,
+            false,
+            &[
+                TimeOutNext,
+                Post {
+                    id: 0,
+                    eager: false,
+                },
+                Read { n: 0, all: true },
+                Post {
+                    id: 2,
+                    eager: false,
+                },
+                AnswerOnGet { n: 0, error: false },
+            ],
+        );
+    }
+}
+
+/// A (`1`) is answered on its own stream; B (`"1"`) is primed and its
+/// stream ended early, so the server still runs B. The client resumes A's
+/// stream and the server replays A's old answer: that is no answer to B,
+/// and the next `1` must not reach the server as it is.
+#[test]
+fn a_replayed_answer_does_not_free_another_request() {
+    use Op::*;
+    for policy in POLICIES {
+        run(
+            policy,
+            false,
+            &[
+                Post { id: 0, eager: true },
+                Answer { n: 0, error: false },
+                Post { id: 2, eager: true },
+                EndEarly(0),
+                Replay(0),
+                ReadGet,
+                Post { id: 0, eager: true },
             ],
         );
     }
