@@ -269,6 +269,7 @@ macro_rules! inner_accessors {
 }
 
 mod guard;
+pub mod inner;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;
