@@ -16,7 +16,9 @@ use futures::StreamExt as _;
 use http::{HeaderMap, StatusCode};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use serde_json::{json, Value};
-use tower::ServiceBuilder;
+use tower::{Layer as _, ServiceBuilder};
+use tower_http::compression::predicate::SizeAbove;
+use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::support::client::{burst_delay, Session};
@@ -225,6 +227,40 @@ async fn a_tool_cut_by_the_body_timeout_leaves_its_id_abandoned() -> anyhow::Res
     Ok(())
 }
 
+/// What does not cut a slow tool: `TimeoutLayer` (rmcp sends the SSE
+/// headers of a tool call at once, so the head is never late), nor a
+/// response-body timeout longer than rmcp's keep-alive interval (each
+/// keep-alive comment is a frame, which restarts the silence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neither_the_head_timeout_nor_a_kept_alive_body_timeout_cuts_a_slow_tool(
+) -> anyhow::Result<()> {
+    let short_head = Timeouts {
+        response_head: Duration::from_millis(300),
+        ..TEST_TIMEOUTS
+    };
+    let kept_alive = Timeouts {
+        response_body_idle: Duration::from_millis(500),
+        sse_keep_alive: Some(Duration::from_millis(100)),
+        ..TEST_TIMEOUTS
+    };
+    for (timeouts, ms) in [(short_head, 1000), (kept_alive, 1500)] {
+        let served = serve(app(IdGuardLayer::new(), timeouts)).await?;
+        let session = Session::open(&served.url).await?;
+        let answer = send(
+            session.post_json(serde_json::from_str(&slow_echo("1", "slow", ms))?),
+            OK_TIMEOUT,
+        )
+        .await?;
+        assert_eq!(answer.status, StatusCode::OK, "{timeouts:?}: {answer:?}");
+        assert_eq!(
+            answer.result(),
+            Some(("slow".to_owned(), "1".to_owned())),
+            "{timeouts:?}: {answer:?}"
+        );
+    }
+    Ok(())
+}
+
 /// tower-http's default predicate skips SSE; the example's compresses it,
 /// and the stream still arrives event by event: the priming event decodes
 /// before the tool has answered (async-compression flushes whenever the
@@ -270,6 +306,40 @@ async fn compressed_sse_still_streams_event_by_event() -> anyhow::Result<()> {
         "the priming event arrives before the answer: {text}"
     );
     assert!(text.contains("streamed"), "{text}");
+    Ok(())
+}
+
+/// A `CompressionLayer` inside the guard compresses nothing: the guard drops
+/// `Accept-Encoding` on the requests whose responses it reads. The control:
+/// the same layer over the bare server compresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_inside_the_guard_compresses_nothing() -> anyhow::Result<()> {
+    let compression = || CompressionLayer::new().compress_when(SizeAbove::default());
+    for guarded in [false, true] {
+        let compressed = ServiceBuilder::new()
+            .layer(compression())
+            .service(mcp_service(TEST_TIMEOUTS));
+        let router = if guarded {
+            axum::Router::new().nest_service("/mcp", IdGuardLayer::new().layer(compressed))
+        } else {
+            axum::Router::new().nest_service("/mcp", compressed)
+        };
+        let served = serve(router).await?;
+        let session = Session::open(&served.url).await?;
+        let answer = send(
+            session
+                .post_json(serde_json::from_str(&slow_echo("1", "inside", 0))?)
+                .header("accept-encoding", "gzip"),
+            OK_TIMEOUT,
+        )
+        .await?;
+        assert_eq!(
+            answer.headers.contains_key("content-encoding"),
+            !guarded,
+            "guarded {guarded}: {answer:?}"
+        );
+        assert_eq!(answer.result(), Some(("inside".to_owned(), "1".to_owned())));
+    }
     Ok(())
 }
 
