@@ -57,9 +57,12 @@
 //! again for the client only when the server has answered it: when its
 //! response has passed to the client (on the POST's own stream, even if the
 //! server keeps the stream open; or on a resumed `GET` stream of the
-//! session), or when the request never reached the server (a `4xx`, or a
-//! stand-in answer marked [`Unanswered::NotSent`]). Any other ending leaves
-//! it abandoned (see below). Sequential reuse always works. Two ids collide when the server would route them to one
+//! session), or when a stand-in answer marked [`Unanswered::NotSent`] says
+//! the request never reached the server. Any other ending leaves it
+//! abandoned (see below), an answer the guard did not see the server give
+//! included: a `4xx` or `5xx` built by a layer inside the guard (a timeout's
+//! `408`, a body limit's `413`), or any response that is not the server's
+//! JSON-RPC answer. Sequential reuse always works. Two ids collide when the server would route them to one
 //! slot: `1`, `"1"` and `"\u0031"` are one id (the Python SDK routes by
 //! `str(id)`). A request also collides with an earlier request of its own
 //! batch. Under `Remap` only a live request the server knows by that very id
