@@ -159,7 +159,6 @@ pub fn app(guard: IdGuardLayer, timeouts: Timeouts) -> axum::Router {
         .layer(stack)
 }
 
-#[allow(dead_code)] // The test that includes this file has its own entry point.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
