@@ -57,9 +57,12 @@
 //! again for the client only when the server has answered it: when its
 //! response has passed to the client (on the POST's own stream, even if the
 //! server keeps the stream open; or on a resumed `GET` stream of the
-//! session), or when the request never reached the server (a `4xx`, or a
-//! stand-in answer marked [`Unanswered::NotSent`]). Any other ending leaves
-//! it abandoned (see below). Sequential reuse always works. Two ids collide when the server would route them to one
+//! session), or when a stand-in answer marked [`Unanswered::NotSent`] says
+//! the request never reached the server. Any other ending leaves it
+//! abandoned (see below), an answer the guard did not see the server give
+//! included: a `4xx` or `5xx` built by a layer inside the guard (a timeout's
+//! `408`, a body limit's `413`), or any response that is not the server's
+//! JSON-RPC answer. Sequential reuse always works. Two ids collide when the server would route them to one
 //! slot: `1`, `"1"` and `"\u0031"` are one id (the Python SDK routes by
 //! `str(id)`). A request also collides with an earlier request of its own
 //! batch. Under `Remap` only a live request the server knows by that very id
@@ -218,19 +221,76 @@
 //! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |
 //!
 //! # Where to put other layers
-//! - **Outside the guard**: concurrency limits (tower's `ConcurrencyLimit`),
-//!   rate limits, authentication, tracing. A request waiting under `Queue`
-//!   keeps the inner service that `poll_ready` readied for it, so a limit
-//!   *inside* the guard would hold a permit while it waits.
-//! - **Inside the guard**: body limits. The guard reads tracked bodies itself,
-//!   so a limit outside it (such as tower-http's `RequestBodyLimitLayer`)
-//!   surfaces as a failed read, `400`, not `413`: set
-//!   [`IdGuardLayer::max_body_bytes`] instead, or put such layers inside.
-//! - **Compression** of responses belongs outside the guard: it restores ids
-//!   in the server's uncompressed bytes (it drops `Accept-Encoding` on
-//!   requests whose responses it restores).
-//! - **Timeouts** go either side. tower-http's `TimeoutLayer` builds its `408`
-//!   from `Default`, which [`ResponseBody`] implements.
+//! `examples/full_stack.rs` is the stack this section is written from
+//! (tower-http 0.6 layers over axum 0.8 and rmcp 3.11), and
+//! `tests/rmcp/full_stack.rs` checks each claim below on that very stack.
+//! From the outside in:
+//!
+//! ```text
+//! TraceLayer > ResponseBodyTimeoutLayer > CompressionLayer (SSE included) > CorsLayer
+//!   > TimeoutLayer > HeadLimitLayer > HostLayer > BodyPaceLayer > IdGuardLayer > MCP service
+//! ```
+//!
+//! - **Outside the guard: every layer that may answer in the server's
+//!   place** (timeouts, body limits, concurrency and rate limits,
+//!   authentication, CORS), as well as tracing and compression. The guard frees an
+//!   id only when the server's JSON-RPC answer to it has passed to the client,
+//!   or on a stand-in marked [`Unanswered::NotSent`]. An answer it did not see
+//!   the server give (a `408` from a timeout inside it, a `413` from a body
+//!   limit inside it, any response a layer inside it builds) leaves the id
+//!   abandoned, since the server may already run the request: the next
+//!   request reusing the id is remapped. A layer inside the guard is safe, but
+//!   each answer it gives costs an abandoned id for
+//!   [`IdGuardLayer::abandoned_id_ttl`]. And a request waiting under `Queue`
+//!   keeps the inner service that `poll_ready` readied for it, so a
+//!   concurrency limit inside the guard would hold a permit while it waits.
+//! - **A slow tool is cut by tower-http's `ResponseBodyTimeoutLayer`, not by
+//!   its `TimeoutLayer`.** rmcp answers every POST of a session as SSE, with
+//!   the headers (and a priming event) at once, so `TimeoutLayer`, which
+//!   times the response headers, never fires on a slow tool.
+//!   `ResponseBodyTimeoutLayer` ends the stream after a silence: the client
+//!   gets no answer, the guard sees the stream end without one and leaves the
+//!   id abandoned (the server still runs the tool), and a reuse of the id is
+//!   remapped and gets its own answer. It times a *silence*, not a total:
+//!   every frame restarts it, rmcp's SSE keep-alive comments included (every
+//!   15 s by default, `StreamableHttpServerConfig::with_sse_keep_alive`), so
+//!   it cuts nothing unless it is shorter than the keep-alive interval. It must
+//!   sit outside `CorsLayer` and `TimeoutLayer`, which build responses with
+//!   `Default`: its `TimeoutBody` has none, and the stack does not build
+//!   (`TimeoutBody<…>: Default` is not satisfied).
+//! - **Under `OnDuplicate::Queue`, keep [`IdGuardLayer::max_queue_wait`]
+//!   below any outer `TimeoutLayer`.** A queued request waits in the guard's
+//!   response future, before any header exists, so a shorter `TimeoutLayer`
+//!   answers it with a bare `408`: no body, no JSON-RPC error, no id. With
+//!   `max_queue_wait` below it, the client gets the guard's `503` and a
+//!   `-32000` error carrying its id.
+//! - **Body limits: set [`IdGuardLayer::max_body_bytes`]** (`413` and a
+//!   `-32600` error). tower-http's `RequestBodyLimitLayer` outside the guard
+//!   refuses a body whose `Content-Length` is over the limit with a
+//!   plain-text `413` (`length limit exceeded`) before the guard reads it,
+//!   while a chunked body over it fails the guard's read: `400`, `-32600`,
+//!   `id: null`. Inside the guard, a `Content-Length` body gets the same
+//!   plain-text `413` (the guard forwards the length), and a chunked one fails
+//!   rmcp's own read: a bare `500`. Both leave the id abandoned.
+//! - **Compression goes outside the guard, told to compress SSE.** The guard
+//!   restores ids in the server's uncompressed bytes and drops
+//!   `Accept-Encoding` on every request whose response it reads, so a
+//!   `CompressionLayer` inside it compresses nothing. Outside, tower-http's
+//!   default predicate skips `text/event-stream`, which is every answer rmcp
+//!   gives in a session, so it compresses nothing either unless its predicate
+//!   leaves SSE in (`SizeAbove::default().and(NotForContentType::GRPC)
+//!   .and(NotForContentType::IMAGES)`). Compressed SSE still streams: the
+//!   encoder flushes whenever the server pauses, so each event reaches the
+//!   client when it is sent.
+//! - **CORS goes outside [`protect::HostLayer`], allowing only origins it
+//!   allows.** `CorsLayer` answers a preflight (`OPTIONS`) itself, `200`,
+//!   whatever the origin, and the POST that follows meets `HostLayer`, which
+//!   refuses a foreign `Origin` with `403`. Safe, but a browser then sees the
+//!   preflight pass and the POST fail.
+//! - The network protections of [`protect`] go outside the guard, cheapest
+//!   first, so a request they refuse is never read. Their bodies and
+//!   [`ResponseBody`] implement `Default`, which `TimeoutLayer` and
+//!   `CorsLayer` outside them need.
 //!
 //! # Feature flags
 //! | feature | what it adds |
@@ -269,6 +329,7 @@ macro_rules! inner_accessors {
 }
 
 mod guard;
+pub mod inner;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals;

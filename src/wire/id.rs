@@ -350,10 +350,12 @@ fn escape_into(out: &mut Vec<u8>, text: &str) {
 }
 
 /// The parts of a well-formed server-side id.
-struct Parts {
+pub(crate) struct Parts {
     mac: u64,
-    serial: String,
-    original: String,
+    /// The counter's decimal digits.
+    pub(crate) serial: String,
+    /// The client's id JSON text.
+    pub(crate) original: String,
 }
 
 /// If `raw` (an id's JSON text) is written like a server-side id, returns
@@ -369,7 +371,9 @@ pub(crate) fn restore(raw: &str) -> Option<String> {
     parse(raw).map(|parts| parts.original)
 }
 
-fn parse(raw: &str) -> Option<Parts> {
+/// The parts of `raw` (an id's JSON text) if it is written like a
+/// server-side id; the MAC is read, not checked.
+pub(crate) fn parse(raw: &str) -> Option<Parts> {
     if !raw
         .strip_prefix('"')
         .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))

@@ -171,7 +171,7 @@ fn key(raw: &str) -> String {
 }
 
 fn is_server_side(raw: &str) -> bool {
-    raw.starts_with('"') && key(raw).starts_with("mcp-id-guard:")
+    mcp_id_guard::inner::ServerSideId::parse(raw).is_some()
 }
 
 fn request_text(id: &str) -> String {

@@ -30,7 +30,7 @@ use crate::support::wait::{assert_drained, within};
 /// complete bodies and bodies streamed through a channel.
 type ReqBody = UnsyncBoxBody<Bytes, Infallible>;
 /// What the mocked inner service receives.
-type InnerRequest = Request<RequestBody<ReqBody>>;
+type InnerRequest = mcp_id_guard::inner::InnerRequest<ReqBody>;
 /// What the mocked inner service answers.
 type InnerResponse = Response<Full<Bytes>>;
 type Handle = mock::Handle<InnerRequest, InnerResponse>;

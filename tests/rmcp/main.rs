@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod full_stack;
 mod protocol_rmcp;
 mod real_rmcp;
 mod sse_parser;

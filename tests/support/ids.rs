@@ -3,13 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use mcp_id_guard::inner::ServerSideId;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::sse;
-
-/// The prefix of the ids the guard mints for the server side.
-pub const SERVER_SIDE_PREFIX: &str = "mcp-id-guard:";
 
 /// The exact JSON text of a message's top-level `id`, if it is a JSON object
 /// with one.
@@ -35,16 +33,13 @@ pub fn id_text(body: &[u8]) -> String {
 
 /// Whether an id's JSON text is a server-side id minted by the guard.
 pub fn is_server_side(id: &str) -> bool {
-    id.strip_prefix('"')
-        .is_some_and(|id| id.starts_with(SERVER_SIDE_PREFIX))
+    ServerSideId::parse(id).is_some()
 }
 
-/// The decoded text of a server-side id (asserts it is one).
+/// The server-side id an id's JSON text is (asserts it is one).
 #[track_caller]
-pub fn server_side(raw: &str) -> String {
-    let decoded: String = serde_json::from_str(raw).expect("a server-side id is a JSON string");
-    assert!(decoded.starts_with(SERVER_SIDE_PREFIX), "{raw:.80}");
-    decoded
+pub fn server_side(raw: &str) -> ServerSideId {
+    ServerSideId::parse(raw).unwrap_or_else(|| panic!("not a server-side id: {raw:.80}"))
 }
 
 /// Whether `json` is a JSON-RPC response: an object with `result` or `error`.
