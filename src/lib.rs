@@ -56,8 +56,9 @@
 //! An id is released exactly once, however its exchange ends, and is free
 //! again for the client only when the server has answered it: when its
 //! response has passed to the client (on the POST's own stream, even if the
-//! server keeps the stream open; or on a resumed `GET` stream of the
-//! session), or when a stand-in answer marked [`Unanswered::NotSent`] says
+//! server keeps the stream open; or, after that stream ended early, on a
+//! `GET` that resumes it from the last event id the client saw on it), or
+//! when a stand-in answer marked [`Unanswered::NotSent`] says
 //! the request never reached the server. Any other ending leaves it
 //! abandoned (see below), an answer the guard did not see the server give
 //! included: a `4xx` or `5xx` built by a layer inside the guard (a timeout's
