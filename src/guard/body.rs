@@ -229,6 +229,7 @@ impl Reader {
                     },
                     offset: 0,
                     last: None,
+                    lead: Lead::Undecided(None),
                 }
             } else {
                 let rewriter = Rewriter::new(max_id, watch)
@@ -330,9 +331,48 @@ enum Framing {
         restorer: Restorer,
         offset: usize,
         last: Option<Bytes>,
+        lead: Lead,
     },
     /// A `text/event-stream`.
     Sse(Rewriter),
+}
+
+/// Whether a JSON body starts with a UTF-8 byte order mark. A browser's or
+/// Node's `fetch` decodes the body as UTF-8, which drops one, so such a
+/// client reads the JSON after it: the guard reads (and restores) from there
+/// too, and passes the mark on.
+#[derive(Debug)]
+enum Lead {
+    /// Fewer than three bytes seen, all of them the mark's so far: held.
+    Undecided(Option<Bytes>),
+    /// The JSON text starts at this offset (3 after a mark, else 0).
+    From(usize),
+}
+
+/// A UTF-8 byte order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+impl Lead {
+    /// Takes the next chunk; returns what to read now (the bytes held so
+    /// far joined to it) and where the JSON text starts, or `None` while the
+    /// lead is still undecided (the chunk is held).
+    fn take(&mut self, chunk: Bytes) -> Option<(Bytes, usize)> {
+        let held = match self {
+            Lead::From(start) => return Some((chunk, *start)),
+            Lead::Undecided(held) => held,
+        };
+        let chunk = match held.take() {
+            Some(held) => [held, chunk].concat().into(),
+            None => chunk,
+        };
+        if chunk.len() < BOM.len() && BOM.starts_with(&chunk) {
+            *held = Some(chunk);
+            return None;
+        }
+        let start = if chunk.starts_with(BOM) { BOM.len() } else { 0 };
+        *self = Lead::From(start);
+        Some((chunk, start))
+    }
 }
 
 impl Framing {
@@ -340,11 +380,23 @@ impl Framing {
     fn read(&mut self, chunk: Bytes, pieces: &mut VecDeque<Bytes>) {
         match self {
             Framing::Json {
-                restorer, offset, ..
+                restorer,
+                offset,
+                lead,
+                ..
             } => {
+                let Some((chunk, json_start)) = lead.take(chunk) else {
+                    return;
+                };
                 let start = *offset;
                 *offset += chunk.len();
-                restorer.push(&chunk, start, &[Part::Json(start..*offset)], pieces);
+                let json = start.max(json_start)..*offset;
+                let parts: &[Part] = if json.is_empty() {
+                    &[]
+                } else {
+                    &[Part::Json(json)]
+                };
+                restorer.push(&chunk, start, parts, pieces);
             }
             Framing::Sse(rewriter) => rewriter.push(chunk, pieces),
         }
@@ -374,8 +426,15 @@ impl Framing {
                 restorer,
                 offset,
                 last,
+                lead,
             } => {
                 out.extend(last.take());
+                // A body of one or two bytes of a mark: no mark, read as it is.
+                if let Lead::Undecided(Some(held)) = std::mem::replace(lead, Lead::From(0)) {
+                    let start = *offset;
+                    *offset += held.len();
+                    restorer.push(&held, start, &[Part::Json(start..*offset)], out);
+                }
                 restorer.push(&Bytes::new(), *offset, &[Part::End(*offset)], out);
                 restorer.finish(out);
             }

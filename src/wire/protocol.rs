@@ -52,14 +52,18 @@ pub(crate) struct RequestHeaders {
     pub(crate) method: McpMethod,
 }
 
-/// Whether a `Content-Encoding` value names a coding other than `identity`
-/// (RFC 9110 §8.4.1: `identity` means no coding; anything else, a list
-/// included, is a body the guard cannot read as it is).
+/// Whether a `Content-Encoding` value names a coding other than `identity`.
+/// The value is a list (RFC 9110 §8.4: `#content-coding`, empty elements
+/// allowed); `identity` means no coding, so a list of nothing else, or an
+/// empty one (Express's body parser reads a missing or empty header as
+/// `identity`), leaves the body as it is. Anything else is a body the guard
+/// cannot read as it is.
 fn encodes(value: &HeaderValue) -> bool {
-    !value
+    value
         .as_bytes()
-        .trim_ascii()
-        .eq_ignore_ascii_case(b"identity")
+        .split(|&byte| byte == b',')
+        .map(<[u8]>::trim_ascii)
+        .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity"))
 }
 
 /// Whether a message's body is encoded: some `Content-Encoding` value is not
@@ -216,10 +220,14 @@ mod tests {
                 .and_then(|value| value.to_str().ok())
                 .and_then(|value| value.parse().ok()),
             encoded: headers.get_all(CONTENT_ENCODING).iter().any(|value| {
-                !value
-                    .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"identity")
+                value.to_str().map_or(true, |value| {
+                    value
+                        .split(',')
+                        .map(|coding| coding.trim_matches([' ', '\t']))
+                        .any(|coding| {
+                            !coding.is_empty() && !coding.eq_ignore_ascii_case("identity")
+                        })
+                })
             }),
             method: headers.get(&MCP_METHOD).map_or(McpMethod::Other, |method| {
                 McpMethod::from_name(method.as_bytes())
@@ -249,6 +257,9 @@ mod tests {
                         Just("2026-07-28".to_owned()),
                         Just("identity".to_owned()),
                         Just(" Identity ".to_owned()),
+                        Just("identity, IDENTITY".to_owned()),
+                        Just(",".to_owned()),
+                        Just("identity, gzip".to_owned()),
                         Just("gzip".to_owned()),
                         Just("tools/call".to_owned()),
                         Just("ping".to_owned()),

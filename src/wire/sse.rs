@@ -98,15 +98,20 @@ pub(crate) struct Rewriter {
 struct EventId {
     bytes: Vec<u8>,
     too_long: bool,
+    /// The value holds a NUL (seen even past the length kept): the SSE
+    /// standard ignores such a field.
+    nul: bool,
 }
 
 impl EventId {
     fn clear(&mut self) {
         self.bytes.clear();
         self.too_long = false;
+        self.nul = false;
     }
 
     fn extend(&mut self, bytes: &[u8]) {
+        self.nul |= memchr::memchr(0, bytes).is_some();
         if self.too_long || self.bytes.len() + bytes.len() > MAX_EVENT_ID {
             self.too_long = true;
             self.bytes.clear();
@@ -320,7 +325,7 @@ impl Rewriter {
     fn end_line(&mut self, chunk: &[u8], at: usize) -> usize {
         // An `id` field sets the buffer unless its value holds a NUL (the
         // SSE standard ignores such a field).
-        if matches!(self.line, Line::Id | Line::IdStart) && !self.id_field.bytes.contains(&0) {
+        if matches!(self.line, Line::Id | Line::IdStart) && !self.id_field.nul {
             std::mem::swap(&mut self.id_buffer, &mut self.id_field);
         }
         self.first_line = false;
@@ -343,7 +348,9 @@ impl Rewriter {
         self.data_lines = 0;
         // Dispatching sets the stream's last event id, even for an event
         // without data (a priming event).
-        if self.last_id != self.id_buffer {
+        if (&self.last_id.bytes, self.last_id.too_long)
+            != (&self.id_buffer.bytes, self.id_buffer.too_long)
+        {
             self.last_id.clone_from(&self.id_buffer);
             self.id_changes += 1;
         }
@@ -623,6 +630,11 @@ mod tests {
         }
         let long = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID + 1));
         assert_eq!(last_event_id(&long, 3), None, "too long to follow");
+        // A NUL past the length kept still voids the field.
+        let nul = format!("id: 5\n\nid: {}\0\n\n", "7".repeat(MAX_EVENT_ID + 1));
+        for cut in [3, 12, nul.len() - 3] {
+            assert_eq!(last_event_id(&nul, cut), Some(b"5".to_vec()), "cut {cut}");
+        }
         let fits = format!("id: {}\n\n", "7".repeat(MAX_EVENT_ID));
         assert_eq!(
             last_event_id(&fits, 9).map(|id| id.len()),

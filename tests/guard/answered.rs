@@ -361,3 +361,69 @@ async fn a_ttl_past_the_clock_remembers_the_abandoned_id() {
     assert_eq!(layer.stats().abandoned_ids, 1);
     assert!(reuse_is_remapped(&mut service, &mut handle).await);
 }
+
+/// A JSON answer led by a UTF-8 byte order mark: `fetch` decodes the body
+/// as UTF-8, which drops the mark, so a browser or Node client reads the
+/// JSON after it. The guard reads it there too: a remapped answer is
+/// restored (the mark passes on) and the id is free, however the body is
+/// chunked.
+#[tokio::test]
+async fn a_json_answer_led_by_a_byte_order_mark_counts() {
+    for cut in [0, 1, 2, 3, 5] {
+        let layer = IdGuardLayer::new();
+        let (mut service, mut handle) = spawn(layer.clone());
+        let (_first, _first_send, _) = send(&mut service, &mut handle, tracked("1")).await;
+        let (second, send, seen) = send(&mut service, &mut handle, tracked("1")).await;
+        let server_id = seen.unwrap();
+        let (response, chunks) = streamed(StatusCode::OK, &[("content-type", "application/json")]);
+        send.send_response(response);
+        let wire = format!("\u{feff}{}", answer_text(&server_id)).into_bytes();
+        for part in [&wire[..cut], &wire[cut..]] {
+            chunks
+                .unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(part))))
+                .unwrap();
+        }
+        drop(chunks);
+        let body = within(second).await.unwrap().into_body();
+        assert_eq!(
+            read_all(body).await,
+            format!("\u{feff}{}", answer_text("1")),
+            "cut {cut}"
+        );
+        assert_eq!(layer.stats().restored_total, 1, "cut {cut}");
+        assert_eq!(layer.stats().in_flight_requests, 1, "cut {cut}: the first");
+    }
+}
+
+/// A `Content-Encoding` that names no coding (an empty list, `identity`
+/// twice) leaves the body as it is: the answer is read and restored. One
+/// that names a coding leaves it unread.
+#[tokio::test]
+async fn a_content_encoding_list_of_identity_is_read() {
+    for (encoding, restored) in [
+        ("", true),
+        ("identity, IDENTITY", true),
+        (" , identity", true),
+        ("identity, gzip", false),
+        ("br", false),
+    ] {
+        let layer = IdGuardLayer::new();
+        let (mut service, mut handle) = spawn(layer.clone());
+        let (_first, _first_send, _) = send(&mut service, &mut handle, tracked("1")).await;
+        let (second, send, seen) = send(&mut service, &mut handle, tracked("1")).await;
+        let server_id = seen.unwrap();
+        let (response, chunks) = streamed(
+            StatusCode::OK,
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", encoding),
+            ],
+        );
+        send.send_response(response);
+        feed(&chunks, &answer_text(&server_id));
+        drop(chunks);
+        let body = within(second).await.unwrap().into_body();
+        let expected = answer_text(if restored { "1" } else { &server_id });
+        assert_eq!(read_all(body).await, expected, "{encoding:?}");
+    }
+}
