@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project::pin_project;
@@ -508,7 +508,20 @@ impl<B: Body> ResponseBody<B> {
         // is read like any other: the server's own JSON-RPC answer (a
         // refusal carrying the id) frees the id, anything else leaves it
         // abandoned.
-        let stand_in = parts.extensions.get::<Unanswered>().copied();
+        //
+        // A `502`, `503` or `504` is a gateway's (RFC 9110 §15.6): a proxy
+        // in front of the server answering for it, however its body reads.
+        // Its JSON-RPC error may carry the request's id (the `mcp-id-guard`
+        // proxy's own do), but an `Unanswered` mark does not cross HTTP.
+        let gateway = matches!(
+            parts.status,
+            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+        );
+        let stand_in = parts
+            .extensions
+            .get::<Unanswered>()
+            .copied()
+            .or(gateway.then_some(Unanswered::Sent));
         if stand_in == Some(Unanswered::NotSent) {
             if let Some(registration) = registration.take() {
                 registration.unsent();

@@ -139,15 +139,26 @@ async fn reuse_is_remapped(service: &mut Guarded, handle: &mut Handle) -> bool {
     is_server_side(&seen)
 }
 
+/// A case: the status, headers and body the inner service answers with,
+/// the mark it puts on the answer, and whether the id stays abandoned.
+type Case = (
+    StatusCode,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    Option<Unanswered>,
+    bool,
+);
+
 /// A status code from a layer inside the guard (a timeout's `408`, a body
 /// limit's `413`, a `5xx`) is no answer from the server, which may have
 /// started the request and keeps running it under the client's id: the id
-/// stays abandoned, and the next `1` goes with a server-side id. The
-/// server's own refusal carrying the id, or a stand-in marked
+/// stays abandoned, and the next `1` goes with a server-side id. So is a
+/// gateway's `502`/`503`/`504`, even with a JSON-RPC error carrying the id.
+/// The server's own refusal carrying the id, or a stand-in marked
 /// `Unanswered::NotSent`, frees it.
 #[tokio::test]
 async fn a_status_without_the_servers_answer_frees_nothing() {
-    let cases: [(StatusCode, &[(&str, &str)], &str, Option<Unanswered>, bool); 6] = [
+    let cases: [Case; 8] = [
         (StatusCode::REQUEST_TIMEOUT, &[], "", None, true),
         (
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -158,6 +169,24 @@ async fn a_status_without_the_servers_answer_frees_nothing() {
         ),
         (StatusCode::NOT_FOUND, &[], "", None, true),
         (StatusCode::BAD_GATEWAY, &[], "", None, true),
+        // A gateway's stand-in, even one carrying a JSON-RPC error with the
+        // id (what a proxy in front of the server answers when it gives
+        // up): no answer from the server. Its in-process mark does not
+        // cross HTTP.
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            &[("content-type", "application/json")],
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"upstream timed out"}}"#,
+            None,
+            true,
+        ),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            &[("content-type", "application/json")],
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"busy"}}"#,
+            None,
+            true,
+        ),
         // The server's own refusal, with the id: answered.
         (
             StatusCode::BAD_REQUEST,
