@@ -100,6 +100,8 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_MAX_HEADER_BYTES",
         "--admin-listen",
         "MCP_ID_GUARD_ADMIN_LISTEN",
+        "--admin-max-connections",
+        "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
         "--log-format",
         "MCP_ID_GUARD_LOG_FORMAT",
         "--max-requests-per-connection",

@@ -6,6 +6,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+// The admin listener of the binary under the main listener's limits.
+#[cfg(feature = "cli")]
+mod admin;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;

@@ -367,6 +367,20 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<SocketAddr>,
 
+    /// Most admin connections open at once; past it the admin listener
+    /// stops accepting until one closes. Admin connections have the
+    /// timeouts of client connections (--header-read-timeout,
+    /// --keep-alive-timeout, --send-timeout), so a client that does not read
+    /// its answers loses its slot at the send timeout. Probes and a scraper
+    /// need a few.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) admin_max_connections: u32,
+
     /// Label each tools/call in /metrics with its tool's name
     /// (gen_ai_tool_name), for the first N distinct names; later names are
     /// "other". 0 (the default) leaves tool names out: clients choose them,
@@ -527,6 +541,7 @@ mod tests {
         assert_eq!(args.max_requests_per_connection, 1000);
         assert_eq!(args.max_client_resets, 250);
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
+        assert_eq!(args.admin_max_connections, 16);
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

@@ -90,6 +90,18 @@ impl Args {
             .max_header_bytes(Some(self.max_header_bytes))
     }
 
+    /// The admin listener's server: the client connections' timeouts and
+    /// per-connection budgets, its own connection cap, and no metrics (its
+    /// connections are not clients').
+    pub(crate) fn admin_server(&self) -> ServerBuilder {
+        self.server(self.admin_max_connections())
+    }
+
+    /// `--admin-max-connections` as a count.
+    pub(crate) fn admin_max_connections(&self) -> usize {
+        usize::try_from(self.admin_max_connections).unwrap_or(usize::MAX)
+    }
+
     /// The request body's pace: its longest pause, its slowest rate.
     pub(crate) fn pace(&self) -> BodyPaceLayer {
         BodyPaceLayer::new()
