@@ -76,6 +76,8 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "--allow-any-origin",
         "--preserve-host",
         "MCP_ID_GUARD_PRESERVE_HOST",
+        "--trust-forwarded",
+        "MCP_ID_GUARD_TRUST_FORWARDED",
         "--header-read-timeout",
         "MCP_ID_GUARD_HEADER_READ_TIMEOUT",
         "--request-body-timeout",

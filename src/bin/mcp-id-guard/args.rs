@@ -180,6 +180,17 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
     pub(crate) preserve_host: bool,
 
+    /// Trust the forwarding headers requests arrive with: X-Forwarded-Host,
+    /// X-Forwarded-Proto and Forwarded pass unchanged and the client's
+    /// address is appended to X-Forwarded-For (nginx's
+    /// $proxy_add_x_forwarded_for). Only behind a proxy that sets them (a
+    /// TLS terminator, a load balancer). Default: the proxy is the first
+    /// hop the upstream can believe (Envoy's use_remote_address):
+    /// X-Forwarded-For is the client's address alone, X-Forwarded-Host the
+    /// Host it sent, X-Forwarded-Proto http, and Forwarded is dropped.
+    #[arg(long, env = "MCP_ID_GUARD_TRUST_FORWARDED")]
+    pub(crate) trust_forwarded: bool,
+
     /// How long a client may take to send a whole request head, from when
     /// it connects (protocol detection and the HTTP/2 preface included) or
     /// sends the first byte of a later request. Slow-header clients hold a
@@ -542,6 +553,7 @@ mod tests {
         assert_eq!(args.max_client_resets, 250);
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
         assert_eq!(args.admin_max_connections, 16);
+        assert!(!args.trust_forwarded);
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

@@ -48,6 +48,7 @@ impl Args {
             .response_timeout(enabled(self.upstream_response_timeout))
             .idle_timeout(enabled(self.upstream_idle_timeout))
             .preserve_host(self.preserve_host)
+            .trust_forwarded(self.trust_forwarded)
             .build(&self.upstream)
             .map_err(|error| error.to_string())
     }
