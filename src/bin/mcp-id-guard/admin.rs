@@ -3,7 +3,10 @@
 //! and scrapes never mix with MCP traffic or pass its Host checks.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -78,13 +81,29 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 /// liveness probe still gets through.
 pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>, server: ServerBuilder) {
     let server = server.build();
-    let service = tower::service_fn(move |request: Request<ClientBody>| {
-        let admin = Arc::clone(&admin);
-        async move { Ok::<_, Infallible>(admin.answer(&request).await) }
-    });
+    let service = AdminService(admin);
     // The admin listener lives as long as the process: the main listener's
     // shutdown ends the runtime, and with it this task.
     server
         .serve(listener, |_| service.clone(), std::future::pending())
         .await;
+}
+
+/// The admin endpoints as a tower service, for `mcp_id_guard::server`.
+#[derive(Clone)]
+struct AdminService(Arc<Admin>);
+
+impl tower_service::Service<Request<ClientBody>> for AdminService {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
+        let admin = Arc::clone(&self.0);
+        Box::pin(async move { Ok(admin.answer(&request).await) })
+    }
 }
