@@ -12,9 +12,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mcp_id_guard::IdGuardLayer;
-use tower_layer::Layer as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tower_layer::Layer as _;
 
 use crate::support::server::{serve_proxy, serve_service, Served};
 use crate::support::wait::drained;

@@ -22,6 +22,9 @@ mod layers;
 // `mcp-id-guard probe` against bare and guarded servers.
 #[cfg(feature = "cli")]
 mod probe;
+// `mcp-id-guard probe` against hostile and unusual servers.
+#[cfg(feature = "cli")]
+mod probe_hostile;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;
