@@ -391,12 +391,6 @@ mod tests {
     #[test]
     fn forwarded_headers() {
         let upstream_host = HeaderValue::from_static("127.0.0.1:8000");
-        let mut headers = map(&[
-            ("host", "guard.example:8080"),
-            ("x-forwarded-for", "203.0.113.7"),
-            ("x-forwarded-for", "198.51.100.1"),
-            ("expect", "100-continue"),
-        ]);
         let client = || {
             map(&[
                 ("host", "guard.example:8080"),

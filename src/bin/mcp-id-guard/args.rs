@@ -214,11 +214,13 @@ pub(crate) struct Args {
     )]
     pub(crate) request_body_timeout: Duration,
 
-    /// Slowest average rate a request body may arrive at, in bytes per
-    /// second of waiting for it, once --request-body-grace has passed (like
-    /// Kestrel's 240 B/s); a slower body gets 408 and the connection
-    /// closes. Cuts a body that trickles a byte just often enough to stay
-    /// under --request-body-timeout. 0: off.
+    /// Slowest rate a request body may arrive at, in bytes per second of
+    /// waiting for it, once --request-body-grace has passed (like Kestrel's
+    /// 240 B/s); a slower body gets 408 and the connection closes. Cuts a
+    /// body that trickles a byte just often enough to stay under
+    /// --request-body-timeout. Judged over a window: data earns waiting at
+    /// this rate, but at most one --request-body-timeout of it, so a burst
+    /// earns no hours of pauses. 0: off.
     #[arg(
         long,
         env = "MCP_ID_GUARD_MIN_REQUEST_BODY_RATE",
