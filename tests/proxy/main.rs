@@ -12,6 +12,9 @@ mod admin;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;
+// Request bodies under the binary's memory budget and size cap.
+#[cfg(feature = "cli")]
+mod bodies;
 mod failures;
 // Tests of the binary itself.
 #[cfg(feature = "cli")]

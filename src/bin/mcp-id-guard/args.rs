@@ -115,9 +115,31 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_MAX_TABLE_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub(crate) max_table_bytes: usize,
 
-    /// Largest JSON POST body the guard reads; larger ones get 413.
+    /// Largest request body, tracked or not; larger ones get 413. Every
+    /// body is read whole (and counted against --max-body-memory-bytes)
+    /// before the request goes upstream, as nginx buffers request bodies, so
+    /// a body that trickles holds no upstream connection.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub(crate) max_body_bytes: usize,
+
+    /// Bytes of request bodies the proxy may hold at once, across all
+    /// connections (like --max-table-bytes for the session table): a body
+    /// whose Content-Length does not fit what is left gets 503 at once, one
+    /// without a length when it outgrows it. A body counts from its first
+    /// byte until the upstream's response head.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
+        default_value_t = 64 * 1024 * 1024
+    )]
+    pub(crate) max_body_memory_bytes: usize,
+
+    /// Bytes of request bodies one client connection may hold at once (the
+    /// streams of an HTTP/2 connection count together, as Envoy bounds
+    /// buffering per connection); past it, 503. Default: --max-body-bytes,
+    /// so one body of the largest size fits.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CONNECTION")]
+    pub(crate) max_body_memory_per_connection: Option<usize>,
 
     /// Requests one session may have in flight; more get 429.
     #[arg(
@@ -556,6 +578,8 @@ mod tests {
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
         assert_eq!(args.admin_max_connections, 16);
         assert!(!args.trust_forwarded);
+        assert_eq!(args.max_body_memory_bytes, 64 * 1024 * 1024);
+        assert_eq!(args.max_body_memory_per_connection, None);
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

@@ -8,8 +8,9 @@
 //! Everything that protects the upstream is the library's; this program
 //! reads the flags (`args`, `settings`) and composes, per client
 //! connection: traces (when `OTEL_*` configures them), metrics, the
-//! head-size, Host/Origin and body-pace checks, the id guard, the proxy,
-//! served by `mcp_id_guard::server`.
+//! head-size, Host/Origin and body-pace checks, request bodies read whole
+//! under a memory budget, the id guard, the proxy, served by
+//! `mcp_id_guard::server`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -142,6 +143,7 @@ async fn run(args: Args) -> Result<(), String> {
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
         .layer(args.pace())
+        .layer(args.body_buffer())
         .layer(guard.clone());
     let server = args.server(max_connections).metrics(metrics).build();
     let shutdown = async {
