@@ -192,3 +192,132 @@ async fn bodies_over_the_memory_budget_are_refused_at_once() -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// A line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB.
+fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Bytes each attacking request announces: just under the body cap.
+const ANNOUNCED: usize = 4 * 1024 * 1024 - 4096;
+
+/// Item 1, the red team's attacks, with `--max-body-memory-bytes 16 MiB`:
+/// one HTTP/2 connection opening 200 streams that announce 4 MiB each and
+/// send 1 MiB, and 200 HTTP/1.1 connections that announce 4 MiB and send
+/// 2 MiB, none finishing. All but what fits the budgets (one stream of the
+/// HTTP/2 connection, 3 of the HTTP/1.1 ones: 4 MiB each) get 503 at once,
+/// and the proxy's peak memory grows by less than 48 MiB (it held every
+/// body read so far: hundreds of MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_budget_under_upload_floods() -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let (upstream, _seen) = reporting_upstream().await?;
+    let guard = Guard::start(&[
+        "--upstream",
+        &format!("http://{}", upstream.addr),
+        "--max-body-memory-bytes",
+        "16777216",
+        "--min-request-body-rate",
+        "0",
+    ])
+    .await?;
+    let pid = guard.pid().context("no pid")?;
+    let before = status_kib(pid, "VmRSS:")?;
+
+    // HTTP/2: 200 streams on one connection.
+    let stream = TcpStream::connect(&guard.addr).await?;
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let chunk = Bytes::from(vec![b' '; 1024 * 1024]);
+    let mut streams = Vec::new();
+    for _ in 0..200 {
+        let mut sender = sender.clone();
+        let frames = futures::stream::iter([Ok::<_, Infallible>(Frame::data(chunk.clone()))])
+            .chain(futures::stream::pending());
+        let request = Request::post(format!("http://{}/mcp", guard.addr))
+            .header("content-type", "application/json")
+            .header("accept", ACCEPT)
+            .header("mcp-session-id", "s")
+            .header("content-length", ANNOUNCED.to_string())
+            .body(StreamBody::new(frames))?;
+        streams.push(tokio::spawn(async move {
+            sender.ready().await?;
+            let response = sender.send_request(request).await?;
+            anyhow::Ok(response.status().as_u16())
+        }));
+    }
+    // HTTP/1.1: 200 connections.
+    let mut connections = Vec::new();
+    for _ in 0..200 {
+        let addr = guard.addr.clone();
+        connections.push(tokio::spawn(async move {
+            let mut stream =
+                partial_post(&addr, "application/json", Some("s"), ANNOUNCED, 0).await?;
+            let (mut read, mut write) = stream.split();
+            let upload = async {
+                for _ in 0..2 {
+                    write.write_all(&[b' '; 1024 * 1024]).await?;
+                }
+                std::future::pending::<anyhow::Result<()>>().await
+            };
+            let head = async {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if read.read(&mut byte).await? == 0 {
+                        anyhow::bail!("closed");
+                    }
+                    head.push(byte[0]);
+                }
+                anyhow::Ok(String::from_utf8_lossy(&head).into_owned())
+            };
+            tokio::select! {
+                head = head => head,
+                failed = upload => failed.map(|()| String::new()),
+            }
+        }));
+    }
+    // Each request is refused (503, or its connection closed under the
+    // client's upload) or held; one deadline for all.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (mut refused, mut held) = ([0; 2], [0; 2]);
+    for stream in streams {
+        match tokio::time::timeout_at(deadline, stream).await {
+            Ok(Ok(Ok(503))) => refused[0] += 1,
+            Err(_) => held[0] += 1,
+            Ok(other) => println!("an HTTP/2 stream ended: {other:?}"),
+        }
+    }
+    for connection in connections {
+        match tokio::time::timeout_at(deadline, connection).await {
+            Ok(Ok(Ok(head))) if head.starts_with("HTTP/1.1 503") => refused[1] += 1,
+            Err(_) => held[1] += 1,
+            // Closed (reset) under the client's upload after its 503.
+            Ok(_) => refused[1] += 1,
+        }
+    }
+    let peak = status_kib(pid, "VmHWM:")?;
+    println!(
+        "HTTP/2 streams: {} refused, {} held; HTTP/1.1 connections: {} refused, {} held; \
+         proxy RSS {before} KiB before, peak {peak} KiB",
+        refused[0], held[0], refused[1], held[1]
+    );
+    assert_eq!(held[0], 1, "one stream fits the connection's share");
+    // 16 MiB less the HTTP/2 stream's 4 MiB: three more of 4 MiB.
+    assert_eq!(held[1], 3, "three connections fit the rest of the budget");
+    assert!(
+        peak < before + 48 * 1024,
+        "peak {peak} KiB from {before} KiB"
+    );
+    Ok(())
+}
