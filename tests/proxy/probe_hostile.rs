@@ -201,7 +201,7 @@ async fn answer(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         Kind::Huge => {
             let sse = method == "tools/list";
             let head = if sse {
-                format!(r#"data: {{"jsonrpc":"2.0","result":{{"tools":[],"pad":""#)
+                r#"data: {"jsonrpc":"2.0","result":{"tools":[],"pad":""#.to_owned()
             } else {
                 r#"{"jsonrpc":"2.0","result":{"pad":""#.to_owned()
             };

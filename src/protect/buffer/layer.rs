@@ -15,10 +15,10 @@ const DEFAULT_MAX_BYTES: usize = 4 * 1024 * 1024;
 ///
 /// Each service the layer makes has a share of its own
 /// ([`per_connection`](Self::per_connection)): made once per connection (as
-/// the `mcp-id-guard` binary and [`Server`](crate::server::Server)-style
-/// composition do, through `ServiceBuilder::service` per connection), that
-/// is a share per connection; made once for all connections (an axum
-/// router), it is one more bound on the total.
+/// the `mcp-id-guard` binary does, calling `ServiceBuilder::service` in the
+/// `make_service` it gives `mcp_id_guard::server::Server::serve`), that is a
+/// share per connection; made once for all connections (an axum router), it
+/// is one more bound on the total.
 #[derive(Debug, Clone)]
 pub struct BodyBufferLayer {
     budget: BodyBudget,
