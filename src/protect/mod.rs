@@ -8,6 +8,7 @@
 //! | [`HostLayer`] ([`host`]) | a `Host` or `Origin` its [`HostPolicy`] does not serve (DNS rebinding) | 421 / 403 |
 //! | [`HeadLimitLayer`] ([`head`]) | a request head over its limit | 431 |
 //! | [`BodyPaceLayer`] ([`pace`]) | a request body that pauses too long or arrives too slowly | 408 |
+//! | [`BodyBufferLayer`] ([`buffer`]) | a request body over the size cap, or over what the memory budgets have left | 413 / 503 |
 //!
 //! Each layer answers what it refuses itself, with a precise HTTP status and
 //! a JSON-RPC error, and marks that response with a [`Refused`] extension so
@@ -33,6 +34,7 @@
 mod body;
 #[macro_use]
 mod future;
+pub mod buffer;
 pub mod head;
 pub mod host;
 pub mod metrics;
@@ -42,6 +44,7 @@ mod refused;
 pub(crate) mod upstream;
 
 pub use body::ProtectedBody;
+pub use buffer::{BodyBudget, BodyBuffer, BodyBufferLayer, BufferFuture};
 pub use future::ProtectedFuture;
 pub use head::{HeadLimit, HeadLimitLayer};
 pub use host::{HostCheck, HostLayer, HostPolicy, InvalidPattern};

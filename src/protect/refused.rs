@@ -23,6 +23,10 @@ pub enum Refused {
     BodySlow,
     /// The request arrived on a connection that is closing (503).
     ConnectionClosing,
+    /// The request body is over the size cap (413).
+    BodyTooLarge,
+    /// The request body does not fit what the body budgets have left (503).
+    BodyBudget,
 }
 
 impl Refused {
@@ -35,6 +39,8 @@ impl Refused {
             Self::BodyIdle => "body_idle",
             Self::BodySlow => "body_slow",
             Self::ConnectionClosing => "connection_closing",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BodyBudget => "body_budget",
         }
     }
 }

@@ -1,9 +1,22 @@
-//! Hop-by-hop headers (RFC 9110 §7.6.1) and the `X-Forwarded-*` headers.
+//! Hop-by-hop headers (RFC 9110 §7.6.1) and the forwarding headers
+//! (`X-Forwarded-*`, RFC 7239 `Forwarded`).
+//!
+//! Unless the proxy is told to trust the hop in front of it, what a client
+//! claims about earlier hops never reaches the upstream: the proxy is then
+//! the first hop the upstream can believe (Envoy's `use_remote_address` with
+//! no trusted hops; nginx's `proxy_set_header X-Forwarded-For $remote_addr`),
+//! so `X-Forwarded-For` is the client's address alone, `X-Forwarded-Host`
+//! the host the client named, `X-Forwarded-Proto` `http`, and `Forwarded`
+//! goes. Trusted (behind a TLS terminator or balancer that sets them), they
+//! pass and the client's address is appended to `X-Forwarded-For` (nginx's
+//! `$proxy_add_x_forwarded_for`).
 
 use std::cell::Cell;
 use std::net::IpAddr;
 
-use http::header::{HeaderName, HeaderValue, CONNECTION, EXPECT, HOST, TE, TRAILER, UPGRADE};
+use http::header::{
+    HeaderName, HeaderValue, CONNECTION, EXPECT, FORWARDED, HOST, TE, TRAILER, UPGRADE,
+};
 use http::header::{PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TRANSFER_ENCODING};
 use http::uri::Authority;
 use http::HeaderMap;
@@ -71,6 +84,7 @@ const EXPECT_BIT: u16 = 1 << 9;
 const FORWARDED_FOR_BIT: u16 = 1 << 10;
 const FORWARDED_PROTO_BIT: u16 = 1 << 11;
 const FORWARDED_HOST_BIT: u16 = 1 << 12;
+const FORWARDED_BIT: u16 = 1 << 13;
 
 /// Which of the names the proxy removes or adds a message carries, found in
 /// one pass over its names instead of one hashed lookup per name.
@@ -100,6 +114,7 @@ fn bit(name: &str) -> u16 {
         (6, _) => ("expect", EXPECT_BIT),
         (7, Some(b't')) => ("trailer", 1 << 4),
         (7, _) => ("upgrade", 1 << 6),
+        (9, _) => ("forwarded", FORWARDED_BIT),
         (10, Some(b'c')) => ("connection", CONNECTION_BIT),
         (10, _) => ("keep-alive", 1 << 1),
         (15, _) => ("x-forwarded-for", FORWARDED_FOR_BIT),
@@ -120,7 +135,8 @@ fn bit(name: &str) -> u16 {
 
 /// Prepares a request's headers for the upstream: drops hop-by-hop headers
 /// and `Expect` (this hop already answered it), sets `Host` to the upstream's
-/// authority and adds the `X-Forwarded-*` headers.
+/// authority and sets the forwarding headers (see the [module docs](self);
+/// `trust_forwarded` keeps what the client sent).
 ///
 /// The client's host is its `Host` header, else the request target's
 /// `authority` (HTTP/2 `:authority`); with `preserve_host` it stays the
@@ -132,6 +148,7 @@ pub(crate) fn prepare_request(
     authority: Option<&Authority>,
     client_ip: Option<IpAddr>,
     preserve_host: bool,
+    trust_forwarded: bool,
 ) {
     let seen = Seen::scan(headers);
     // Headers named in `Connection` go before `Host` is set (even `Host`
@@ -160,6 +177,10 @@ pub(crate) fn prepare_request(
             .insert(HOST, upstream_host.clone())
             .or_else(|| authority_value(authority)),
     };
+    if !trust_forwarded {
+        set_forwarded(headers, seen, client_ip, client_host);
+        return;
+    }
     // A name that was not there is not there now; one that was may have
     // been named in `Connection`.
     let present = |headers: &HeaderMap, bit: u16, name: &HeaderName| {
@@ -179,6 +200,39 @@ pub(crate) fn prepare_request(
         if !present(headers, FORWARDED_HOST_BIT, &X_FORWARDED_HOST) {
             headers.insert(&X_FORWARDED_HOST, client_host);
         }
+    }
+}
+
+/// The forwarding headers when the proxy is the first trusted hop: each the
+/// proxy's own observation, whatever the client sent (`seen` tells which
+/// names it sent, so the common request without them costs no lookups).
+fn set_forwarded(
+    headers: &mut HeaderMap,
+    seen: Seen,
+    client_ip: Option<IpAddr>,
+    client_host: Option<HeaderValue>,
+) {
+    if seen.has(FORWARDED_BIT) {
+        headers.remove(FORWARDED);
+    }
+    match client_ip {
+        Some(ip) => {
+            headers.insert(&X_FORWARDED_FOR, ip_value(ip));
+        }
+        None if seen.has(FORWARDED_FOR_BIT) => {
+            headers.remove(&X_FORWARDED_FOR);
+        }
+        None => {}
+    }
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    match client_host {
+        Some(client_host) => {
+            headers.insert(&X_FORWARDED_HOST, client_host);
+        }
+        None if seen.has(FORWARDED_HOST_BIT) => {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+        None => {}
     }
 }
 
@@ -337,19 +391,19 @@ mod tests {
     #[test]
     fn forwarded_headers() {
         let upstream_host = HeaderValue::from_static("127.0.0.1:8000");
-        let mut headers = map(&[
-            ("host", "guard.example:8080"),
-            ("x-forwarded-for", "203.0.113.7"),
-            ("x-forwarded-for", "198.51.100.1"),
-            ("expect", "100-continue"),
-        ]);
-        prepare_request(
-            &mut headers,
-            &upstream_host,
-            None,
-            Some("127.0.0.1".parse().unwrap()),
-            false,
-        );
+        let client = || {
+            map(&[
+                ("host", "guard.example:8080"),
+                ("x-forwarded-for", "203.0.113.7"),
+                ("x-forwarded-for", "198.51.100.1"),
+                ("forwarded", "for=198.51.100.9"),
+                ("expect", "100-continue"),
+            ])
+        };
+        let ip = Some("127.0.0.1".parse().unwrap());
+        // Trusted: the chain goes on.
+        let mut headers = client();
+        prepare_request(&mut headers, &upstream_host, None, ip, false, true);
         assert_eq!(headers[HOST], "127.0.0.1:8000");
         assert_eq!(
             headers[&X_FORWARDED_FOR],
@@ -357,26 +411,64 @@ mod tests {
         );
         assert_eq!(headers[&X_FORWARDED_PROTO], "http");
         assert_eq!(headers[&X_FORWARDED_HOST], "guard.example:8080");
+        assert_eq!(headers[FORWARDED], "for=198.51.100.9");
+        assert!(!headers.contains_key(EXPECT));
+        // Not trusted: only what the proxy saw.
+        let mut headers = client();
+        prepare_request(&mut headers, &upstream_host, None, ip, false, false);
+        assert_eq!(headers[&X_FORWARDED_FOR], "127.0.0.1");
+        assert_eq!(headers.get_all(&X_FORWARDED_FOR).iter().count(), 1);
+        assert!(!headers.contains_key(FORWARDED));
         assert!(!headers.contains_key(EXPECT));
 
-        // An earlier hop (a TLS terminator) knows the original scheme and host.
-        let mut headers = map(&[
-            ("x-forwarded-proto", "https"),
-            ("x-forwarded-host", "mcp.example.com"),
-        ]);
+        // An earlier hop (a TLS terminator) knows the original scheme and
+        // host: kept when trusted, replaced when not.
+        let claimed = || {
+            map(&[
+                ("x-forwarded-proto", "https"),
+                ("x-forwarded-host", "mcp.example.com"),
+                ("x-forwarded-for", "203.0.113.7"),
+            ])
+        };
         let authority: Authority = "10.0.0.5:8080".parse().unwrap();
-        prepare_request(&mut headers, &upstream_host, Some(&authority), None, false);
+        let mut headers = claimed();
+        prepare_request(
+            &mut headers,
+            &upstream_host,
+            Some(&authority),
+            None,
+            false,
+            true,
+        );
         assert_eq!(headers[&X_FORWARDED_PROTO], "https");
         assert_eq!(headers[&X_FORWARDED_HOST], "mcp.example.com");
-        assert!(!headers.contains_key(&X_FORWARDED_FOR));
+        assert_eq!(headers[&X_FORWARDED_FOR], "203.0.113.7");
+        let mut headers = claimed();
+        prepare_request(
+            &mut headers,
+            &upstream_host,
+            Some(&authority),
+            None,
+            false,
+            false,
+        );
+        assert_eq!(headers[&X_FORWARDED_PROTO], "http");
+        assert_eq!(headers[&X_FORWARDED_HOST], "10.0.0.5:8080");
+        assert!(
+            !headers.contains_key(&X_FORWARDED_FOR),
+            "no address to give"
+        );
+        let mut headers = claimed();
+        prepare_request(&mut headers, &upstream_host, None, None, false, false);
+        assert!(!headers.contains_key(&X_FORWARDED_HOST), "no host to give");
 
         // Preserved: the upstream sees the client's Host (HTTP/2 clients'
         // `:authority` included); without one, its own authority.
         let mut headers = map(&[("host", "localhost:8080")]);
-        prepare_request(&mut headers, &upstream_host, None, None, true);
+        prepare_request(&mut headers, &upstream_host, None, None, true, false);
         assert_eq!(headers[HOST], "localhost:8080");
         let mut headers = HeaderMap::new();
-        prepare_request(&mut headers, &upstream_host, None, None, true);
+        prepare_request(&mut headers, &upstream_host, None, None, true, false);
         assert_eq!(headers[HOST], "127.0.0.1:8000");
     }
 }
@@ -389,7 +481,7 @@ mod tests {
 mod model {
     use std::net::IpAddr;
 
-    use http::header::{HeaderName, HeaderValue, CONNECTION, EXPECT, HOST};
+    use http::header::{HeaderName, HeaderValue, CONNECTION, EXPECT, FORWARDED, HOST};
     use http::uri::Authority;
     use http::HeaderMap;
 
@@ -420,6 +512,7 @@ mod model {
         authority: Option<&Authority>,
         client_ip: Option<IpAddr>,
         preserve_host: bool,
+        trust_forwarded: bool,
     ) {
         let client_host = headers.get(HOST).cloned().or_else(|| {
             authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
@@ -431,6 +524,27 @@ mod model {
             _ => upstream_host.clone(),
         };
         headers.insert(HOST, host);
+        if !trust_forwarded {
+            headers.remove(FORWARDED);
+            match client_ip {
+                Some(ip) => {
+                    headers.insert(&X_FORWARDED_FOR, ip.to_string().parse().unwrap());
+                }
+                None => {
+                    headers.remove(&X_FORWARDED_FOR);
+                }
+            }
+            headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            match client_host {
+                Some(client_host) => {
+                    headers.insert(&X_FORWARDED_HOST, client_host);
+                }
+                None => {
+                    headers.remove(&X_FORWARDED_HOST);
+                }
+            }
+            return;
+        }
         if let Some(ip) = client_ip {
             let mut list: Vec<u8> = Vec::new();
             for value in headers.get_all(&X_FORWARDED_FOR) {
@@ -485,6 +599,7 @@ mod matches_model {
         "x-forwarded-for",
         "x-forwarded-proto",
         "x-forwarded-host",
+        "forwarded",
         "accept",
         "content-type",
         "content-length",
@@ -512,6 +627,7 @@ mod matches_model {
         "X-Forwarded-For",
         "x-forwarded-proto",
         "X-FORWARDED-HOST",
+        "Forwarded",
         "expect",
         "x-custom",
         "content-type",
@@ -593,13 +709,18 @@ mod matches_model {
             ip in ip(),
             authority in prop::option::of(prop_oneof![Just("10.0.0.5:8080"), Just("h2.example")]),
             preserve_host: bool,
+            trust_forwarded: bool,
         ) {
             let upstream_host = HeaderValue::from_static("127.0.0.1:8000");
             let authority: Option<Authority> = authority.map(|text| text.parse().unwrap());
             let mut fast = map(&pairs);
             let mut slow = map(&pairs);
-            super::prepare_request(&mut fast, &upstream_host, authority.as_ref(), ip, preserve_host);
-            model::prepare_request(&mut slow, &upstream_host, authority.as_ref(), ip, preserve_host);
+            super::prepare_request(
+                &mut fast, &upstream_host, authority.as_ref(), ip, preserve_host, trust_forwarded,
+            );
+            model::prepare_request(
+                &mut slow, &upstream_host, authority.as_ref(), ip, preserve_host, trust_forwarded,
+            );
             prop_assert_eq!(listed(&fast), listed(&slow));
         }
 
@@ -632,8 +753,9 @@ mod matches_model {
         for name in NAMES {
             headers.append(HeaderName::from_static(name), HeaderValue::from_static("v"));
         }
-        // 9 hop-by-hop names, `expect` and the three `x-forwarded-*`.
-        assert_eq!(Seen::scan(&headers).0.count_ones(), 13);
+        // 9 hop-by-hop names, `expect`, the three `x-forwarded-*` and
+        // `forwarded`.
+        assert_eq!(Seen::scan(&headers).0.count_ones(), 14);
         for octets in [
             [0, 0, 0, 0],
             [9, 10, 99, 100],

@@ -85,16 +85,19 @@
 //!   `allowed_hosts`, DNS-rebinding protection in other SDKs) accept proxied
 //!   requests, unless [`ProxyBuilder::preserve_host`] keeps the client's.
 //!   The client's `Host` (or HTTP/2 `:authority`) is kept in
-//!   `X-Forwarded-Host`, unless an earlier proxy already set that header.
+//!   `X-Forwarded-Host`.
 //!   Since the upstream's own `Host` check no longer sees what the browser
 //!   sent, check it in front of the proxy with
 //!   [`HostLayer`](crate::protect::HostLayer) (the
 //!   `mcp-id-guard` binary does, before the guard). `Origin` is forwarded,
 //!   so Origin allow-lists keep working.
-//! - **`X-Forwarded-For`** gets the client's IP appended (after any values
-//!   earlier proxies put there) when the request carries a [`ClientAddr`]
-//!   extension; **`X-Forwarded-Proto`** is set to `http` unless an earlier
-//!   proxy (a TLS terminator) already set it.
+//! - **Forwarding headers** say what the proxy saw, whatever the client
+//!   claimed: `X-Forwarded-For` is the client's IP (from a [`ClientAddr`]
+//!   extension or [`Proxy::with_client_addr`]; removed when there is none),
+//!   `X-Forwarded-Host` the client's host, `X-Forwarded-Proto` `http`, and
+//!   `Forwarded` is dropped. Behind a proxy that sets them (a TLS
+//!   terminator), [`ProxyBuilder::trust_forwarded`] keeps the ones a request
+//!   arrives with and appends the client's IP to `X-Forwarded-For`.
 //! - Requests go to the upstream over HTTP/1.1 on pooled keep-alive
 //!   connections, whatever version the client used. The task that serves a
 //!   request drives its upstream connection itself (no task per connection,
@@ -224,10 +227,11 @@ type OutBody = Either<Full<Bytes>, UnsyncBoxBody<Bytes, BoxError>>;
 
 /// The address of the client that sent a request, as a request extension.
 ///
-/// Insert it into each request's extensions and the proxy appends its IP to
+/// Insert it into each request's extensions and the proxy names its IP in
 /// `X-Forwarded-For`. Without it (and without
-/// [`Proxy::with_client_addr`]), `X-Forwarded-For` goes on as the client
-/// sent it.
+/// [`Proxy::with_client_addr`]), the proxy has no address to give: the
+/// header is removed, or, under [`ProxyBuilder::trust_forwarded`], goes on
+/// as the request arrived with it.
 ///
 /// ```
 /// use mcp_id_guard::proxy::ClientAddr;
@@ -260,6 +264,7 @@ struct Shared {
     upstream: Upstream,
     connect_timeout: Duration,
     preserve_host: bool,
+    trust_forwarded: bool,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
     warnings: warnings::Warnings,
@@ -351,6 +356,7 @@ pub struct ProxyBuilder {
     connect_timeout: Duration,
     pool_idle_timeout: Duration,
     preserve_host: bool,
+    trust_forwarded: bool,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
     max_connections: Option<usize>,
@@ -363,6 +369,7 @@ impl Default for ProxyBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             preserve_host: false,
+            trust_forwarded: false,
             response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             max_connections: Some(DEFAULT_MAX_CONNECTIONS),
@@ -440,6 +447,33 @@ impl ProxyBuilder {
         self
     }
 
+    /// Trusts the forwarding headers a request arrives with (default
+    /// `false`): `X-Forwarded-Host`, `X-Forwarded-Proto` and `Forwarded` pass
+    /// unchanged and the client's address is appended to `X-Forwarded-For`,
+    /// as nginx's `$proxy_add_x_forwarded_for` does. Turn it on only when
+    /// every request comes through a proxy that sets them (a TLS
+    /// terminator, a load balancer). Off, the proxy is the first hop the
+    /// upstream can believe (Envoy's `use_remote_address` with no trusted
+    /// hops): `X-Forwarded-For` is the client's address alone,
+    /// `X-Forwarded-Host` the host the client named, `X-Forwarded-Proto`
+    /// `http`, and `Forwarded` is dropped, so a client cannot make an
+    /// upstream that believes them see another address, host or scheme.
+    ///
+    /// ```
+    /// use mcp_id_guard::proxy::Proxy;
+    ///
+    /// // Behind a TLS terminator that sets X-Forwarded-Proto: https.
+    /// let proxy = Proxy::builder()
+    ///     .trust_forwarded(true)
+    ///     .build("http://127.0.0.1:8000")?;
+    /// # let _ = proxy;
+    /// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+    /// ```
+    pub fn trust_forwarded(mut self, enabled: bool) -> Self {
+        self.trust_forwarded = enabled;
+        self
+    }
+
     /// The proxy to `upstream`. Needs no runtime; requests must be sent from
     /// within a Tokio runtime.
     ///
@@ -467,6 +501,7 @@ impl ProxyBuilder {
                 upstream,
                 connect_timeout: self.connect_timeout,
                 preserve_host: self.preserve_host,
+                trust_forwarded: self.trust_forwarded,
                 response_timeout: self.response_timeout,
                 idle_timeout: self.idle_timeout,
                 warnings: warnings::Warnings::default(),
@@ -584,6 +619,7 @@ impl Proxy {
             parts.uri.authority(),
             client_ip,
             this.preserve_host,
+            this.trust_forwarded,
         );
         // HTTP/1.1 requests name their target in origin form.
         parts.uri = this.upstream.target(std::mem::take(&mut parts.uri));

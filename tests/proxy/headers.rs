@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use mcp_id_guard::IdGuardLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tower_layer::Layer as _;
 
 use crate::support::server::{serve_proxy, serve_service, Served};
 use crate::support::wait::drained;
@@ -176,7 +177,8 @@ async fn hop_by_hop_dropped_end_to_end_forwarded_prefix_honoured() -> anyhow::Re
         ("mcp-protocol-version", "2025-06-18"),
         ("accept", "text/event-stream"),
         ("origin", "http://localhost:3000"),
-        ("x-forwarded-for", "203.0.113.7, 127.0.0.1"),
+        // What the client claimed is replaced (see below).
+        ("x-forwarded-for", "127.0.0.1"),
         ("x-forwarded-proto", "http"),
         ("x-forwarded-host", "guard.example:8080"),
     ] {
@@ -351,9 +353,9 @@ async fn h2c_client_authority_becomes_x_forwarded_host() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The binary names each connection's client in `X-Forwarded-For` (after
-/// what earlier proxies put there) without a request extension: its proxy
-/// is made for the connection.
+/// The binary names each connection's client in `X-Forwarded-For` without a
+/// request extension (its proxy is made for the connection): alone, or
+/// after what earlier proxies put there with `--trust-forwarded`.
 #[tokio::test]
 async fn the_binary_names_the_client_in_x_forwarded_for() -> anyhow::Result<()> {
     let (upstream, mut seen) = recording_upstream().await?;
@@ -368,10 +370,102 @@ async fn the_binary_names_the_client_in_x_forwarded_for() -> anyhow::Result<()> 
     );
     let (status, _) = raw_exchange(addr, &request).await?;
     assert_eq!(status, 200);
+    let first = next_seen(&mut seen).await?;
+    assert_eq!(header(&first.headers, "x-forwarded-for"), Some("127.0.0.1"));
+
+    // Behind a trusted proxy, the chain goes on.
+    let trusting = crate::support::process::Guard::start(&[
+        "--upstream",
+        &format!("http://{}", upstream.addr),
+        "--trust-forwarded",
+    ])
+    .await?;
+    let addr: SocketAddr = trusting.addr.parse()?;
+    let request = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Forwarded-For: 203.0.113.7\r\nConnection: close\r\n\r\n"
+    );
+    let (status, _) = raw_exchange(addr, &request).await?;
+    assert_eq!(status, 200);
     let seen = next_seen(&mut seen).await?;
     assert_eq!(
         header(&seen.headers, "x-forwarded-for"),
         Some("203.0.113.7, 127.0.0.1")
     );
+    Ok(())
+}
+
+/// What a client claims about earlier hops, in every forwarding header.
+const CLAIMED: [(&str, &str); 4] = [
+    ("x-forwarded-for", "203.0.113.7"),
+    ("x-forwarded-host", "admin.internal.example"),
+    ("x-forwarded-proto", "https"),
+    (
+        "forwarded",
+        "for=198.51.100.9;host=admin.internal.example;proto=https",
+    ),
+];
+
+/// Sends `GET /mcp` to `proxy` with `Host: guard.example:8080` and the
+/// [`CLAIMED`] forwarding headers; returns what the upstream saw.
+async fn claimed_forwarding(
+    proxy: SocketAddr,
+    seen: &mut mpsc::UnboundedReceiver<Seen>,
+) -> anyhow::Result<HeaderMap> {
+    let mut request = String::from("GET /mcp HTTP/1.1\r\nHost: guard.example:8080\r\n");
+    for (name, value) in CLAIMED {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Connection: close\r\n\r\n");
+    let (status, _) = raw_exchange(proxy, &request).await?;
+    assert_eq!(status, 200);
+    Ok(next_seen(seen).await?.headers)
+}
+
+/// Issue 30, item 7: by default the proxy is the first hop it trusts, so
+/// what a client claims about earlier hops never reaches the upstream:
+/// `X-Forwarded-For` is the client's address alone, `X-Forwarded-Host` the
+/// `Host` it sent to the proxy, `X-Forwarded-Proto` `http`, and `Forwarded`
+/// is dropped (they all went through unchanged, so an upstream that trusts
+/// them saw whatever the client claimed).
+#[tokio::test]
+async fn client_forwarding_claims_are_overwritten_by_default() -> anyhow::Result<()> {
+    let (upstream, mut seen) = recording_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+    let headers = claimed_forwarding(proxy.addr, &mut seen).await?;
+    println!("the upstream saw {headers:?}");
+    assert_eq!(header(&headers, "x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(
+        header(&headers, "x-forwarded-host"),
+        Some("guard.example:8080")
+    );
+    assert_eq!(header(&headers, "x-forwarded-proto"), Some("http"));
+    assert!(!headers.contains_key("forwarded"), "{headers:?}");
+    for name in ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"] {
+        assert_eq!(headers.get_all(name).iter().count(), 1, "{name}");
+    }
+    Ok(())
+}
+
+/// Behind a proxy that sets them (a TLS terminator, a balancer),
+/// `ProxyBuilder::trust_forwarded` keeps what it claims: `X-Forwarded-Host`,
+/// `-Proto` and `Forwarded` pass and the client's address is appended to
+/// `X-Forwarded-For` (nginx's `$proxy_add_x_forwarded_for`).
+#[tokio::test]
+async fn trusted_forwarding_claims_pass_for_chains() -> anyhow::Result<()> {
+    let (upstream, mut seen) = recording_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = mcp_id_guard::proxy::Proxy::builder()
+        .trust_forwarded(true)
+        .build(&format!("http://{}", upstream.addr))?;
+    let proxy = serve_service(guard.layer(proxy)).await?;
+    let headers = claimed_forwarding(proxy.addr, &mut seen).await?;
+    assert_eq!(
+        header(&headers, "x-forwarded-for"),
+        Some("203.0.113.7, 127.0.0.1")
+    );
+    for (name, value) in &CLAIMED[1..] {
+        assert_eq!(header(&headers, name), Some(*value), "{name}");
+    }
     Ok(())
 }

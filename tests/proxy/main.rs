@@ -6,9 +6,15 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+// The admin listener of the binary under the main listener's limits.
+#[cfg(feature = "cli")]
+mod admin;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;
+// Request bodies under the binary's memory budget and size cap.
+#[cfg(feature = "cli")]
+mod bodies;
 mod failures;
 // Tests of the binary itself.
 #[cfg(feature = "cli")]
@@ -19,6 +25,9 @@ mod layers;
 // `mcp-id-guard probe` against bare and guarded servers.
 #[cfg(feature = "cli")]
 mod probe;
+// `mcp-id-guard probe` against hostile and unusual servers.
+#[cfg(feature = "cli")]
+mod probe_hostile;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;

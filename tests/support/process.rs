@@ -171,6 +171,11 @@ impl Guard {
         self.log.lock().unwrap().clone()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Sends SIGTERM (a graceful stop).
     pub fn sigterm(&self) -> anyhow::Result<()> {
         let pid = self.child.id().context("already exited")?;

@@ -3,18 +3,19 @@
 //! and scrapes never mix with MCP traffic or pass its Host checks.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use mcp_id_guard::protect::metrics::Metrics;
+use mcp_id_guard::server::{ClientBody, ServerBuilder};
 use mcp_id_guard::IdGuardLayer;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 /// Everything the admin endpoints read.
 pub(crate) struct Admin {
@@ -26,7 +27,7 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    async fn answer(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn answer(&self, request: &Request<ClientBody>) -> Response<Full<Bytes>> {
         if request.method() != Method::GET && request.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
         }
@@ -71,40 +72,38 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     response
 }
 
-/// Serves the admin endpoints on `listener` until the process ends. Plain
-/// HTTP/1.1; each connection is bounded by the same head timeout as the
-/// proxy's (a scrape sends its request at once).
-pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>, head_timeout: Duration) {
-    let server = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(head_timeout)
-        .clone();
-    // Few connections are expected (probes, a scraper); a cap keeps them
-    // within the descriptors the connection caps leave in reserve.
-    let permits = Arc::new(Semaphore::new(16));
-    loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::debug!(%error, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let admin = Arc::clone(&admin);
-        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let admin = Arc::clone(&admin);
-            async move { Ok::<_, Infallible>(admin.answer(&request).await) }
-        });
-        let connection = server.serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "admin connection ended with an error");
-            }
-            drop(permit);
-        });
+/// Serves the admin endpoints on `listener` until the process ends, with
+/// the main listener's connection machinery (`mcp_id_guard::server`): its
+/// head, keep-alive and send timeouts and per-connection request budget,
+/// and a connection cap of its own (`--admin-max-connections`). A client
+/// that pipelines requests and never reads the answers is dropped at the
+/// send timeout instead of holding a slot for as long as it likes, so a
+/// liveness probe still gets through.
+pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>, server: ServerBuilder) {
+    let server = server.build();
+    let service = AdminService(admin);
+    // The admin listener lives as long as the process: the main listener's
+    // shutdown ends the runtime, and with it this task.
+    server
+        .serve(listener, |_| service.clone(), std::future::pending())
+        .await;
+}
+
+/// The admin endpoints as a tower service, for `mcp_id_guard::server`.
+#[derive(Clone)]
+struct AdminService(Arc<Admin>);
+
+impl tower_service::Service<Request<ClientBody>> for AdminService {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ClientBody>) -> Self::Future {
+        let admin = Arc::clone(&self.0);
+        Box::pin(async move { Ok(admin.answer(&request).await) })
     }
 }

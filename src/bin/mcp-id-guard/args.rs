@@ -115,9 +115,31 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_MAX_TABLE_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub(crate) max_table_bytes: usize,
 
-    /// Largest JSON POST body the guard reads; larger ones get 413.
+    /// Largest request body, tracked or not; larger ones get 413. Every
+    /// body is read whole (and counted against --max-body-memory-bytes)
+    /// before the request goes upstream, as nginx buffers request bodies, so
+    /// a body that trickles holds no upstream connection.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub(crate) max_body_bytes: usize,
+
+    /// Bytes of request bodies the proxy may hold at once, across all
+    /// connections (like --max-table-bytes for the session table): a body
+    /// whose Content-Length does not fit what is left gets 503 at once, one
+    /// without a length when it outgrows it. A body counts from its first
+    /// byte until the upstream's response head.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
+        default_value_t = 64 * 1024 * 1024
+    )]
+    pub(crate) max_body_memory_bytes: usize,
+
+    /// Bytes of request bodies one client connection may hold at once (the
+    /// streams of an HTTP/2 connection count together, as Envoy bounds
+    /// buffering per connection); past it, 503. Default: --max-body-bytes,
+    /// so one body of the largest size fits.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CONNECTION")]
+    pub(crate) max_body_memory_per_connection: Option<usize>,
 
     /// Requests one session may have in flight; more get 429.
     #[arg(
@@ -180,6 +202,17 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_PRESERVE_HOST")]
     pub(crate) preserve_host: bool,
 
+    /// Trust the forwarding headers requests arrive with: X-Forwarded-Host,
+    /// X-Forwarded-Proto and Forwarded pass unchanged and the client's
+    /// address is appended to X-Forwarded-For (nginx's
+    /// $proxy_add_x_forwarded_for). Only behind a proxy that sets them (a
+    /// TLS terminator, a load balancer). Default: the proxy is the first
+    /// hop the upstream can believe (Envoy's use_remote_address):
+    /// X-Forwarded-For is the client's address alone, X-Forwarded-Host the
+    /// Host it sent, X-Forwarded-Proto http, and Forwarded is dropped.
+    #[arg(long, env = "MCP_ID_GUARD_TRUST_FORWARDED")]
+    pub(crate) trust_forwarded: bool,
+
     /// How long a client may take to send a whole request head, from when
     /// it connects (protocol detection and the HTTP/2 preface included) or
     /// sends the first byte of a later request. Slow-header clients hold a
@@ -203,11 +236,13 @@ pub(crate) struct Args {
     )]
     pub(crate) request_body_timeout: Duration,
 
-    /// Slowest average rate a request body may arrive at, in bytes per
-    /// second of waiting for it, once --request-body-grace has passed (like
-    /// Kestrel's 240 B/s); a slower body gets 408 and the connection
-    /// closes. Cuts a body that trickles a byte just often enough to stay
-    /// under --request-body-timeout. 0: off.
+    /// Slowest rate a request body may arrive at, in bytes per second of
+    /// waiting for it, once --request-body-grace has passed (like Kestrel's
+    /// 240 B/s); a slower body gets 408 and the connection closes. Cuts a
+    /// body that trickles a byte just often enough to stay under
+    /// --request-body-timeout. Judged over a window: data earns waiting at
+    /// this rate, but at most one --request-body-timeout of it, so a burst
+    /// earns no hours of pauses. 0: off.
     #[arg(
         long,
         env = "MCP_ID_GUARD_MIN_REQUEST_BODY_RATE",
@@ -366,6 +401,20 @@ pub(crate) struct Args {
     /// 127.0.0.1:9090. Off by default. Keep it off the public network.
     #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<SocketAddr>,
+
+    /// Most admin connections open at once; past it the admin listener
+    /// stops accepting until one closes. Admin connections have the
+    /// timeouts of client connections (--header-read-timeout,
+    /// --keep-alive-timeout, --send-timeout), so a client that does not read
+    /// its answers loses its slot at the send timeout. Probes and a scraper
+    /// need a few.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) admin_max_connections: u32,
 
     /// Label each tools/call in /metrics with its tool's name
     /// (gen_ai_tool_name), for the first N distinct names; later names are
@@ -527,6 +576,10 @@ mod tests {
         assert_eq!(args.max_requests_per_connection, 1000);
         assert_eq!(args.max_client_resets, 250);
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
+        assert_eq!(args.admin_max_connections, 16);
+        assert!(!args.trust_forwarded);
+        assert_eq!(args.max_body_memory_bytes, 64 * 1024 * 1024);
+        assert_eq!(args.max_body_memory_per_connection, None);
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

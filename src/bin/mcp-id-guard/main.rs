@@ -8,8 +8,9 @@
 //! Everything that protects the upstream is the library's; this program
 //! reads the flags (`args`, `settings`) and composes, per client
 //! connection: traces (when `OTEL_*` configures them), metrics, the
-//! head-size, Host/Origin and body-pace checks, the id guard, the proxy,
-//! served by `mcp_id_guard::server`.
+//! head-size, Host/Origin and body-pace checks, request bodies read whole
+//! under a memory budget, the id guard, the proxy, served by
+//! `mcp_id_guard::server`.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -70,12 +71,16 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let hosts = args.host_policy()?;
     let descriptors = limits::descriptor_limit();
+    // The admin connections' descriptors come out of the same limit (kept
+    // whether or not the admin listener is on, so that turning it on does
+    // not change the client connection cap).
+    let reserved = args.admin_max_connections();
     let max_upstream = args.max_upstream_connections.map_or_else(
-        || limits::connections_for(descriptors).min(1024),
+        || limits::connections_for(descriptors, reserved).min(1024),
         |max| usize::try_from(max).unwrap_or(usize::MAX),
     );
     let max_connections = args.max_connections.map_or_else(
-        || limits::connections_for(descriptors),
+        || limits::connections_for(descriptors, reserved),
         |max| usize::try_from(max).unwrap_or(usize::MAX),
     );
     let proxy = args.proxy(max_upstream)?;
@@ -111,15 +116,17 @@ async fn run(args: Args) -> Result<(), String> {
         let local = listener
             .local_addr()
             .map_err(|error| format!("cannot read the admin address: {error}"))?;
-        tracing::info!("admin endpoints on http://{local} (/healthz, /readyz, /metrics)");
+        tracing::info!(
+            "admin endpoints on http://{local} (/healthz, /readyz, /metrics; at most {} connections)",
+            args.admin_max_connections
+        );
         let admin = admin::Admin {
             metrics: metrics.clone(),
             guard: guard.clone(),
             upstream: proxy.upstream_address().to_owned(),
             ready_timeout: args.connect_timeout,
         };
-        let head_timeout = args.header_read_timeout.max(Duration::from_secs(1));
-        tokio::spawn(admin::serve(listener, Arc::new(admin), head_timeout));
+        tokio::spawn(admin::serve(listener, Arc::new(admin), args.admin_server()));
     }
 
     // Per request, outermost first: a span starts as the request arrives
@@ -136,6 +143,7 @@ async fn run(args: Args) -> Result<(), String> {
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
         .layer(args.pace())
+        .layer(args.body_buffer())
         .layer(guard.clone());
     let server = args.server(max_connections).metrics(metrics).build();
     let shutdown = async {

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostPolicy};
+use mcp_id_guard::protect::{
+    BodyBudget, BodyBufferLayer, BodyPaceLayer, HeadLimitLayer, HostPolicy,
+};
 use mcp_id_guard::proxy::Proxy;
 use mcp_id_guard::server::{Server, ServerBuilder};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -48,6 +50,7 @@ impl Args {
             .response_timeout(enabled(self.upstream_response_timeout))
             .idle_timeout(enabled(self.upstream_idle_timeout))
             .preserve_host(self.preserve_host)
+            .trust_forwarded(self.trust_forwarded)
             .build(&self.upstream)
             .map_err(|error| error.to_string())
     }
@@ -90,12 +93,35 @@ impl Args {
             .max_header_bytes(Some(self.max_header_bytes))
     }
 
+    /// The admin listener's server: the client connections' timeouts and
+    /// per-connection budgets, its own connection cap, and no metrics (its
+    /// connections are not clients').
+    pub(crate) fn admin_server(&self) -> ServerBuilder {
+        self.server(self.admin_max_connections())
+    }
+
+    /// `--admin-max-connections` as a count.
+    pub(crate) fn admin_max_connections(&self) -> usize {
+        usize::try_from(self.admin_max_connections).unwrap_or(usize::MAX)
+    }
+
     /// The request body's pace: its longest pause, its slowest rate.
     pub(crate) fn pace(&self) -> BodyPaceLayer {
         BodyPaceLayer::new()
             .idle_timeout(enabled(self.request_body_timeout))
             .min_rate(self.min_request_body_rate)
             .grace(self.request_body_grace)
+    }
+
+    /// Request bodies read whole before they go upstream, under the size
+    /// cap, the shared memory budget and each connection's share.
+    pub(crate) fn body_buffer(&self) -> BodyBufferLayer {
+        BodyBufferLayer::new(BodyBudget::new(self.max_body_memory_bytes))
+            .max_body_bytes(self.max_body_bytes)
+            .per_connection(
+                self.max_body_memory_per_connection
+                    .unwrap_or(self.max_body_bytes),
+            )
     }
 
     /// The request head limit (none when `--max-header-bytes 0`: hyper's
@@ -113,7 +139,8 @@ impl Args {
             "client connections: at most {max_connections} open (descriptor limit {descriptors}); \
              upstream connections: at most {max_upstream}; request heads: at most {} bytes; \
              timeouts: request head {}, request body pause {}, blocked send {}, keep-alive {}, \
-             upstream response {}, upstream pause {}; request bodies: at least {} after {:?}",
+             upstream response {}, upstream pause {}; request bodies: at least {} after {:?}, \
+             at most {} bytes each, {} bytes held at once ({} per connection)",
             match self.max_header_bytes {
                 0 => "hyper's default".to_owned(),
                 max => max.to_string(),
@@ -129,6 +156,10 @@ impl Args {
                 rate => format!("{rate} B/s"),
             },
             self.request_body_grace,
+            self.max_body_bytes,
+            self.max_body_memory_bytes,
+            self.max_body_memory_per_connection
+                .unwrap_or(self.max_body_bytes),
         );
         tracing::info!(
             "per client connection: at most {} requests, at most {} HTTP/2 streams reset by the client \

@@ -34,27 +34,33 @@ impl Pace {
         self.idle_timeout.is_some() || self.min_rate > 0
     }
 
+    /// The most waiting a body may have in hand: one idle timeout (or,
+    /// without one, one grace period). Data earns waiting at the minimum
+    /// rate, up to this: a burst of megabytes earns no hours of pauses.
+    fn max_credit(&self) -> Duration {
+        self.idle_timeout.unwrap_or(self.grace).max(self.grace)
+    }
+
+    /// The credit after a pause of `waited` and `bytes` of data.
+    fn credit_after(&self, credit: Duration, waited: Duration, bytes: u64) -> Duration {
+        if self.min_rate == 0 {
+            return credit;
+        }
+        credit
+            .saturating_sub(waited)
+            .saturating_add(transfer_time(bytes, self.min_rate))
+            .min(self.max_credit())
+    }
+
     /// When a wait that started at `since` trips, and as which kind, if no
-    /// data arrives by then: a body that has waited `waited` in earlier
-    /// pauses and received `received` bytes.
-    fn deadline(
-        &self,
-        since: Instant,
-        waited: Duration,
-        received: u64,
-    ) -> Option<(Instant, Refused)> {
+    /// data arrives by then: a body with `credit` of waiting in hand.
+    fn deadline(&self, since: Instant, credit: Duration) -> Option<(Instant, Refused)> {
         let idle = self
             .idle_timeout
             .and_then(|limit| since.checked_add(limit))
             .map(|at| (at, Refused::BodyIdle));
         let slow = (self.min_rate > 0)
-            .then(|| {
-                // The rate falls below the minimum once the total wait
-                // passes `received / min_rate`, and counts only after the
-                // grace period.
-                let earned = self.grace.max(transfer_time(received, self.min_rate));
-                since.checked_add(earned.saturating_sub(waited))
-            })
+            .then(|| since.checked_add(credit))
             .flatten()
             .map(|at| (at, Refused::BodySlow));
         match (idle, slow) {
@@ -147,8 +153,11 @@ pub struct PacedBody<B> {
     trip: Option<Arc<Trip>>,
     /// Data bytes received so far.
     received: u64,
-    /// Time spent waiting for the client in earlier pauses.
-    waited: Duration,
+    /// How much longer the reader may wait for the client under the
+    /// minimum rate: the grace period at first, then what the data earned
+    /// at the minimum rate less the waits, never more than
+    /// [`Pace::max_credit`].
+    credit: Duration,
     /// When the current pause started; `None` while data flows.
     since: Option<Instant>,
     /// Made at the first pause and reset after: one timer per body.
@@ -165,7 +174,7 @@ impl<B> PacedBody<B> {
             pace,
             trip,
             received: 0,
-            waited: Duration::ZERO,
+            credit: pace.grace,
             since: None,
             timer: None,
             armed: None,
@@ -195,13 +204,16 @@ where
             return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
         };
         let Poll::Pending = polled else {
-            if let Some(since) = this.since.take() {
-                *this.waited += since.elapsed();
-            }
-            if let Poll::Ready(Some(Ok(frame))) = &polled {
-                let bytes = frame.data_ref().map_or(0, Bytes::len);
-                *this.received = this.received.saturating_add(bytes as u64);
-            }
+            let waited = this
+                .since
+                .take()
+                .map_or(Duration::ZERO, |since| since.elapsed());
+            let bytes = match &polled {
+                Poll::Ready(Some(Ok(frame))) => frame.data_ref().map_or(0, Bytes::len) as u64,
+                _ => 0,
+            };
+            *this.received = this.received.saturating_add(bytes);
+            *this.credit = this.pace.credit_after(*this.credit, waited, bytes);
             return polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)));
         };
         // Only the time the reader waits for the client counts (as Kestrel
@@ -209,7 +221,7 @@ where
         // fault, and data that waited in the socket meanwhile arrives at
         // once.
         let since = *this.since.get_or_insert_with(Instant::now);
-        let Some((deadline, kind)) = this.pace.deadline(since, *this.waited, *this.received) else {
+        let Some((deadline, kind)) = this.pace.deadline(since, *this.credit) else {
             return Poll::Pending;
         };
         let timer = this
@@ -261,32 +273,97 @@ mod tests {
     #[tokio::test]
     async fn the_earlier_limit_sets_the_deadline() {
         let since = Instant::now();
+        let grace = Duration::from_secs(5);
         // Nothing received: the grace period ends first.
         assert_eq!(
-            PACE.deadline(since, Duration::ZERO, 0),
-            Some((since + Duration::from_secs(5), Refused::BodySlow))
+            PACE.deadline(since, grace),
+            Some((since + grace, Refused::BodySlow))
         );
         // 2400 bytes earn 10 s of waiting; 4 s already spent.
+        let credit = PACE.credit_after(grace, Duration::from_secs(4), 2400);
+        assert_eq!(credit, Duration::from_secs(11));
         assert_eq!(
-            PACE.deadline(since, Duration::from_secs(4), 2400),
-            Some((since + Duration::from_secs(6), Refused::BodySlow))
+            PACE.deadline(since, credit),
+            Some((since + credit, Refused::BodySlow))
         );
-        // 24 000 bytes earn 100 s: the idle timeout comes first.
+        // 24 000 bytes earn 100 s, but a body holds at most one idle
+        // timeout (30 s): the idle timeout comes first.
+        let credit = PACE.credit_after(grace, Duration::ZERO, 24_000);
+        assert_eq!(credit, Duration::from_secs(30));
         assert_eq!(
-            PACE.deadline(since, Duration::ZERO, 24_000),
+            PACE.deadline(since, credit),
             Some((since + Duration::from_secs(30), Refused::BodyIdle))
         );
-        // Over the budget already: at once.
+        // 4 MiB at once, then 20 s pauses of one byte each: each pause
+        // spends 20 s and the byte earns 1/240 s.
+        let mut credit = PACE.credit_after(grace, Duration::ZERO, 4 << 20);
+        credit = PACE.credit_after(credit, Duration::from_secs(20), 1);
+        assert!(credit < Duration::from_secs(11), "{credit:?}");
+        // Over the budget already: only what the last data earned is left.
+        let credit = PACE.credit_after(grace, Duration::from_secs(20), 240);
         assert_eq!(
-            PACE.deadline(since, Duration::from_secs(20), 240),
-            Some((since, Refused::BodySlow))
+            PACE.deadline(since, credit),
+            Some((since + Duration::from_secs(1), Refused::BodySlow))
         );
         let off = Pace {
             idle_timeout: None,
             min_rate: 0,
             grace: Duration::ZERO,
         };
-        assert_eq!(off.deadline(since, Duration::ZERO, 0), None);
+        assert_eq!(off.deadline(since, Duration::ZERO), None);
+    }
+
+    /// Issue 30, item 1: a body that sends a burst and then trickles (a byte
+    /// each 50 ms, under the idle timeout) is cut once its pauses have used
+    /// up one idle timeout of credit; the burst does not buy hours (100 000
+    /// bytes at 240 B/s earned 416 s).
+    #[tokio::test]
+    async fn a_burst_earns_no_more_than_one_window() {
+        use futures::StreamExt as _;
+        use http_body_util::{BodyExt as _, StreamBody};
+
+        let pace = Pace {
+            idle_timeout: Some(Duration::from_millis(400)),
+            min_rate: 240,
+            grace: Duration::from_millis(300),
+        };
+        let (send, frames) = futures::channel::mpsc::unbounded::<Bytes>();
+        let body = StreamBody::new(frames.map(|bytes| Ok::<_, PacedError>(Frame::data(bytes))));
+        let trip = Arc::new(Trip::default());
+        let mut paced = PacedBody::new(body, pace, Some(Arc::clone(&trip)));
+        send.unbounded_send(Bytes::from(vec![b'x'; 100_000]))
+            .unwrap();
+        // The client: a byte every 50 ms after the burst, for as long as the
+        // body is read.
+        let trickle = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if send.unbounded_send(Bytes::from_static(b"x")).is_err() {
+                    return;
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let cut = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Some(frame) = paced.frame().await {
+                if let Err(error) = frame {
+                    return error;
+                }
+            }
+            unreachable!("the body never ends")
+        })
+        .await
+        .expect("the trickle was never cut");
+        trickle.abort();
+        let error = cut.downcast::<PaceError>().unwrap();
+        assert_eq!(error.kind(), Refused::BodySlow);
+        assert_eq!(trip.get(), Some(Refused::BodySlow));
+        // One grace period of pauses, and the little the trickle adds.
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

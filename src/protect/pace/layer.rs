@@ -46,8 +46,11 @@ impl BodyPaceLayer {
         self
     }
 
-    /// The lowest average rate, in bytes per second, at which the body must
-    /// arrive once the grace period is over (240). `0` turns it off.
+    /// The lowest rate, in bytes per second, at which the body must arrive
+    /// once the grace period is over (240), judged over a window of one
+    /// idle timeout: data earns waiting at this rate, but never more than
+    /// the idle timeout's worth (see the [module docs](super)). `0` turns
+    /// it off.
     pub fn min_rate(mut self, bytes_per_sec: u64) -> Self {
         self.pace.min_rate = bytes_per_sec;
         self

@@ -14,9 +14,14 @@
 //! - **minimum data rate** ([`BodyPaceLayer::min_rate`], 240 bytes/s after a
 //!   [`grace`](BodyPaceLayer::grace) of 5 s, Kestrel's defaults; Apache's
 //!   `mod_reqtimeout` asks 500): once the reader has waited for the body
-//!   longer than the grace period, the body must have arrived at this
-//!   average rate over that waiting time. As in Kestrel, only the time the
-//!   reader spends waiting for the client counts, for the reason above.
+//!   longer than the grace period, the body must have arrived at this rate
+//!   over that waiting time. As in Kestrel, only the time the reader spends
+//!   waiting for the client counts, for the reason above. Unlike Kestrel's
+//!   average, the rate is judged over a window: data earns waiting at the
+//!   minimum rate, but a body never has more than one idle timeout (or,
+//!   without one, one grace period) of waiting in hand, so a burst of
+//!   megabytes followed by a byte every 20 s is cut within that window
+//!   instead of earning hours of credit.
 //!
 //! One timer per body, made at its first pause and reset after; a body that
 //! is complete when the request arrives (a `GET`, a buffered body) is not

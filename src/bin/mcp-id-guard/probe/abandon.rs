@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::client::{Client, Reply};
-use super::judge::{judge, Received, Scorecard};
+use super::judge::{judge, Received, Scorecard, Shape};
 use super::report::{Check, Verdict};
 use super::{open_session, Shapes};
 
-const NAME: &str = "reuse-after-abandon";
+pub(super) const NAME: &str = "reuse-after-abandon";
 /// Most pings one trial sends.
 const MAX_PINGS: usize = 200;
 /// Shortest tool call worth abandoning: shorter ones end before the probe
@@ -46,6 +46,9 @@ pub(super) async fn check(base: &Client, shapes: &Shapes, tool: Option<(&str, &V
         Ok(took) => took,
         Err(error) => return Check::plain(NAME, Verdict::Error, error),
     };
+    // The trials pace themselves by the tool's time: two calls walked away
+    // from, and pings until twice its time (and half a second) after each.
+    base.run.extend(took * 6 + Duration::from_secs(1));
     let mut scorecard = Scorecard::default();
     let (mut pings, mut early) = (0, 0);
     for (offset, cancel) in [(1, false), (2, true)] {
@@ -101,8 +104,12 @@ async fn measure(base: &Client, call: &Value) -> Result<Duration, String> {
     let took = started.elapsed();
     session.end_session().await;
     match reply {
-        Reply::Answer { message, .. } if message.get("result").is_some() => Ok(took),
-        Reply::Answer { message, .. } => Err(format!("the tool call failed: {}", message["error"])),
+        Reply::Answer { answer, .. } if !matches!(answer.shape, Shape::Error(_)) => Ok(took),
+        Reply::Answer { answer, .. } => Err(format!(
+            "the tool call failed: {}",
+            answer.error_message.as_deref().unwrap_or("an error")
+        )),
+        Reply::OutOfTime => Err("the probe ran out of time".to_owned()),
         Reply::Hung => Err(format!(
             "the tool call took longer than --timeout ({:?}): raise it or pick a quicker call",
             base.timeout
@@ -133,7 +140,7 @@ async fn trial(
     });
     // Pacing, not synchronisation: the server has no way to say it started
     // the call, so the probe gives it a third of the call's usual time.
-    tokio::time::sleep(took / 3).await;
+    client.pause(took / 3).await;
     if running.is_finished() {
         return Ok(None);
     }
@@ -166,7 +173,9 @@ async fn trial(
         }
         if seen.len() == 1 && Instant::now() < swarm_from {
             // Pacing: the pings cluster where the call's answer will come.
-            tokio::time::sleep_until(swarm_from.into()).await;
+            client
+                .pause(swarm_from.saturating_duration_since(Instant::now()))
+                .await;
         }
     }
 }

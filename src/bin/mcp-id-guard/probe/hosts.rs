@@ -60,6 +60,16 @@ async fn one(
                 format!("refused {shown}: HTTP {status}{code}"),
             )
         }
+        Received::ServerError { status, .. } => Check::plain(
+            name,
+            Verdict::Ok,
+            format!("{shown} not served: HTTP {status}"),
+        ),
+        Received::Unfinished => Check::plain(
+            name,
+            Verdict::Error,
+            "not judged: the probe ran out of time",
+        ),
         Received::Hung => Check::plain(name, Verdict::Ok, format!("no answer to {shown}")),
         Received::Lost(why) => {
             Check::plain(name, Verdict::Ok, format!("{shown} not answered: {why}"))

@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+#[cfg(test)]
+use super::scan::Answer;
+
 use super::client::Reply;
 use super::report::{Check, Counts, RefusalCount, Verdict};
 
@@ -27,6 +30,8 @@ pub(super) enum Shape {
 }
 
 impl Shape {
+    /// The shape of a whole message (the scanner's tests compare with it).
+    #[cfg(test)]
     pub(super) fn of(message: &Value) -> Self {
         if let Some(error) = message.get("error") {
             return Shape::Error(error["code"].as_i64().unwrap_or_default());
@@ -56,8 +61,14 @@ impl Shape {
 pub(super) enum Received {
     /// Its own answer.
     Own,
-    /// An HTTP error status or a JSON-RPC error: refused, which is safe.
+    /// An HTTP client-error status or a JSON-RPC error: refused, which is
+    /// safe.
     Refused { status: u16, code: Option<i64> },
+    /// An HTTP server-error status (5xx): the server failed the request,
+    /// which is neither its answer nor a refusal.
+    ServerError { status: u16, code: Option<i64> },
+    /// The probe's run limit came first: not judged.
+    Unfinished,
     /// Another request's answer (described).
     Swapped(String),
     /// An answer with another id (shown).
@@ -83,6 +94,11 @@ impl Received {
                 Some(code) => format!("refused ({status}, code {code})"),
                 None => format!("refused ({status})"),
             },
+            Received::ServerError { status, code } => match code {
+                Some(code) => format!("server error ({status}, code {code})"),
+                None => format!("server error ({status})"),
+            },
+            Received::Unfinished => "not judged: the probe ran out of time".to_owned(),
             Received::Swapped(what) => format!("got {what}"),
             Received::WrongId(id) => format!("got an answer with id {id}"),
             Received::Hung => "no answer within the timeout".to_owned(),
@@ -94,9 +110,16 @@ impl Received {
 /// Judges `reply` to a request that carried `id` and whose own answer has
 /// the shape `own`.
 pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Received {
-    let (status, message) = match reply {
+    let (status, answer) = match reply {
         Reply::Hung => return Received::Hung,
+        Reply::OutOfTime => return Received::Unfinished,
         Reply::Lost(why) => return Received::Lost(why.clone()),
+        Reply::Status { status, .. } if *status >= 500 => {
+            return Received::ServerError {
+                status: *status,
+                code: None,
+            }
+        }
         Reply::Status { status, .. } if *status >= 400 => {
             return Received::Refused {
                 status: *status,
@@ -106,22 +129,26 @@ pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Received {
         Reply::Status { status, body } => {
             return Received::Lost(format!("HTTP {status} without an answer: {body:?}"))
         }
-        Reply::Answer { status, message } => (*status, message),
+        Reply::Answer { status, answer } => (*status, answer),
     };
-    let shape = Shape::of(message);
-    let refused = || Received::Refused {
-        status,
-        code: message["error"]["code"].as_i64(),
+    let code = match answer.shape {
+        Shape::Error(code) => Some(code),
+        _ => None,
     };
+    if status >= 500 {
+        // Whatever the body says, the server failed the request.
+        return Received::ServerError { status, code };
+    }
+    let refused = || Received::Refused { status, code };
     // An error about the request as a whole may carry a null id.
-    if message["id"] != *id {
-        return match shape {
-            Shape::Error(_) if message["id"].is_null() => refused(),
-            _ => Received::WrongId(message["id"].to_string()),
+    if answer.id != *id {
+        return match answer.shape {
+            Shape::Error(_) if answer.id.is_null() => refused(),
+            _ => Received::WrongId(answer.id.to_string()),
         };
     }
-    match shape {
-        shape if shape == *own => Received::Own,
+    match &answer.shape {
+        shape if shape == own => Received::Own,
         Shape::Error(_) => refused(),
         shape => Received::Swapped(shape.described()),
     }
@@ -132,6 +159,7 @@ pub(super) fn judge(reply: &Reply, id: &Value, own: &Shape) -> Received {
 pub(super) struct Scorecard {
     counts: Counts,
     refusals: BTreeMap<(u16, Option<i64>), u32>,
+    server_errors: BTreeMap<(u16, Option<i64>), u32>,
     examples: Vec<String>,
     /// Pairs (or trials) in which something went wrong.
     failed: u32,
@@ -147,12 +175,18 @@ impl Scorecard {
                 counts.refused += 1;
                 *self.refusals.entry((*status, *code)).or_default() += 1;
             }
+            Received::ServerError { status, code } => {
+                counts.server_error += 1;
+                *self.server_errors.entry((*status, *code)).or_default() += 1;
+            }
+            Received::Unfinished => counts.unfinished += 1,
             Received::Swapped(_) => counts.swapped += 1,
             Received::WrongId(_) => counts.wrong_id += 1,
             Received::Hung => counts.hung += 1,
             Received::Lost(_) => counts.lost += 1,
         }
-        if seen.is_bug() && self.examples.len() < EXAMPLES {
+        let worth_an_example = seen.is_bug() || matches!(seen, Received::ServerError { .. });
+        if worth_an_example && self.examples.len() < EXAMPLES {
             self.examples
                 .push(format!("{}: {}", what(), seen.described()));
         }
@@ -171,23 +205,28 @@ impl Scorecard {
         let counts = self.counts;
         let verdict = if self.failed > 0 {
             Verdict::Bug
+        } else if counts.server_error > 0 {
+            Verdict::ServerError
+        } else if counts.unfinished > 0 {
+            Verdict::Error
         } else if counts.refused > 0 {
             Verdict::OkRefused
         } else {
             Verdict::Ok
         };
-        let refusals: Vec<RefusalCount> = self
-            .refusals
-            .into_iter()
-            .map(|((status, code), count)| RefusalCount {
-                status,
-                code,
-                count,
-            })
-            .collect();
-        let mut parts = vec![format!("{} own", counts.own)];
-        if counts.refused > 0 {
-            let kinds: Vec<String> = refusals
+        let listed = |map: BTreeMap<(u16, Option<i64>), u32>| -> Vec<RefusalCount> {
+            map.into_iter()
+                .map(|((status, code), count)| RefusalCount {
+                    status,
+                    code,
+                    count,
+                })
+                .collect()
+        };
+        let refusals = listed(self.refusals);
+        let server_errors = listed(self.server_errors);
+        let kinds = |counted: &[RefusalCount]| -> String {
+            counted
                 .iter()
                 .map(|refusal| match refusal.code {
                     Some(code) => {
@@ -195,14 +234,26 @@ impl Scorecard {
                     }
                     None => format!("{} x HTTP {}", refusal.count, refusal.status),
                 })
-                .collect();
-            parts.push(format!("{} refused ({})", counts.refused, kinds.join(", ")));
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = vec![format!("{} own", counts.own)];
+        if counts.refused > 0 {
+            parts.push(format!("{} refused ({})", counts.refused, kinds(&refusals)));
+        }
+        if counts.server_error > 0 {
+            parts.push(format!(
+                "{} server errors ({})",
+                counts.server_error,
+                kinds(&server_errors)
+            ));
         }
         for (count, what) in [
             (counts.swapped, "swapped"),
             (counts.wrong_id, "wrong id"),
             (counts.hung, "hung"),
             (counts.lost, "lost"),
+            (counts.unfinished, "not judged (the probe ran out of time)"),
         ] {
             if count > 0 {
                 parts.push(format!("{count} {what}"));
@@ -219,6 +270,7 @@ impl Scorecard {
             summary: format!("{trials}: {failed}answers: {}", parts.join(", ")),
             counts: Some(counts),
             refusals,
+            server_errors,
             examples: self.examples,
         }
     }
@@ -231,7 +283,16 @@ mod tests {
     use super::*;
 
     fn answer(status: u16, message: Value) -> Reply {
-        Reply::Answer { status, message }
+        Reply::Answer {
+            status,
+            answer: Answer {
+                id: message["id"].clone(),
+                shape: Shape::of(&message),
+                error_message: None,
+                protocol_version: None,
+                server: None,
+            },
+        }
     }
 
     #[test]
@@ -269,5 +330,49 @@ mod tests {
             body: String::new(),
         };
         assert!(matches!(judge(&accepted, &id, &ping), Received::Lost(_)));
+        let crashed = Reply::Status {
+            status: 500,
+            body: "Internal Server Error".to_owned(),
+        };
+        assert_eq!(
+            judge(&crashed, &id, &ping),
+            Received::ServerError {
+                status: 500,
+                code: None
+            }
+        );
+        let busy = answer(
+            503,
+            json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32000, "message": "x"}}),
+        );
+        assert_eq!(
+            judge(&busy, &id, &ping),
+            Received::ServerError {
+                status: 503,
+                code: Some(-32000)
+            }
+        );
+        assert_eq!(judge(&Reply::OutOfTime, &id, &ping), Received::Unfinished);
+    }
+
+    #[test]
+    fn server_errors_are_their_own_verdict() {
+        let mut scorecard = Scorecard::default();
+        for seen in [
+            Received::Own,
+            Received::ServerError {
+                status: 500,
+                code: None,
+            },
+        ] {
+            scorecard.add(&seen, || "x".to_owned());
+        }
+        let check = scorecard.check("same-id", "1 pair");
+        assert_eq!(check.verdict, Verdict::ServerError);
+        assert!(
+            check.summary.contains("1 server errors (1 x HTTP 500)"),
+            "{}",
+            check.summary
+        );
     }
 }

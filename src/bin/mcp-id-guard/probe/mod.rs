@@ -5,9 +5,15 @@
 //!
 //! Safe to point at a production server: by default it sends only
 //! `initialize`, `notifications/initialized`, `ping`, `tools/list`,
-//! `notifications/cancelled` and a DELETE of its own sessions; a tool only
-//! when the operator names one. Requests, connections and every wait are
-//! bounded by the flags.
+//! `notifications/cancelled`, `GET`s resuming its own streams and a DELETE
+//! of its own sessions; a tool only when the operator names one. Requests,
+//! connections and every wait are bounded by the flags, the whole run by
+//! [`RUN_TIMEOUTS`] times `--timeout`, and memory by reading answers as they
+//! stream (`scan`, `events`).
+//!
+//! Safe to point at a hostile server too: what it sends reaches the
+//! terminal escaped (`report`), and an answer of any size costs a few
+//! hundred bytes.
 
 mod abandon;
 mod client;
@@ -16,6 +22,7 @@ mod hosts;
 mod judge;
 mod pairs;
 mod report;
+mod scan;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -31,6 +38,12 @@ use report::{Check, Report, Verdict};
 
 /// The protocol revision the probe asks for; the server's choice is used.
 const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// The whole run's limit, in `--timeout`s: a server that hangs on every
+/// request is done with in this time (each check stops at its first wave
+/// with hung requests), not in one timeout per request wave and session.
+/// The reuse-after-abandon check adds what its tool's calls need.
+const RUN_TIMEOUTS: u32 = 4;
 
 /// The command line of `mcp-id-guard probe`, parsed on its own so that the
 /// proxy's command line stays as it is.
@@ -77,7 +90,9 @@ pub(crate) struct ProbeArgs {
     concurrency: u16,
 
     /// How long to wait for each connection and each answer (e.g. 5s,
-    /// 500ms); a request unanswered by then counts as hung.
+    /// 500ms); a request unanswered by then counts as hung. The whole probe
+    /// ends within 4 times this (plus the tool's calls with --tool): checks
+    /// it had no time for are reported as errors.
     #[arg(long, default_value = "5s", value_parser = crate::args::parse_duration)]
     timeout: Duration,
 
@@ -158,13 +173,11 @@ async fn open_session(base: &Client) -> Result<Opened, String> {
     let (reply, session) = base
         .send(&mut connection, base.post(&initialize, &[]))
         .await;
-    let result = match reply {
-        Reply::Answer { message, .. } if message.get("result").is_some() => {
-            message["result"].clone()
-        }
+    let answer = match reply {
+        Reply::Answer { answer, .. } if !matches!(answer.shape, Shape::Error(_)) => answer,
         other => return Err(format!("initialize failed: {other:?}")),
     };
-    let protocol = result["protocolVersion"].as_str().map(str::to_owned);
+    let protocol = answer.protocol_version;
     let header = protocol
         .as_deref()
         .and_then(|p| HeaderValue::from_str(p).ok());
@@ -176,7 +189,7 @@ async fn open_session(base: &Client) -> Result<Opened, String> {
     }
     Ok(Opened {
         client,
-        server: result.get("serverInfo").cloned(),
+        server: answer.server,
         protocol,
     })
 }
@@ -210,6 +223,7 @@ async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
         Endpoint::parse(&args.url)?,
         args.headers.clone(),
         args.timeout,
+        args.timeout * RUN_TIMEOUTS,
     );
     let first = open_session(&base).await?;
     report.server = first.server.clone();
@@ -222,6 +236,10 @@ async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
 
     let shapes = &shapes;
     for ids in [PairIds::Same, PairIds::NumberAndString] {
+        if base.out_of_time() {
+            report.checks.push(not_run(ids.name()));
+            continue;
+        }
         let check = in_session(&base, ids.name(), |client| async move {
             pairs::check(&client, shapes, pairs, concurrency, ids).await
         });
@@ -232,9 +250,15 @@ async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
         .tool
         .as_deref()
         .map(|tool| (tool, args.arguments.as_ref().unwrap_or(&empty)));
-    report
-        .checks
-        .push(abandon::check(&base, shapes, tool).await);
+    report.checks.push(if base.out_of_time() {
+        not_run(abandon::NAME)
+    } else {
+        abandon::check(&base, shapes, tool).await
+    });
+    if base.out_of_time() {
+        report.checks.extend(["host", "origin"].map(not_run));
+        return Ok(());
+    }
     match open_session(&base).await {
         Ok(session) => {
             report
@@ -251,6 +275,15 @@ async fn probe(args: &ProbeArgs, report: &mut Report) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A check the run limit left no time for.
+fn not_run(name: &'static str) -> Check {
+    Check::plain(
+        name,
+        Verdict::Error,
+        format!("not run: the probe ran out of time ({RUN_TIMEOUTS} x --timeout)"),
+    )
 }
 
 /// Runs one check in a fresh session, then ends the session.

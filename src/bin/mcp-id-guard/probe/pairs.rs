@@ -91,6 +91,7 @@ async fn run(
 ) -> Check {
     let mut scorecard = Scorecard::default();
     let mut done = 0;
+    let mut stopped = "";
     while done < pairs {
         let wave = (pairs - done).min(concurrency);
         let connections = connect_all(client, 2 * wave).await;
@@ -138,6 +139,12 @@ async fn run(
             scorecard.trial(&seen);
         }
         done += wave;
+        // A wave with hung requests has decided the check; more waves would
+        // only wait for the same silence.
+        if done < pairs && results.iter().any(|(_, _, seen)| *seen == Received::Hung) {
+            stopped = " (stopped after this wave: requests hung)";
+            break;
+        }
     }
     let what = if shapes.ping == shapes.tools {
         // Identical answers: only lost and hung answers can show.
@@ -148,7 +155,7 @@ async fn run(
     scorecard.check(
         name,
         &format!(
-            "{pairs} pairs ping + tools/list, {} at a time{what}",
+            "{done} pairs ping + tools/list, {} at a time{what}{stopped}",
             concurrency.min(pairs)
         ),
     )
@@ -176,8 +183,8 @@ pub(super) async fn learn(client: &Client) -> Result<Shapes, String> {
     for (id, method) in [(1, "ping"), (2, "tools/list")] {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method});
         match client.call(&message, &[]).await {
-            Reply::Answer { message, .. } if message["id"] == json!(id) => {
-                shapes.push(Shape::of(&message));
+            Reply::Answer { answer, .. } if answer.id == json!(id) => {
+                shapes.push(answer.shape);
             }
             other => {
                 return Err(format!(

@@ -1,0 +1,222 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderValue, CONNECTION};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::Full;
+use pin_project::pin_project;
+use tower_service::Service;
+
+use super::budget::{Charge, Over};
+use crate::protect::body::ProtectedBody;
+use crate::protect::refused::{refusal, Refused};
+use crate::wire::answer;
+
+/// The response future of [`BodyBuffer`](super::BodyBuffer): reads the
+/// body, then the inner service's response; or the refusal.
+#[pin_project]
+pub struct BufferFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
+    #[pin]
+    state: State<S, B>,
+}
+
+#[pin_project(project = StateProj)]
+enum State<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
+    Reading {
+        #[pin]
+        body: B,
+        /// Taken when the body is complete.
+        parts: Option<http::request::Parts>,
+        service: Option<S>,
+        read: BytesMut,
+        charge: Option<Charge>,
+        max_body_bytes: usize,
+        close: bool,
+    },
+    Called {
+        #[pin]
+        future: S::Future,
+        /// Held until the inner service has answered.
+        charge: Option<Charge>,
+    },
+    Refused {
+        /// Taken when the future resolves.
+        answer: Option<Response<Full<Bytes>>>,
+        kind: Refused,
+    },
+}
+
+impl<S, B> std::fmt::Debug for BufferFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferFuture").finish_non_exhaustive()
+    }
+}
+
+/// The refusal for a body over `over`.
+fn refused_answer(
+    over: Over,
+    max_body_bytes: usize,
+    close: bool,
+) -> (Refused, Response<Full<Bytes>>) {
+    let (kind, mut response) = match over {
+        Over::Size => (
+            Refused::BodyTooLarge,
+            answer::body_too_large(max_body_bytes),
+        ),
+        Over::Budget => (
+            Refused::BodyBudget,
+            answer::unread(
+                StatusCode::SERVICE_UNAVAILABLE,
+                answer::SERVER_ERROR,
+                "Service Unavailable: request bodies hold all the memory they may; try again",
+            ),
+        ),
+    };
+    if close {
+        // The rest of the body is still on its way: the connection cannot
+        // carry another request.
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    (kind, response)
+}
+
+impl<S, B> BufferFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+{
+    pub(super) fn called(future: S::Future, charge: Option<Charge>) -> Self {
+        Self {
+            state: State::Called { future, charge },
+        }
+    }
+
+    pub(super) fn refused(over: Over, max_body_bytes: usize, close: bool) -> Self {
+        let (kind, answer) = refused_answer(over, max_body_bytes, close);
+        Self {
+            state: State::Refused {
+                answer: Some(answer),
+                kind,
+            },
+        }
+    }
+
+    /// Reads `body` (announced to be `announced` bytes long, held for
+    /// already by `charge`), then calls `service` with it.
+    pub(super) fn reading(
+        (parts, body, announced): (http::request::Parts, B, usize),
+        service: S,
+        charge: Charge,
+        max_body_bytes: usize,
+        close: bool,
+    ) -> Self {
+        Self {
+            state: State::Reading {
+                body,
+                parts: Some(parts),
+                service: Some(service),
+                // Held for already: no growing copies on the way.
+                read: BytesMut::with_capacity(announced),
+                charge: Some(charge),
+                max_body_bytes,
+                close,
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for BufferFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    B: Body<Data = Bytes>,
+{
+    type Output = Result<Response<ProtectedBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Called { future, charge } => {
+                    let result = ready!(future.poll(cx));
+                    // The inner service has answered: it no longer needs the
+                    // body's bytes.
+                    charge.take();
+                    return Poll::Ready(result.map(|response| response.map(ProtectedBody::inner)));
+                }
+                StateProj::Refused { answer, kind } => {
+                    let answer = answer.take().expect("polled after completion");
+                    return Poll::Ready(Ok(refusal(*kind, answer)));
+                }
+                StateProj::Reading {
+                    mut body,
+                    parts,
+                    service,
+                    read,
+                    charge,
+                    max_body_bytes,
+                    close,
+                } => loop {
+                    match ready!(body.as_mut().poll_frame(cx)) {
+                        Some(Ok(frame)) => {
+                            let Ok(data) = frame.into_data() else {
+                                // Trailers: MCP has none to pass on.
+                                continue;
+                            };
+                            let size = read.len().saturating_add(data.len());
+                            let over = if size > *max_body_bytes {
+                                Some(Over::Size)
+                            } else {
+                                charge
+                                    .as_mut()
+                                    .and_then(|charge| charge.grow_to(size).err())
+                            };
+                            if let Some(over) = over {
+                                let (kind, answer) = refused_answer(over, *max_body_bytes, *close);
+                                break State::Refused {
+                                    answer: Some(answer),
+                                    kind,
+                                };
+                            }
+                            read.extend_from_slice(&data);
+                        }
+                        Some(Err(_)) => {
+                            // The client went away, or a pace layer outside
+                            // cut the body (and answers for it itself).
+                            let mut answer = answer::body_unreadable();
+                            if *close {
+                                answer
+                                    .headers_mut()
+                                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                            }
+                            return Poll::Ready(Ok(answer.map(ProtectedBody::refusal)));
+                        }
+                        None => {
+                            let parts = parts.take().expect("polled after completion");
+                            let mut service = service.take().expect("polled after completion");
+                            let body = Full::new(std::mem::take(read).freeze());
+                            let future = service.call(Request::from_parts(parts, body));
+                            break State::Called {
+                                future,
+                                charge: charge.take(),
+                            };
+                        }
+                    }
+                },
+            };
+            this.state.set(next);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The admin listener (`--admin-listen`) under the connection limits of the
+//! main one (issue 30, item 3): clients that pipeline requests and never
+//! read their answers are cut at the send timeout, so `/healthz` stays
+//! available to a liveness probe; `--admin-max-connections` sets how many
+//! admin connections may be open at once.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpSocket;
+use tokio::task::JoinSet;
+
+use crate::hardening::{admin_base, get};
+use crate::support::process::Guard;
+use crate::support::server::refused_port;
+use crate::support::OK_TIMEOUT;
+
+/// The send timeout the scenarios configure.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Connects to `admin` with a small receive buffer, pipelines `GET /metrics`
+/// until the connection fails, and never reads past the first byte of the
+/// first answer. Resolves (through `accepted`) once the admin listener has
+/// accepted and answered the connection.
+async fn unread_pipeline(
+    admin: std::net::SocketAddr,
+    accepted: tokio::sync::mpsc::Sender<()>,
+) -> anyhow::Result<()> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_recv_buffer_size(4096)?;
+    let stream = socket.connect(admin).await?;
+    let (mut read, mut write) = stream.into_split();
+    let requests = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(100);
+    let writer = tokio::spawn(async move {
+        // Until the connection is cut (or the test ends).
+        while write.write_all(requests.as_bytes()).await.is_ok() {}
+        write
+    });
+    let mut first = [0u8; 1];
+    tokio::time::timeout(OK_TIMEOUT, read.read_exact(&mut first))
+        .await
+        .context("no answer on an attacking connection")??;
+    let _ = accepted.send(()).await;
+    // Hold the read half unread until the writer ends.
+    let _write = writer.await?;
+    drop(read);
+    Ok(())
+}
+
+/// Issue 30, item 3: sixteen connections (the old fixed cap, and the
+/// default of `--admin-max-connections`) pipelining `GET /metrics` and never
+/// reading took every admin slot for minutes (the admin listener had no
+/// send timeout). With the main listener's limits, each is dropped once its
+/// writes stay blocked for `--send-timeout`, and `/healthz` answers within
+/// about that time.
+#[tokio::test]
+async fn unread_admin_connections_are_cut_at_the_send_timeout() -> anyhow::Result<()> {
+    let refused = refused_port();
+    let dead = format!("http://127.0.0.1:{}", refused.port);
+    let guard = Guard::start(&[
+        "--upstream",
+        &dead,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--send-timeout",
+        "1s",
+    ])
+    .await?;
+    let admin = admin_base(&guard).await?;
+    let address: std::net::SocketAddr = admin.trim_start_matches("http://").parse()?;
+    let attackers = 16;
+    let (accepted, mut answered) = tokio::sync::mpsc::channel(attackers);
+    let mut attacks = JoinSet::new();
+    for _ in 0..attackers {
+        attacks.spawn(unread_pipeline(address, accepted.clone()));
+    }
+    for _ in 0..attackers {
+        tokio::time::timeout(OK_TIMEOUT, answered.recv())
+            .await
+            .context("an attacking connection was never served")?;
+    }
+    // Every slot of the old listener is now taken by a client that does not
+    // read.
+    let started = Instant::now();
+    let deadline = SEND_TIMEOUT + Duration::from_secs(4);
+    let healthz = tokio::time::timeout(deadline, get(&format!("{admin}/healthz"))).await;
+    let waited = started.elapsed();
+    println!("/healthz after {waited:?} behind {attackers} unread pipelining connections");
+    let (status, _) = healthz.with_context(|| {
+        format!("/healthz unavailable for {deadline:?} behind {attackers} unread connections")
+    })??;
+    assert_eq!(status, 200);
+    attacks.abort_all();
+    Ok(())
+}
+
+/// `--admin-max-connections` bounds the admin connections open at once: with
+/// 2, a third connection is not served while two are open and idle, and is
+/// once one of them closes.
+#[tokio::test]
+async fn admin_connections_are_capped_by_the_operator() -> anyhow::Result<()> {
+    let refused = refused_port();
+    let dead = format!("http://127.0.0.1:{}", refused.port);
+    let guard = Guard::start(&[
+        "--upstream",
+        &dead,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--admin-max-connections",
+        "2",
+    ])
+    .await?;
+    let admin = admin_base(&guard).await?;
+    let address: std::net::SocketAddr = admin.trim_start_matches("http://").parse()?;
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    // Two kept-alive connections, each answered once (so accepted).
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(healthz).await?;
+        let mut head = [0u8; 12];
+        tokio::time::timeout(OK_TIMEOUT, stream.read_exact(&mut head)).await??;
+        assert_eq!(&head, b"HTTP/1.1 200");
+        open.push(stream);
+    }
+    let mut third = tokio::net::TcpStream::connect(address).await?;
+    third.write_all(healthz).await?;
+    let mut head = [0u8; 12];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), third.read_exact(&mut head))
+            .await
+            .is_err(),
+        "a third admin connection was served beside two open ones"
+    );
+    drop(open.pop());
+    tokio::time::timeout(OK_TIMEOUT, third.read_exact(&mut head)).await??;
+    assert_eq!(&head, b"HTTP/1.1 200");
+    Ok(())
+}
