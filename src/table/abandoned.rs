@@ -256,12 +256,23 @@ impl Table {
         };
         let state = key_slot.get_mut();
         // Only the entry known by the client's own id can be abandoned.
-        let Some(position) = state.entries.own().filter(|&position| {
-            let entry = state.entries.get(position);
-            entry.ended && entry.stream == Some(resumed)
-        }) else {
+        let Some(position) = state.entries.own() else {
             return;
         };
+        let entry = state.entries.get(position);
+        if !entry.ended {
+            // The resume overtook the end of the request's own exchange (a
+            // proxy still holding it, a disconnect not noticed yet): the
+            // answer counts once that exchange ends, if the stream it ends
+            // at is the one resumed here.
+            if entry.at_server {
+                state.entries.mark_answered_on(position, resumed);
+            }
+            return;
+        }
+        if entry.stream != Some(resumed) {
+            return;
+        }
         let mut delta = -(state.entries.remove(position) as isize);
         // Its record in the shard's expiry queue stays, and gives back the
         // record's bytes when it expires (finding no entry by then).

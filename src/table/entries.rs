@@ -132,6 +132,12 @@ impl Entries {
         }
     }
 
+    /// The live entry's answer passed on a `GET` that resumed the stream
+    /// `resumed` before its own exchange ended.
+    pub(super) fn mark_answered_on(&mut self, position: usize, resumed: StreamTag) {
+        self.list[position].stream = Some(resumed);
+    }
+
     /// Removes the entry; returns the bytes that frees.
     pub(super) fn remove(&mut self, position: usize) -> usize {
         let entry = &mut self.list[position];
@@ -199,7 +205,9 @@ pub(super) struct Entry {
     pub(super) removed: bool,
     /// Once ended: the last event id its client saw on the request's own
     /// stream. A `GET` resuming the stream from there (`Last-Event-ID`) is
-    /// the only other stream whose answer frees the entry.
+    /// the only other stream whose answer frees the entry. While live: the
+    /// stream a `GET` resumed when the answer passed on it (it frees the
+    /// entry if the request's own stream ends at that very event id).
     pub(super) stream: Option<StreamTag>,
 }
 

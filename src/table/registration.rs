@@ -254,10 +254,13 @@ impl Table {
         if let Some(position) = state.entries.find(serial) {
             let entry = state.entries.get(position);
             // A remapped request's id is unique: whatever the server still
-            // does with it reaches no other request.
+            // does with it reaches no other request. An answer that passed
+            // on a resume of the stream this exchange ended at answered it.
+            let answered_on_resume = entry.stream.is_some() && entry.stream == registration.stream;
             let may_still_answer = registration.sent
                 && entry.at_server
                 && !entry.remapped()
+                && !answered_on_resume
                 && registration.awaited.awaits_own(member.key_hash);
             match may_still_answer.then(&keep_until).flatten() {
                 Some(expires) => {

@@ -456,3 +456,51 @@ async fn a_content_encoding_list_of_identity_is_read() {
         assert_eq!(read_all(body).await, expected, "{encoding:?}");
     }
 }
+
+/// A resume can overtake the end of the request's own exchange (an HTTP/1
+/// disconnect the server notices first, a proxy in between still holding
+/// the POST): the server moves the stream to the `GET` and the answer passes
+/// there before the POST's end. The id is free once the POST ends at the
+/// event the `GET` resumed from; a POST that ends at another event leaves
+/// it abandoned.
+#[tokio::test]
+async fn an_answer_on_a_resume_that_overtakes_the_posts_end_counts() {
+    for (post_tail, frees) in [("", true), ("id: a-1\ndata:\n\n", false)] {
+        let layer = IdGuardLayer::new();
+        let (mut service, mut handle) = spawn(layer.clone());
+        let sse = [("content-type", "text/event-stream")];
+        let (post, post_send, _) = send(&mut service, &mut handle, tracked("1")).await;
+        let (response, post_chunks) = streamed(StatusCode::OK, &sse);
+        post_send.send_response(response);
+        let priming = "id: a-0\ndata:\n\n";
+        feed(&post_chunks, priming);
+        let mut post_body = within(post).await.unwrap().into_body();
+        assert_eq!(read_exactly(&mut post_body, priming.len()).await, priming);
+
+        let (get, get_send, _) = send(&mut service, &mut handle, resume("a-0")).await;
+        let (response, get_chunks) = streamed(StatusCode::OK, &sse);
+        get_send.send_response(response);
+        let answer = format!("id: a-2\ndata: {}\n\n", answer_text("1"));
+        feed(&get_chunks, &answer);
+        let mut get_body = within(get).await.unwrap().into_body();
+        assert_eq!(read_exactly(&mut get_body, answer.len()).await, answer);
+
+        // The POST ends now, at a-0 or after another event.
+        if !post_tail.is_empty() {
+            feed(&post_chunks, post_tail);
+        }
+        drop(post_chunks);
+        read_all(post_body).await;
+        assert_eq!(
+            layer.stats().abandoned_ids,
+            usize::from(!frees),
+            "POST tail {post_tail:?}"
+        );
+        assert_eq!(
+            reuse_is_remapped(&mut service, &mut handle).await,
+            !frees,
+            "POST tail {post_tail:?}"
+        );
+        drop((get_chunks, get_body));
+    }
+}

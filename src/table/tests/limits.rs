@@ -446,3 +446,28 @@ fn a_ttl_past_the_clock_remembers_abandoned_ids() {
     let far = registration::expiry(Instant::now(), Duration::MAX);
     assert!(far > Instant::now() + Duration::from_secs(50 * 365 * 24 * 3600));
 }
+
+/// A resume can overtake the end of the request's own exchange (a proxy in
+/// between still holds it): the answer on it frees the id once the exchange
+/// ends at the stream resumed, and only then.
+#[test]
+fn an_answer_on_a_resume_before_the_exchange_ends_frees_it_at_the_end() {
+    for (ends_at, frees) in [(&b"7"[..], true), (&b"8"[..], false)] {
+        let table = Arc::new(Table::new());
+        let Decision::Admitted {
+            mut registration, ..
+        } = admit(&table, &["1"], OnDuplicate::Remap)
+        else {
+            panic!("admitted expected")
+        };
+        registration.note_stream(b"7");
+        table.answered_on_resume(b"session-a", "1", table.stream_tag(b"7"));
+        registration.note_stream(ends_at);
+        drop(registration);
+        assert_eq!(
+            table.stats().abandoned_ids,
+            usize::from(!frees),
+            "ends at {ends_at:?}"
+        );
+    }
+}
