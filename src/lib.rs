@@ -58,7 +58,7 @@
 //! response has passed to the client (on the POST's own stream, even if the
 //! server keeps the stream open; or, after that stream ended early, on a
 //! `GET` that resumes it from the last event id the client saw on it), or
-//! when a stand-in answer marked [`Unanswered::NotSent`] says
+//! when a stand-in answer marked [`Unanswered::NotSent`](inner::Unanswered::NotSent) says
 //! the request never reached the server. Any other ending leaves it
 //! abandoned (see below), an answer the guard did not see the server give
 //! included: a `4xx` or `5xx` built by a layer inside the guard (a timeout's
@@ -130,7 +130,7 @@
 //! [`Stats::restore_refused_total`]): an upstream that leaks one session's
 //! answer into another's is never dressed up as a correct answer. The id
 //! carries everything needed, so restoring keeps no state, and guard
-//! instances sharing [`IdGuardLayer::id_secret`] restore each other's ids. A
+//! instances built with one [`IdGuardLayer::with_secret`] restore each other's ids. A
 //! client id that already starts with `mcp-id-guard:` is itself remapped, so
 //! restoring unwraps exactly one level. Nothing else in a message changes.
 //!
@@ -153,7 +153,7 @@
 //! server hands that late answer to the next request that reuses the id. So
 //! when an exchange ends without its response (the stream ended or broke off
 //! before it, the client disconnected or dropped the request, the inner
-//! service failed, a panic, a stand-in answer marked [`Unanswered::Sent`]),
+//! service failed, a panic, a stand-in answer marked [`Unanswered::Sent`](inner::Unanswered::Sent)),
 //! and the server knew it by the client's own id, the id stays *abandoned* for
 //! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
 //! but a new request with it goes to the server with a server-side id, under
@@ -236,7 +236,7 @@
 //!   place** (timeouts, body limits, concurrency and rate limits,
 //!   authentication, CORS), as well as tracing and compression. The guard frees an
 //!   id only when the server's JSON-RPC answer to it has passed to the client,
-//!   or on a stand-in marked [`Unanswered::NotSent`]. An answer it did not see
+//!   or on a stand-in marked [`Unanswered::NotSent`](inner::Unanswered::NotSent). An answer it did not see
 //!   the server give (a `408` from a timeout inside it, a `413` from a body
 //!   limit inside it, any response a layer inside it builds) leaves the id
 //!   abandoned, since the server may already run the request: the next
@@ -283,14 +283,14 @@
 //!   .and(NotForContentType::IMAGES)`). Compressed SSE still streams: the
 //!   encoder flushes whenever the server pauses, so each event reaches the
 //!   client when it is sent.
-//! - **CORS goes outside [`protect::HostLayer`], allowing only origins it
+//! - **CORS goes outside [`protect::host::HostLayer`], allowing only origins it
 //!   allows.** `CorsLayer` answers a preflight (`OPTIONS`) itself, `200`,
 //!   whatever the origin, and the POST that follows meets `HostLayer`, which
 //!   refuses a foreign `Origin` with `403`. Safe, but a browser then sees the
 //!   preflight pass and the POST fail.
 //! - The network protections of [`protect`] go outside the guard, cheapest
 //!   first, so a request they refuse is never read. Their bodies and
-//!   [`ResponseBody`] implement `Default`, which `TimeoutLayer` and
+//!   [`guard::GuardResponseBody`] implement `Default`, which `TimeoutLayer` and
 //!   `CorsLayer` outside them need.
 //!
 //! # Feature flags
@@ -329,7 +329,8 @@ macro_rules! inner_accessors {
     };
 }
 
-mod guard;
+pub mod exchange;
+pub mod guard;
 pub mod inner;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -340,11 +341,12 @@ mod table;
 mod throttle;
 mod wire;
 
-pub use guard::{
-    Exchange, GuardDecision, Handled, IdGuard, IdGuardLayer, McpMethod, OnDuplicate, RequestBody,
-    ResponseBody, ResponseFuture, Unanswered, WantsExchange,
-};
-pub use table::Stats;
+// The crate root holds what every user names; the rest lives in modules
+// named for what it is (`exchange`, `guard`, `inner`, `protect`, ...), each
+// item at one public path.
+pub use guard::layer::IdGuardLayer;
+pub use guard::service::IdGuard;
+pub use table::{OnDuplicate, Stats};
 
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]

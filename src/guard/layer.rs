@@ -13,7 +13,11 @@ use crate::wire::id::IdMinter;
 /// Applies [`IdGuard`] to a service.
 ///
 /// Every service built from one layer, and every clone of it, shares one
-/// session table, so [`stats`](Self::stats) sees all of them.
+/// session table, so [`stats`](Self::stats) sees all of them. The secret
+/// that binds server-side ids to sessions is given when the layer is made
+/// ([`with_secret`](Self::with_secret)); the builder methods set the other
+/// settings, in any order, and cannot fail: each takes any value of its
+/// type.
 ///
 /// ```
 /// use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -48,6 +52,37 @@ impl IdGuardLayer {
         Self {
             config: Config::default(),
             table: Arc::new(Table::new()),
+        }
+    }
+
+    /// A layer with the defaults and `secret` as the key that binds each
+    /// server-side id to its session ([`new`](Self::new) draws a random one
+    /// per layer).
+    ///
+    /// A response's server-side id is restored only if this secret issued
+    /// it for the session the response belongs to: an upstream that answers
+    /// with another session's id, or one nobody issued, has it passed on
+    /// unrestored (counted in [`Stats::restore_refused_total`]) rather than
+    /// dressed up as the client's own answer. Give replicas behind one load
+    /// balancer the same secret, so that a stream resumed on another replica
+    /// is restored too.
+    ///
+    /// The secret is set when the layer is made, so the builder methods
+    /// after it may come in any order, and every clone (taken for
+    /// [`stats`](Self::stats), say) shares the layer's one table.
+    ///
+    /// ```
+    /// use mcp_id_guard::IdGuardLayer;
+    ///
+    /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
+    /// let replica_a = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
+    /// let replica_b = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
+    /// # let _ = (replica_a, replica_b);
+    /// ```
+    pub fn with_secret(secret: [u8; 16]) -> Self {
+        Self {
+            config: Config::default(),
+            table: Arc::new(Table::with_minter(IdMinter::with_secret(secret))),
         }
     }
 
@@ -189,30 +224,6 @@ impl IdGuardLayer {
     /// ```
     pub fn restart_window(mut self, window: Duration) -> Self {
         self.config.restart_window = window;
-        self
-    }
-
-    /// Sets the secret that binds each server-side id to its session
-    /// (default: random per layer). A response's server-side id is restored
-    /// only if this secret issued it for the session the response belongs
-    /// to: an upstream that answers with another session's id, or one nobody
-    /// issued, has it passed on unrestored (counted in
-    /// [`Stats::restore_refused_total`]) rather than dressed up as the
-    /// client's own answer. Give replicas behind one load balancer the same
-    /// secret, so that a stream resumed on another replica is restored too.
-    ///
-    /// Call it first: it gives the layer a new, empty table.
-    ///
-    /// ```
-    /// use mcp_id_guard::IdGuardLayer;
-    ///
-    /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
-    /// let replica_a = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
-    /// let replica_b = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
-    /// # let _ = (replica_a, replica_b);
-    /// ```
-    pub fn id_secret(mut self, secret: [u8; 16]) -> Self {
-        self.table = Arc::new(Table::with_minter(IdMinter::with_secret(secret)));
         self
     }
 

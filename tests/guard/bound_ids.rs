@@ -158,8 +158,8 @@ async fn replicas_sharing_the_secret_restore_each_others_ids() {
     let (seen, answers) = (Script::default(), Script::default());
     let server = scripted(Arc::clone(&seen), Arc::clone(&answers));
     let replica = |layer: IdGuardLayer| layer.rewrite_all_ids(true).layer(server.clone());
-    let mut a = replica(IdGuardLayer::new().id_secret(secret));
-    let mut b = replica(IdGuardLayer::new().id_secret(secret));
+    let mut a = replica(IdGuardLayer::with_secret(secret));
+    let mut b = replica(IdGuardLayer::with_secret(secret));
     let mut other = replica(IdGuardLayer::new());
 
     let answered = send(&mut a, post("session-z", "1")).await;

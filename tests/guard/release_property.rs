@@ -23,7 +23,7 @@
 //! on, while still open. Shadows last for `abandoned_id_ttl`, which never
 //! runs out within a case. After every step the test checks:
 //! - `in_flight_requests` is the number of live exchanges (queued ones
-//!   included), `tracked_sessions` the number of sessions with one (shadows
+//!   included), `in_flight_sessions` the number of sessions with one (shadows
 //!   alone do not count), `abandoned_ids` the number of ended exchanges that
 //!   still shadow their id;
 //! - no two live forwarded exchanges of a session, cancelled ones included,
@@ -1244,7 +1244,7 @@ impl Harness {
         let stats = self.layer.stats();
         assert_eq!(stats.in_flight_requests, self.live.len(), "in flight");
         let sessions: HashSet<usize> = self.live.iter().map(|e| e.session).collect();
-        assert_eq!(stats.tracked_sessions, sessions.len(), "tracked sessions");
+        assert_eq!(stats.in_flight_sessions, sessions.len(), "tracked sessions");
         assert_eq!(stats.abandoned_ids, self.shadows.len(), "abandoned ids");
         // Every id the inner service may still answer under, per session:
         // live exchanges (cancelled ones too) and shadows. No two may match.
@@ -1297,7 +1297,7 @@ impl Harness {
         assert!(self.live.is_empty(), "queued requests got their turn");
         let stats = self.layer.stats();
         assert_eq!(
-            (stats.in_flight_requests, stats.tracked_sessions),
+            (stats.in_flight_requests, stats.in_flight_sessions),
             (0, 0),
             "drained"
         );

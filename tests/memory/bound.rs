@@ -150,7 +150,7 @@ impl Workload {
 #[track_caller]
 fn assert_idle(stats: &Stats, what: &str) {
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (0, 0),
         "{what}: nothing may stay in flight: {stats:?}"
     );
@@ -167,7 +167,7 @@ fn guarded_cost(layer: &IdGuardLayer, workload: Workload) -> (f64, isize, isize)
     let held_bytes = live() - baseline;
     let stats = layer.stats();
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (workload.len(), workload.sessions),
         "every held exchange is in flight: {stats:?}"
     );
