@@ -13,32 +13,35 @@
 //! conversations.
 //!
 //! # Quick start
-//! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
-//! session before the server does (the whole program is
-//! `examples/quickstart.rs`):
-//!
-//! ```no_run
-//! # #[derive(Clone)] struct MyServer;
-//! # impl rmcp::ServerHandler for MyServer {}
-//! # impl MyServer { fn new() -> Self { Self } }
-//! use std::sync::Arc;
-//! use mcp_id_guard::IdGuardLayer;
-//! use rmcp::transport::streamable_http_server::{
-//!     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
-//! };
-//!
-//! # #[tokio::main] async fn main() -> std::io::Result<()> {
-//! let mcp = StreamableHttpService::new(
-//!     || Ok(MyServer::new()),
-//!     Arc::new(LocalSessionManager::default()),
-//!     StreamableHttpServerConfig::default(),
-//! );
-//! let guard = IdGuardLayer::new(); // OnDuplicate::Remap
-//! let app = axum::Router::new().nest_service("/mcp", mcp).layer(guard.clone());
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
-//! axum::serve(listener, app).await?;
-//! # Ok(()) }
+//! ```toml
+//! [dependencies]
+//! mcp-id-guard = "0.1"
+//! rmcp = { version = "3.11", features = ["server", "macros", "transport-streamable-http-server"] }
+//! axum = "0.8"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "net", "signal"] }
+//! tower = "0.5"
+//! serde = { version = "1", features = ["derive"] }
+//! schemars = "1"
 //! ```
+//!
+//! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
+//! session before the server does, and the network protections
+//! ([`protect::ProtectLayer`]) outside the guard. The whole program
+//! (`examples/quickstart.rs`, also README's quick start):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/quickstart.rs"), "```")]
+//!
+//! # The crate at a glance
+//! | path | what for |
+//! |---|---|
+//! | [`IdGuardLayer`], [`IdGuard`] | the middleware: the layer and its settings, the service it makes |
+//! | [`OnDuplicate`] | what happens to a request whose id is already in flight (see [Policies](#policies)) |
+//! | [`Stats`] | the guard's counters, from [`IdGuardLayer::stats`] |
+//! | [`protect`] | the network protections: [`ProtectLayer`](protect::ProtectLayer) and its three layers, [`metrics`](protect::metrics) |
+//! | [`exchange`] | what the guard did with each message, for layers outside it (metrics, traces, your own) |
+//! | [`guard`] | the guard's body and future types, to name in bounds |
+//! | [`inner`] | for the service inside the guard: its request type, server-side ids, stand-in answers |
+//! | [`proxy`], [`server`] | a reverse proxy to any upstream MCP server, and the connection-level protections (features `proxy`, `server`) |
 //!
 //! The layer works on any `Service<http::Request<B>>` whose response is an
 //! `http::Response`: an rmcp `StreamableHttpService`, an axum `Router`, a
@@ -229,7 +232,8 @@
 //!
 //! ```text
 //! TraceLayer > ResponseBodyTimeoutLayer > CompressionLayer (SSE included) > CorsLayer
-//!   > TimeoutLayer > HeadLimitLayer > HostLayer > BodyPaceLayer > IdGuardLayer > MCP service
+//!   > TimeoutLayer > ProtectLayer (HeadLimitLayer > HostLayer > BodyPaceLayer) > IdGuardLayer
+//!   > MCP service
 //! ```
 //!
 //! - **Outside the guard: every layer that may answer in the server's
@@ -359,3 +363,18 @@ pub mod server;
 #[cfg(feature = "otel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod trace;
+
+#[cfg(test)]
+mod tests {
+    /// README's quick start is `examples/quickstart.rs` verbatim (the crate
+    /// docs include the file itself), so the two cannot drift apart.
+    #[test]
+    fn readme_quick_start_is_the_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/quickstart.rs");
+        assert!(
+            readme.contains(&format!("```rust,ignore\n{example}```")),
+            "README.md's quick start differs from examples/quickstart.rs"
+        );
+    }
+}

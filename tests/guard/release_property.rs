@@ -77,7 +77,8 @@ use futures::FutureExt;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, Stats};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
 use proptest::prelude::*;
 use serde_json::value::RawValue;
 use tower::{Layer, Service};
@@ -302,7 +303,7 @@ fn replay() -> impl Strategy<Value = GetReplay> {
         )
 }
 
-type GuardFuture = Pin<Box<mcp_id_guard::ResponseFuture<Controlled, Full<Bytes>>>>;
+type GuardFuture = Pin<Box<mcp_id_guard::guard::GuardFuture<Controlled, Full<Bytes>>>>;
 
 enum Stage {
     /// Registered under `Queue`, waiting for its id; the inner service has

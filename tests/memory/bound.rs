@@ -22,7 +22,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use mcp_id_guard::{IdGuardLayer, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::{IdGuardLayer, Stats};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
 use tower::{Layer, Service};
 
 use crate::{answer_event, call, live, peak, reset_peak};
