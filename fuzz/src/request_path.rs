@@ -47,8 +47,8 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use tower::{Layer, Service};
 
 use super::input::{request_id_text as id_text, split_at_cuts, Input};

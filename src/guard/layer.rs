@@ -72,12 +72,33 @@ impl IdGuardLayer {
     /// [`stats`](Self::stats), say) shares the layer's one table.
     ///
     /// ```
-    /// use mcp_id_guard::IdGuardLayer;
+    /// use std::convert::Infallible;
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use mcp_id_guard::inner::InnerRequest;
+    /// use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+    /// use tower::{Layer as _, ServiceExt as _};
     ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
     /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
     /// let replica_a = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
     /// let replica_b = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
-    /// # let _ = (replica_a, replica_b);
+    ///
+    /// // A clone taken before the other settings watches the same table.
+    /// let watcher = replica_a.clone();
+    /// let replica_a = replica_a.on_duplicate(OnDuplicate::Reject);
+    /// let server = tower::service_fn(|_: InnerRequest<Full<Bytes>>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::<Bytes>::default()))
+    /// });
+    /// let request = http::Request::post("/mcp")
+    ///     .header("mcp-session-id", "session-1")
+    ///     .body(Full::new(Bytes::from(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)))
+    ///     .unwrap();
+    /// replica_a.layer(server).oneshot(request).await.unwrap();
+    /// assert_eq!(watcher.stats().remapped_total, 1);
+    /// # let _ = replica_b;
+    /// # }
     /// ```
     pub fn with_secret(secret: [u8; 16]) -> Self {
         Self {

@@ -57,10 +57,10 @@ pub use future::ResponseFuture as GuardFuture;
 // used only under some features).
 #[allow(unused_imports)]
 pub(crate) use crate::wire::method::McpMethod;
+pub(crate) use body::RequestBody;
 #[allow(unused_imports)]
 pub(crate) use exchange::{Exchange, GuardDecision, Handled};
 #[allow(unused_imports)]
 pub(crate) use layer::IdGuardLayer;
 #[allow(unused_imports)]
 pub(crate) use unanswered::Unanswered;
-pub(crate) use body::RequestBody;

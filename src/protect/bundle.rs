@@ -104,9 +104,7 @@ impl<S> Layer<S> for ProtectLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Protect {
-            inner: self
-                .head
-                .layer(self.host.layer(self.pace.layer(inner))),
+            inner: self.head.layer(self.host.layer(self.pace.layer(inner))),
         }
     }
 }

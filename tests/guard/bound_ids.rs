@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use mcp_id_guard::IdGuardLayer;
 use mcp_id_guard::guard::GuardRequestBody as RequestBody;
+use mcp_id_guard::IdGuardLayer;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::support::ids::is_server_side;

@@ -22,8 +22,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use mcp_id_guard::{IdGuardLayer, Stats};
 use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuardLayer, Stats};
 use tower::{Layer, Service};
 
 use crate::{answer_event, call, live, peak, reset_peak};

@@ -707,10 +707,10 @@ mod hyper_serving {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto;
     use mcp_id_guard::proxy::{ClientAddr, Proxy};
-    use tower::BoxError;
     use mcp_id_guard::IdGuardLayer;
     use tokio::net::TcpListener;
     use tokio::task::JoinHandle;
+    use tower::BoxError;
     use tower_layer::Layer;
     use tower_service::Service;
 
