@@ -176,3 +176,122 @@ where
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::{BodyExt as _, Full, StreamBody};
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::protect::Refused;
+
+    type Silent = StreamBody<futures::stream::Pending<Result<Frame<Bytes>, Infallible>>>;
+
+    /// An inner service that reads the whole body, then answers `200` with
+    /// `served` (or `400` when the body failed).
+    fn protected<B>(
+        layer: &ProtectLayer,
+    ) -> impl Service<
+        Request<B>,
+        Response = Response<ProtectedBody<Full<Bytes>>>,
+        Error = Infallible,
+        Future = ProtectFuture<impl Future<Output = Result<Response<Full<Bytes>>, Infallible>>>,
+    > + Clone
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        PacedBody<B>: Body<Data = Bytes>,
+    {
+        layer.layer(tower::service_fn(
+            |request: Request<PacedBody<B>>| async move {
+                let status = match request.into_body().collect().await {
+                    Ok(_) => 200,
+                    Err(_) => 400,
+                };
+                let mut response = Response::new(Full::from("served"));
+                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                Ok::<_, Infallible>(response)
+            },
+        ))
+    }
+
+    fn post(host: &str, padding: usize) -> Request<Full<Bytes>> {
+        Request::post("/mcp")
+            .header("host", host)
+            .header("x-padding", "a".repeat(padding))
+            .body(Full::from("{}"))
+            .unwrap()
+    }
+
+    async fn outcome(
+        response: Response<ProtectedBody<Full<Bytes>>>,
+    ) -> (u16, Option<Refused>, Bytes) {
+        let status = response.status().as_u16();
+        let refused = response.extensions().get::<Refused>().copied();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, refused, body)
+    }
+
+    #[tokio::test]
+    async fn the_bundle_refuses_as_the_three_layers_in_order_with_one_body() {
+        let layer = ProtectLayer::new(HostPolicy::loopback()).head_limit(HeadLimitLayer::new(1024));
+        let service = protected::<Full<Bytes>>(&layer);
+
+        let (status, refused, body) = outcome(
+            service
+                .clone()
+                .oneshot(post("localhost:8000", 0))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((status, refused, &body[..]), (200, None, &b"served"[..]));
+
+        let (status, refused, _) = outcome(
+            service
+                .clone()
+                .oneshot(post("evil.example:8000", 0))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((status, refused), (421, Some(Refused::Host)));
+
+        // Over the head limit and from a rebound page: the head is checked
+        // first (the cheapest check, before the Host policy).
+        let (status, refused, body) = outcome(
+            service
+                .oneshot(post("evil.example:8000", 2000))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!((status, refused), (431, Some(Refused::HeadSize)));
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(error["error"]["code"], -32600);
+    }
+
+    #[tokio::test]
+    async fn the_bundle_holds_the_body_to_its_pace() {
+        let layer = ProtectLayer::default()
+            .body_pace(BodyPaceLayer::new().idle_timeout(Some(Duration::from_millis(50))));
+        let silent: Silent = StreamBody::new(futures::stream::pending());
+        let request = Request::post("/mcp")
+            .header("host", "127.0.0.1:8000")
+            .body(silent)
+            .unwrap();
+        let response = tokio::time::timeout(
+            Duration::from_secs(5),
+            protected::<Silent>(&layer).oneshot(request),
+        )
+        .await
+        .expect("the pace answers within its idle timeout")
+        .unwrap();
+        let (status, refused, _) = outcome(response).await;
+        assert_eq!((status, refused), (408, Some(Refused::BodyIdle)));
+    }
+}
