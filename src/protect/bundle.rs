@@ -196,12 +196,8 @@ mod tests {
     /// `served` (or `400` when the body failed).
     fn protected<B>(
         layer: &ProtectLayer,
-    ) -> impl Service<
-        Request<B>,
-        Response = Response<ProtectedBody<Full<Bytes>>>,
-        Error = Infallible,
-        Future = ProtectFuture<impl Future<Output = Result<Response<Full<Bytes>>, Infallible>>>,
-    > + Clone
+    ) -> impl Service<Request<B>, Response = Response<ProtectedBody<Full<Bytes>>>, Error = Infallible>
+           + Clone
     where
         B: Body<Data = Bytes> + Send + 'static,
         PacedBody<B>: Body<Data = Bytes>,

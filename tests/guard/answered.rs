@@ -149,6 +149,7 @@ async fn reuse_is_remapped(service: &mut Guarded, handle: &mut Handle) -> bool {
 /// `Unanswered::NotSent`, frees it.
 #[tokio::test]
 async fn a_status_without_the_servers_answer_frees_nothing() {
+    #[allow(clippy::type_complexity)] // a table of cases, read row by row
     let cases: [(StatusCode, &[(&str, &str)], &str, Option<Unanswered>, bool); 6] = [
         (StatusCode::REQUEST_TIMEOUT, &[], "", None, true),
         (
