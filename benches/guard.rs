@@ -692,7 +692,7 @@ fn sessions(c: &mut Criterion) {
             held.push(rt.block_on(hold(&mut guarded, holding.build())));
             templates.push(Template::new(body.clone(), Some(&session)));
         }
-        assert_eq!(layer.stats().tracked_sessions, count);
+        assert_eq!(layer.stats().in_flight_sessions, count);
         populated.push(Populated {
             count,
             layer,
@@ -729,7 +729,7 @@ fn sessions(c: &mut Criterion) {
     drop(held);
     assert!(populated
         .iter()
-        .all(|table| table.layer.stats().tracked_sessions == 0));
+        .all(|table| table.layer.stats().in_flight_sessions == 0));
 }
 
 /// Times alternating batches on every table and prints, for each size, the

@@ -18,7 +18,10 @@ use std::time::Duration;
 use axum::extract::{ConnectInfo, Request};
 use axum::routing::{get, post};
 use axum::Router;
-use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
+use mcp_id_guard::protect::head::HeadLimitLayer;
+use mcp_id_guard::protect::host::HostPolicy;
+use mcp_id_guard::protect::pace::BodyPaceLayer;
+use mcp_id_guard::protect::ProtectLayer;
 use mcp_id_guard::proxy::{ClientAddr, Proxy};
 use mcp_id_guard::IdGuardLayer;
 use tokio::net::TcpListener;
@@ -57,16 +60,18 @@ async fn main() -> anyhow::Result<()> {
     let guard = IdGuardLayer::new();
     let proxy = Proxy::new(&format!("http://{upstream_addr}"))?;
     let mcp = ServiceBuilder::new()
-        // 431 for request heads over 16 KiB.
-        .layer(HeadLimitLayer::new(16 * 1024))
-        // 421/403 for a Host or Origin other than loopback (DNS rebinding).
-        .layer(HostLayer::new(HostPolicy::loopback()))
-        // 408 for bodies that pause 30 s or arrive slower than 240 B/s.
+        // In this order: 421/403 for a Host or Origin other than loopback
+        // (DNS rebinding) after 431 for request heads over 16 KiB, then 408
+        // for bodies that pause 30 s or arrive slower than 240 B/s.
         .layer(
-            BodyPaceLayer::new()
-                .idle_timeout(Some(Duration::from_secs(30)))
-                .min_rate(240)
-                .grace(Duration::from_secs(5)),
+            ProtectLayer::new(HostPolicy::loopback())
+                .head_limit(HeadLimitLayer::new(16 * 1024))
+                .body_pace(
+                    BodyPaceLayer::new()
+                        .idle_timeout(Some(Duration::from_secs(30)))
+                        .min_rate(240)
+                        .grace(Duration::from_secs(5)),
+                ),
         )
         .layer(guard.clone())
         .service(proxy);

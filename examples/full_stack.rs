@@ -18,7 +18,7 @@
 //! | `CompressionLayer` | outside the guard, which restores ids in the server's uncompressed bytes; told to compress `text/event-stream`, which its default predicate skips (every rmcp answer is SSE). It flushes whenever the server pauses, so each event still arrives as it is sent |
 //! | `CorsLayer` | answers browser preflights (`OPTIONS`) itself; the POST that follows still meets `HostLayer`, which refuses a foreign `Origin` with `403` whatever CORS allowed: allow only origins `HostLayer` allows |
 //! | `TimeoutLayer` | bounds the wait for response headers (a request queued under `OnDuplicate::Queue`, a server slow to start its stream); its `408` has no body. Keep `max_queue_wait` below it |
-//! | `HeadLimitLayer`, `HostLayer`, `BodyPaceLayer` | the network protections, cheapest first, so a request they refuse is never read |
+//! | `ProtectLayer` | the network protections (`HeadLimitLayer`, `HostLayer`, `BodyPaceLayer`), cheapest first, so a request they refuse is never read |
 //! | `IdGuardLayer` | innermost: it must see every POST of a session just before the server does |
 //!
 //! `tests/rmcp/full_stack.rs` runs this very stack (it includes this file):
@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{header, HeaderName, HeaderValue, Method, StatusCode};
-use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
+use mcp_id_guard::protect::head::HeadLimitLayer;
+use mcp_id_guard::protect::host::HostPolicy;
+use mcp_id_guard::protect::ProtectLayer;
 use mcp_id_guard::IdGuardLayer;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -150,9 +152,9 @@ pub fn app(guard: IdGuardLayer, timeouts: Timeouts) -> axum::Router {
             StatusCode::REQUEST_TIMEOUT,
             timeouts.response_head,
         ))
-        .layer(HeadLimitLayer::new(16 * 1024)) // 431 over 16 KiB of head
-        .layer(HostLayer::new(HostPolicy::loopback())) // 421 / 403: DNS rebinding
-        .layer(BodyPaceLayer::new()) // 408: 30 s pauses, or < 240 B/s after 5 s
+        // 431 over 16 KiB of head, 421 / 403 for DNS rebinding, 408 for a
+        // body that pauses 30 s or sends < 240 B/s after 5 s: in this order.
+        .layer(ProtectLayer::new(HostPolicy::loopback()).head_limit(HeadLimitLayer::new(16 * 1024)))
         .layer(guard);
     axum::Router::new()
         .nest_service("/mcp", mcp_service(timeouts))

@@ -1,6 +1,9 @@
-//! What the service inside the guard receives: its request type, and the
-//! server-side ids of remapped requests. For testing an inner service of your
-//! own, a forwarding service, or a server that logs the ids it runs.
+//! For the service inside the guard: the request it receives
+//! ([`InnerRequest`]), the server-side ids of remapped requests
+//! ([`ServerSideId`]), and the mark a forwarding service puts on an answer it
+//! gives in the server's place ([`Unanswered`]). For testing an inner service
+//! of your own, writing a forwarding service, or a server that logs the ids
+//! it runs.
 //!
 //! # Testing with `tower-test`
 //! [`IdGuard`](crate::IdGuard) reads a tracked POST's body **in its response
@@ -53,9 +56,11 @@
 use crate::guard::RequestBody;
 use crate::wire::id;
 
+pub use crate::guard::unanswered::Unanswered;
+
 /// The request the service inside [`IdGuard`](crate::IdGuard) receives when
 /// the client's request body is `B`: the client's request, its body wrapped
-/// in [`RequestBody`] (the bytes the guard read, rewritten only where an id
+/// in [`GuardRequestBody`](crate::guard::GuardRequestBody) (the bytes the guard read, rewritten only where an id
 /// was remapped, or the client's body untouched).
 ///
 /// The type to name in a `tower-test` mock, or in the bounds of a service

@@ -13,32 +13,35 @@
 //! conversations.
 //!
 //! # Quick start
-//! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
-//! session before the server does (the whole program is
-//! `examples/quickstart.rs`):
-//!
-//! ```no_run
-//! # #[derive(Clone)] struct MyServer;
-//! # impl rmcp::ServerHandler for MyServer {}
-//! # impl MyServer { fn new() -> Self { Self } }
-//! use std::sync::Arc;
-//! use mcp_id_guard::IdGuardLayer;
-//! use rmcp::transport::streamable_http_server::{
-//!     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
-//! };
-//!
-//! # #[tokio::main] async fn main() -> std::io::Result<()> {
-//! let mcp = StreamableHttpService::new(
-//!     || Ok(MyServer::new()),
-//!     Arc::new(LocalSessionManager::default()),
-//!     StreamableHttpServerConfig::default(),
-//! );
-//! let guard = IdGuardLayer::new(); // OnDuplicate::Remap
-//! let app = axum::Router::new().nest_service("/mcp", mcp).layer(guard.clone());
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
-//! axum::serve(listener, app).await?;
-//! # Ok(()) }
+//! ```toml
+//! [dependencies]
+//! mcp-id-guard = "0.1"
+//! rmcp = { version = "3.11", features = ["server", "macros", "transport-streamable-http-server"] }
+//! axum = "0.8"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "net", "signal"] }
+//! tower = "0.5"
+//! serde = { version = "1", features = ["derive"] }
+//! schemars = "1"
 //! ```
+//!
+//! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
+//! session before the server does, and the network protections
+//! ([`protect::ProtectLayer`]) outside the guard. The whole program
+//! (`examples/quickstart.rs`, also README's quick start):
+//!
+#![doc = concat!("```no_run\n", include_str!("../examples/quickstart.rs"), "```")]
+//!
+//! # The crate at a glance
+//! | path | what for |
+//! |---|---|
+//! | [`IdGuardLayer`], [`IdGuard`] | the middleware: the layer and its settings, the service it makes |
+//! | [`OnDuplicate`] | what happens to a request whose id is already in flight (see [Policies](#policies)) |
+//! | [`Stats`] | the guard's counters, from [`IdGuardLayer::stats`] |
+//! | [`protect`] | the network protections: [`ProtectLayer`](protect::ProtectLayer) and its three layers, [`metrics`](protect::metrics) |
+//! | [`exchange`] | what the guard did with each message, for layers outside it (metrics, traces, your own) |
+//! | [`guard`] | the guard's body and future types, to name in bounds |
+//! | [`inner`] | for the service inside the guard: its request type, server-side ids, stand-in answers |
+//! | [`proxy`], [`server`] | a reverse proxy to any upstream MCP server, and the connection-level protections (features `proxy`, `server`) |
 //!
 //! The layer works on any `Service<http::Request<B>>` whose response is an
 //! `http::Response`: an rmcp `StreamableHttpService`, an axum `Router`, a
@@ -58,7 +61,7 @@
 //! response has passed to the client (on the POST's own stream, even if the
 //! server keeps the stream open; or, after that stream ended early, on a
 //! `GET` that resumes it from the last event id the client saw on it), or
-//! when a stand-in answer marked [`Unanswered::NotSent`] says
+//! when a stand-in answer marked [`Unanswered::NotSent`](inner::Unanswered::NotSent) says
 //! the request never reached the server. Any other ending leaves it
 //! abandoned (see below), an answer the guard did not see the server give
 //! included: a `4xx` or `5xx` built by a layer inside the guard (a timeout's
@@ -130,7 +133,7 @@
 //! [`Stats::restore_refused_total`]): an upstream that leaks one session's
 //! answer into another's is never dressed up as a correct answer. The id
 //! carries everything needed, so restoring keeps no state, and guard
-//! instances sharing [`IdGuardLayer::id_secret`] restore each other's ids. A
+//! instances built with one [`IdGuardLayer::with_secret`] restore each other's ids. A
 //! client id that already starts with `mcp-id-guard:` is itself remapped, so
 //! restoring unwraps exactly one level. Nothing else in a message changes.
 //!
@@ -153,7 +156,7 @@
 //! server hands that late answer to the next request that reuses the id. So
 //! when an exchange ends without its response (the stream ended or broke off
 //! before it, the client disconnected or dropped the request, the inner
-//! service failed, a panic, a stand-in answer marked [`Unanswered::Sent`]),
+//! service failed, a panic, a stand-in answer marked [`Unanswered::Sent`](inner::Unanswered::Sent)),
 //! and the server knew it by the client's own id, the id stays *abandoned* for
 //! [`IdGuardLayer::abandoned_id_ttl`] (5 minutes): it is free for the client,
 //! but a new request with it goes to the server with a server-side id, under
@@ -229,14 +232,15 @@
 //!
 //! ```text
 //! TraceLayer > ResponseBodyTimeoutLayer > CompressionLayer (SSE included) > CorsLayer
-//!   > TimeoutLayer > HeadLimitLayer > HostLayer > BodyPaceLayer > IdGuardLayer > MCP service
+//!   > TimeoutLayer > ProtectLayer (HeadLimitLayer > HostLayer > BodyPaceLayer) > IdGuardLayer
+//!   > MCP service
 //! ```
 //!
 //! - **Outside the guard: every layer that may answer in the server's
 //!   place** (timeouts, body limits, concurrency and rate limits,
 //!   authentication, CORS), as well as tracing and compression. The guard frees an
 //!   id only when the server's JSON-RPC answer to it has passed to the client,
-//!   or on a stand-in marked [`Unanswered::NotSent`]. An answer it did not see
+//!   or on a stand-in marked [`Unanswered::NotSent`](inner::Unanswered::NotSent). An answer it did not see
 //!   the server give (a `408` from a timeout inside it, a `413` from a body
 //!   limit inside it, any response a layer inside it builds) leaves the id
 //!   abandoned, since the server may already run the request: the next
@@ -283,14 +287,14 @@
 //!   .and(NotForContentType::IMAGES)`). Compressed SSE still streams: the
 //!   encoder flushes whenever the server pauses, so each event reaches the
 //!   client when it is sent.
-//! - **CORS goes outside [`protect::HostLayer`], allowing only origins it
+//! - **CORS goes outside [`protect::host::HostLayer`], allowing only origins it
 //!   allows.** `CorsLayer` answers a preflight (`OPTIONS`) itself, `200`,
 //!   whatever the origin, and the POST that follows meets `HostLayer`, which
 //!   refuses a foreign `Origin` with `403`. Safe, but a browser then sees the
 //!   preflight pass and the POST fail.
 //! - The network protections of [`protect`] go outside the guard, cheapest
 //!   first, so a request they refuse is never read. Their bodies and
-//!   [`ResponseBody`] implement `Default`, which `TimeoutLayer` and
+//!   [`guard::GuardResponseBody`] implement `Default`, which `TimeoutLayer` and
 //!   `CorsLayer` outside them need.
 //!
 //! # Feature flags
@@ -329,7 +333,8 @@ macro_rules! inner_accessors {
     };
 }
 
-mod guard;
+pub mod exchange;
+pub mod guard;
 pub mod inner;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -340,11 +345,12 @@ mod table;
 mod throttle;
 mod wire;
 
-pub use guard::{
-    Exchange, GuardDecision, Handled, IdGuard, IdGuardLayer, McpMethod, OnDuplicate, RequestBody,
-    ResponseBody, ResponseFuture, Unanswered, WantsExchange,
-};
-pub use table::Stats;
+// The crate root holds what every user names; the rest lives in modules
+// named for what it is (`exchange`, `guard`, `inner`, `protect`, ...), each
+// item at one public path.
+pub use guard::layer::IdGuardLayer;
+pub use guard::service::IdGuard;
+pub use table::{OnDuplicate, Stats};
 
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
@@ -357,3 +363,18 @@ pub mod server;
 #[cfg(feature = "otel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod trace;
+
+#[cfg(test)]
+mod tests {
+    /// README's quick start is `examples/quickstart.rs` verbatim (the crate
+    /// docs include the file itself), so the two cannot drift apart.
+    #[test]
+    fn readme_quick_start_is_the_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/quickstart.rs");
+        assert!(
+            readme.contains(&format!("```rust,ignore\n{example}```")),
+            "README.md's quick start differs from examples/quickstart.rs"
+        );
+    }
+}

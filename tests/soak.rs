@@ -1006,7 +1006,7 @@ async fn soak(
                 stats.cancelled_total,
                 stats.restored_total,
                 stats.in_flight_requests,
-                stats.tracked_sessions,
+                stats.in_flight_sessions,
                 stats.abandoned_ids
             )
         },
@@ -1208,7 +1208,7 @@ fn assert_guarded(policy: Policy, result: &RunResult) {
     }
 
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (0, 0),
         "{label}: the guard must drain once every exchange has ended: {stats:?}"
     );

@@ -47,7 +47,8 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use tower::{Layer, Service};
 
 use super::input::{request_id_text as id_text, split_at_cuts, Input};
@@ -1323,7 +1324,7 @@ impl Harness {
             .collect();
         let in_flight: usize = sessions.iter().map(|session| self.in_flight(session)).sum();
         assert_eq!(stats.in_flight_requests, in_flight, "in-flight requests");
-        assert_eq!(stats.tracked_sessions, sessions.len(), "tracked sessions");
+        assert_eq!(stats.in_flight_sessions, sessions.len(), "tracked sessions");
         assert_eq!(stats.passed_total, self.passed, "passed_total");
         assert_eq!(stats.remapped_total, self.remapped, "remapped_total");
         assert_eq!(stats.rejected_total, self.rejected, "rejected_total");
@@ -1349,7 +1350,7 @@ impl Harness {
         assert!(self.pending.is_empty(), "a queued request never went");
         self.check_stats();
         let stats = self.layer.stats();
-        assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
+        assert_eq!((stats.in_flight_requests, stats.in_flight_sessions), (0, 0));
         Ok(())
     }
 }

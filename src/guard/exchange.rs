@@ -165,7 +165,7 @@ pub(crate) struct WantsRequestIds;
 /// it, the guard leaves none.
 ///
 /// ```
-/// use mcp_id_guard::WantsExchange;
+/// use mcp_id_guard::exchange::WantsExchange;
 ///
 /// let mut request = http::Request::post("/mcp").body(()).unwrap();
 /// request.extensions_mut().insert(WantsExchange);
@@ -200,7 +200,7 @@ pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
 ///
 /// ```
 /// # use http::Response;
-/// use mcp_id_guard::{Exchange, GuardDecision, McpMethod};
+/// use mcp_id_guard::exchange::{Exchange, GuardDecision, McpMethod};
 ///
 /// fn remapped_tool_calls<B>(response: &Response<B>) -> usize {
 ///     response.extensions().get::<Exchange>().map_or(0, |exchange| {

@@ -37,7 +37,7 @@ where
     /// (empty: none to add).
     exchange: Exchange,
     /// A layer outside asked for the [`Exchange`]
-    /// ([`WantsExchange`](crate::WantsExchange)).
+    /// ([`WantsExchange`](crate::exchange::WantsExchange)).
     record: bool,
 }
 

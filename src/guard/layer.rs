@@ -13,7 +13,11 @@ use crate::wire::id::IdMinter;
 /// Applies [`IdGuard`] to a service.
 ///
 /// Every service built from one layer, and every clone of it, shares one
-/// session table, so [`stats`](Self::stats) sees all of them.
+/// session table, so [`stats`](Self::stats) sees all of them. The secret
+/// that binds server-side ids to sessions is given when the layer is made
+/// ([`with_secret`](Self::with_secret)); the builder methods set the other
+/// settings, in any order, and cannot fail: each takes any value of its
+/// type.
 ///
 /// ```
 /// use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -48,6 +52,58 @@ impl IdGuardLayer {
         Self {
             config: Config::default(),
             table: Arc::new(Table::new()),
+        }
+    }
+
+    /// A layer with the defaults and `secret` as the key that binds each
+    /// server-side id to its session ([`new`](Self::new) draws a random one
+    /// per layer).
+    ///
+    /// A response's server-side id is restored only if this secret issued
+    /// it for the session the response belongs to: an upstream that answers
+    /// with another session's id, or one nobody issued, has it passed on
+    /// unrestored (counted in [`Stats::restore_refused_total`]) rather than
+    /// dressed up as the client's own answer. Give replicas behind one load
+    /// balancer the same secret, so that a stream resumed on another replica
+    /// is restored too.
+    ///
+    /// The secret is set when the layer is made, so the builder methods
+    /// after it may come in any order, and every clone (taken for
+    /// [`stats`](Self::stats), say) shares the layer's one table.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use mcp_id_guard::inner::InnerRequest;
+    /// use mcp_id_guard::{IdGuardLayer, OnDuplicate};
+    /// use tower::{Layer as _, ServiceExt as _};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
+    /// let replica_a = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
+    /// let replica_b = IdGuardLayer::with_secret(secret).rewrite_all_ids(true);
+    ///
+    /// // A clone taken before the other settings watches the same table.
+    /// let watcher = replica_a.clone();
+    /// let replica_a = replica_a.on_duplicate(OnDuplicate::Reject);
+    /// let server = tower::service_fn(|_: InnerRequest<Full<Bytes>>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::<Bytes>::default()))
+    /// });
+    /// let request = http::Request::post("/mcp")
+    ///     .header("mcp-session-id", "session-1")
+    ///     .body(Full::new(Bytes::from(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)))
+    ///     .unwrap();
+    /// replica_a.layer(server).oneshot(request).await.unwrap();
+    /// assert_eq!(watcher.stats().remapped_total, 1);
+    /// # let _ = replica_b;
+    /// # }
+    /// ```
+    pub fn with_secret(secret: [u8; 16]) -> Self {
+        Self {
+            config: Config::default(),
+            table: Arc::new(Table::with_minter(IdMinter::with_secret(secret))),
         }
     }
 
@@ -189,30 +245,6 @@ impl IdGuardLayer {
     /// ```
     pub fn restart_window(mut self, window: Duration) -> Self {
         self.config.restart_window = window;
-        self
-    }
-
-    /// Sets the secret that binds each server-side id to its session
-    /// (default: random per layer). A response's server-side id is restored
-    /// only if this secret issued it for the session the response belongs
-    /// to: an upstream that answers with another session's id, or one nobody
-    /// issued, has it passed on unrestored (counted in
-    /// [`Stats::restore_refused_total`]) rather than dressed up as the
-    /// client's own answer. Give replicas behind one load balancer the same
-    /// secret, so that a stream resumed on another replica is restored too.
-    ///
-    /// Call it first: it gives the layer a new, empty table.
-    ///
-    /// ```
-    /// use mcp_id_guard::IdGuardLayer;
-    ///
-    /// let secret = *b"shared by every "; // 16 bytes, from a file in practice
-    /// let replica_a = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
-    /// let replica_b = IdGuardLayer::new().id_secret(secret).rewrite_all_ids(true);
-    /// # let _ = (replica_a, replica_b);
-    /// ```
-    pub fn id_secret(mut self, secret: [u8; 16]) -> Self {
-        self.table = Arc::new(Table::with_minter(IdMinter::with_secret(secret)));
         self
     }
 

@@ -38,7 +38,7 @@ use crate::wire::protocol::{has_media_type, RequestHeaders};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// // An inner server that answers each request with the id it received.
-/// let server = service_fn(|request: Request<mcp_id_guard::RequestBody<Full<Bytes>>>| async move {
+/// let server = service_fn(|request: Request<mcp_id_guard::guard::GuardRequestBody<Full<Bytes>>>| async move {
 ///     let body = request.into_body().collect().await?.to_bytes();
 ///     let id = serde_json::from_slice::<serde_json::Value>(&body)?["id"].clone();
 ///     let answer = serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}});

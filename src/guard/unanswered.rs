@@ -18,7 +18,7 @@
 ///
 /// ```
 /// use http::{Response, StatusCode};
-/// use mcp_id_guard::Unanswered;
+/// use mcp_id_guard::inner::Unanswered;
 ///
 /// // A forwarding service whose upstream timed out after the request left.
 /// let mut response = Response::new(());

@@ -45,6 +45,17 @@ impl<B> ProtectedBody<B> {
     }
 }
 
+impl<B> ProtectedBody<ProtectedBody<B>> {
+    /// One body for two stacked layers' (the bundle's): an outer refusal
+    /// stays a refusal, an outer pass-through is the inner layer's body.
+    pub(crate) fn flatten(self) -> ProtectedBody<B> {
+        match self.content {
+            Content::Inner { body } => body,
+            Content::Refusal { body } => ProtectedBody::refusal(body),
+        }
+    }
+}
+
 /// Empty, as tower-http's `TimeoutLayer` builds its own `408` from it.
 impl<B> Default for ProtectedBody<B> {
     fn default() -> Self {

@@ -88,7 +88,7 @@
 //!   `X-Forwarded-Host`.
 //!   Since the upstream's own `Host` check no longer sees what the browser
 //!   sent, check it in front of the proxy with
-//!   [`HostLayer`](crate::protect::HostLayer) (the
+//!   [`HostLayer`](crate::protect::host::HostLayer) (the
 //!   `mcp-id-guard` binary does, before the guard). `Origin` is forwarded,
 //!   so Origin allow-lists keep working.
 //! - **Forwarding headers** say what the proxy saw, whatever the client
@@ -189,8 +189,10 @@ use pool::Pool;
 use upstream::Upstream;
 
 /// A boxed error, as [`ProxyBody`] yields and as request bodies' errors must
-/// convert into.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// convert into: the very type of `tower::BoxError`, which users name (not
+/// public here, so it has one name; `tower` is no dependency of this
+/// feature).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// JSON-RPC "Internal error", the code of the proxy's `502` answers.
 const INTERNAL_ERROR: i32 = -32603;
@@ -441,7 +443,7 @@ impl ProxyBuilder {
     /// Forwards the client's `Host` (or HTTP/2 `:authority`) to the upstream
     /// unchanged instead of the upstream's own authority (default `false`), so
     /// the upstream's own `Host` check keeps working as a second layer behind
-    /// [`HostPolicy`](crate::protect::HostPolicy). The upstream must then accept the names clients use.
+    /// [`HostPolicy`](crate::protect::host::HostPolicy). The upstream must then accept the names clients use.
     pub fn preserve_host(mut self, enabled: bool) -> Self {
         self.preserve_host = enabled;
         self

@@ -81,7 +81,7 @@ mod io;
 mod watchdog;
 
 /// A request body as the server hands it to the service: hyper's, as the
-/// client sends it. Its pace is the [`BodyPaceLayer`](crate::protect::BodyPaceLayer)'s
+/// client sends it. Its pace is the [`BodyPaceLayer`](crate::protect::pace::BodyPaceLayer)'s
 /// to check; the server closes the connection after that layer's `408`.
 pub type ClientBody = hyper::body::Incoming;
 

@@ -521,7 +521,7 @@ impl Table {
         for index in 0..SHARDS {
             let shard = self.lock(index);
             stats.in_flight_requests += shard.in_flight;
-            stats.tracked_sessions += shard.tracked_sessions;
+            stats.in_flight_sessions += shard.tracked_sessions;
             stats.passed_total += shard.passed_total;
             stats.remapped_total += shard.remapped_total;
             stats.restart_remapped_total += shard.restart_remapped_total;

@@ -9,18 +9,28 @@ use crate::metric_names::{self as names, MetricName};
 /// Untracked traffic (no session header, notifications, GET, ...) is not counted.
 /// Every tracked request is counted once, when it arrives, in exactly one of
 /// `passed_total`, `remapped_total`, `rejected_total` and `queued_total`.
+///
+/// The gauges (`in_flight_requests`, `in_flight_sessions`, `abandoned_ids`,
+/// `table_bytes`) are what the table holds now. Abandoned ids outlive the
+/// requests and sessions they came from, so an idle guard can read
+/// `in_flight_sessions: 0`, `abandoned_ids: 2`, `table_bytes: 1068`: two
+/// ids kept for [`abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl)
+/// and the bytes they hold, freed when they expire (not a leak).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
     /// Requests registered and not yet released (their exchange has not ended).
     pub in_flight_requests: usize,
-    /// Sessions with at least one request in flight. Idle sessions cost nothing
-    /// (beyond the ids they abandoned, until those expire).
-    pub tracked_sessions: usize,
+    /// Sessions with at least one request in flight. A session
+    /// leaves this count with its last request; the ids it abandoned stay in
+    /// `abandoned_ids` (and `table_bytes`) until they expire. Published as
+    /// the gauge `mcp_id_guard_tracked_sessions` (the field's former
+    /// name).
+    pub in_flight_sessions: usize,
     /// Ids the server may still answer although their exchange has ended (the
     /// client went away before the response, the inner service failed, or the
-    /// request was cancelled): a new request with such an id goes with a
-    /// server-side id until it expires; see
+    /// request was cancelled), in sessions idle or not: a new request with
+    /// such an id goes with a server-side id until it expires; see
     /// [`IdGuardLayer::abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl).
     pub abandoned_ids: usize,
     /// Requests forwarded at once with the client's own id.
@@ -83,7 +93,7 @@ impl Stats {
             (names::ABANDONED_EVICTED, self.abandoned_evicted_total),
             (names::RESTART_REMAPPED, self.restart_remapped_total),
             (names::IN_FLIGHT_REQUESTS, wide(self.in_flight_requests)),
-            (names::TRACKED_SESSIONS, wide(self.tracked_sessions)),
+            (names::TRACKED_SESSIONS, wide(self.in_flight_sessions)),
             (names::ABANDONED_IDS, wide(self.abandoned_ids)),
             (names::TABLE_BYTES, wide(self.table_bytes)),
         ]

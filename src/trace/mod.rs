@@ -4,7 +4,7 @@
 //!
 //! # Spans
 //! Put the layer outside [`IdGuardLayer`](crate::IdGuardLayer): it reads
-//! the guard's [`Exchange`](crate::Exchange) on each response. Each request
+//! the guard's [`Exchange`](crate::exchange::Exchange) on each response. Each request
 //! and notification of a POST (each member of a batch) gets a span of kind
 //! `SERVER`, following the OpenTelemetry semantic conventions for MCP:
 //!

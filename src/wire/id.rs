@@ -27,7 +27,7 @@
 //! table and gives back the original bytes, but only for an id this layer's
 //! secret issued for the session the response belongs to: an id of another
 //! session, or one nobody issued, passes as the server wrote it (replicas
-//! that share [`IdGuardLayer::id_secret`](crate::IdGuardLayer::id_secret)
+//! that share [`IdGuardLayer::with_secret`](crate::IdGuardLayer::with_secret)
 //! restore each other's ids). An upstream that leaks another session's
 //! answer is not dressed up as a correct one.
 

@@ -14,7 +14,7 @@ macro_rules! methods {
         /// [`Other`](Self::Other): a closed list, so a metric label made from
         /// it has a bounded set of values. Read by the guard from each
         /// message's `method` as servers decode it (`"tools\/list"` is
-        /// `tools/list`); see [`Exchange`](crate::Exchange).
+        /// `tools/list`); see [`Exchange`](crate::exchange::Exchange).
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
         #[non_exhaustive]
         pub enum McpMethod {

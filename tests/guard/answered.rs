@@ -17,7 +17,9 @@ use futures::poll;
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Unanswered};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::inner::Unanswered;
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use tower_test::mock;
 
 use crate::support::ids::{id_text, is_server_side};

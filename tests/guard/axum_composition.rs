@@ -20,7 +20,8 @@ use axum::Router;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::StatusCode;
-use mcp_id_guard::{IdGuardLayer, OnDuplicate, ResponseBody};
+use mcp_id_guard::guard::GuardResponseBody as ResponseBody;
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use serde_json::value::RawValue;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
@@ -296,12 +297,12 @@ enum Order {
     /// tower-http's `Timeout` builds its 408 with `ResBody::default()`, so it
     /// must sit directly on a service whose response body implements
     /// `Default` (axum's `Body`): neither tower-http's limit `ResponseBody`
-    /// nor `mcp_id_guard::ResponseBody` does.
+    /// nor `mcp_id_guard::guard::GuardResponseBody` does.
     GuardOutside,
     /// `TraceLayer` → `RequestBodyLimitLayer` → `TimeoutLayer` → adapter →
     /// `IdGuardLayer` → the routes. The timeout then also bounds the guard's
     /// reading of the body, and when it fires it drops the guard's future.
-    /// Because `mcp_id_guard::ResponseBody` does not implement `Default`,
+    /// Because `mcp_id_guard::guard::GuardResponseBody` does not implement `Default`,
     /// this order needs the adapter: `map_response` into `axum::body::Body`.
     GuardInside,
 }

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use mcp_id_guard::{IdGuardLayer, RequestBody};
+use mcp_id_guard::guard::GuardRequestBody as RequestBody;
+use mcp_id_guard::IdGuardLayer;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::support::ids::is_server_side;
@@ -92,7 +93,7 @@ where
     service.ready().await.unwrap().call(request).await.unwrap()
 }
 
-async fn text(response: Response<mcp_id_guard::ResponseBody<Full<Bytes>>>) -> String {
+async fn text(response: Response<mcp_id_guard::guard::GuardResponseBody<Full<Bytes>>>) -> String {
     let body = within(response.into_body().collect()).await.unwrap();
     String::from_utf8(body.to_bytes().to_vec()).unwrap()
 }
@@ -158,8 +159,8 @@ async fn replicas_sharing_the_secret_restore_each_others_ids() {
     let (seen, answers) = (Script::default(), Script::default());
     let server = scripted(Arc::clone(&seen), Arc::clone(&answers));
     let replica = |layer: IdGuardLayer| layer.rewrite_all_ids(true).layer(server.clone());
-    let mut a = replica(IdGuardLayer::new().id_secret(secret));
-    let mut b = replica(IdGuardLayer::new().id_secret(secret));
+    let mut a = replica(IdGuardLayer::with_secret(secret));
+    let mut b = replica(IdGuardLayer::with_secret(secret));
     let mut other = replica(IdGuardLayer::new());
 
     let answered = send(&mut a, post("session-z", "1")).await;

@@ -17,8 +17,9 @@ use bytes::Bytes;
 use fuzz_checks::{request_path, sse_rewriter};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
+use mcp_id_guard::guard::GuardRequestBody as RequestBody;
 use mcp_id_guard::internals::{restore_response_ids, Minter, SseRewriter};
-use mcp_id_guard::{IdGuardLayer, OnDuplicate, RequestBody};
+use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use tower::{Layer, Service};
 
 fn inputs(directory: &str) -> Vec<(PathBuf, Vec<u8>)> {

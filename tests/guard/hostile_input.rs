@@ -24,7 +24,8 @@ use futures::StreamExt as _;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, ResponseBody, Stats};
+use mcp_id_guard::guard::GuardResponseBody as ResponseBody;
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, Stats};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -642,7 +643,7 @@ async fn odd_session_headers_are_sessions_compared_by_bytes() {
         held.push(call(&service, request).await);
     }
     let stats = layer.stats();
-    assert_eq!((stats.tracked_sessions, stats.in_flight_requests), (4, 4));
+    assert_eq!((stats.in_flight_sessions, stats.in_flight_requests), (4, 4));
     for session in sessions {
         let request = post_in(session, Full::new(Bytes::from(request_text("1"))));
         let (status, body) = read(call(&service, request).await).await;
@@ -657,7 +658,7 @@ async fn odd_session_headers_are_sessions_compared_by_bytes() {
 }
 
 /// 100 000 distinct sessions with one request each, all held at once:
-/// `tracked_sessions` reaches 100 000, then reading every answer drains the
+/// `in_flight_sessions` reaches 100 000, then reading every answer drains the
 /// table to nothing (no session, no shadow). Dropping 100 000 answers
 /// unread instead leaves shadows, but at most 65 536 (the per-layer bound),
 /// and no session or request in flight.
@@ -678,7 +679,7 @@ async fn one_hundred_thousand_sessions() {
         }
         let stats = layer.stats();
         assert_eq!(
-            (stats.tracked_sessions, stats.in_flight_requests),
+            (stats.in_flight_sessions, stats.in_flight_requests),
             (SESSIONS, SESSIONS)
         );
         assert_eq!(stats.passed_total, SESSIONS as u64);

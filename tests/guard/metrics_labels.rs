@@ -204,7 +204,7 @@ async fn tool_names_only_when_asked_and_capped() {
 async fn the_exchange_is_left_only_when_asked_for() {
     use bytes::Bytes;
     use http_body_util::Full;
-    use mcp_id_guard::{Exchange, GuardDecision, McpMethod, WantsExchange};
+    use mcp_id_guard::exchange::{Exchange, GuardDecision, McpMethod, WantsExchange};
     use tower::{Layer, ServiceExt};
 
     let guard = IdGuardLayer::new();

@@ -54,7 +54,8 @@ use futures::FutureExt;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use proptest::prelude::*;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -234,7 +235,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-type GuardFuture = Pin<Box<mcp_id_guard::ResponseFuture<Scripted, Full<Bytes>>>>;
+type GuardFuture = Pin<Box<mcp_id_guard::guard::GuardFuture<Scripted, Full<Bytes>>>>;
 type GuardBody = Pin<Box<ResponseBody<InnerBody>>>;
 
 /// The client's side of one POST.

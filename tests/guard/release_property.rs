@@ -23,7 +23,7 @@
 //! on, while still open. Shadows last for `abandoned_id_ttl`, which never
 //! runs out within a case. After every step the test checks:
 //! - `in_flight_requests` is the number of live exchanges (queued ones
-//!   included), `tracked_sessions` the number of sessions with one (shadows
+//!   included), `in_flight_sessions` the number of sessions with one (shadows
 //!   alone do not count), `abandoned_ids` the number of ended exchanges that
 //!   still shadow their id;
 //! - no two live forwarded exchanges of a session, cancelled ones included,
@@ -77,7 +77,8 @@ use futures::FutureExt;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, Stats};
 use proptest::prelude::*;
 use serde_json::value::RawValue;
 use tower::{Layer, Service};
@@ -302,7 +303,7 @@ fn replay() -> impl Strategy<Value = GetReplay> {
         )
 }
 
-type GuardFuture = Pin<Box<mcp_id_guard::ResponseFuture<Controlled, Full<Bytes>>>>;
+type GuardFuture = Pin<Box<mcp_id_guard::guard::GuardFuture<Controlled, Full<Bytes>>>>;
 
 enum Stage {
     /// Registered under `Queue`, waiting for its id; the inner service has
@@ -1244,7 +1245,7 @@ impl Harness {
         let stats = self.layer.stats();
         assert_eq!(stats.in_flight_requests, self.live.len(), "in flight");
         let sessions: HashSet<usize> = self.live.iter().map(|e| e.session).collect();
-        assert_eq!(stats.tracked_sessions, sessions.len(), "tracked sessions");
+        assert_eq!(stats.in_flight_sessions, sessions.len(), "tracked sessions");
         assert_eq!(stats.abandoned_ids, self.shadows.len(), "abandoned ids");
         // Every id the inner service may still answer under, per session:
         // live exchanges (cancelled ones too) and shadows. No two may match.
@@ -1297,7 +1298,7 @@ impl Harness {
         assert!(self.live.is_empty(), "queued requests got their turn");
         let stats = self.layer.stats();
         assert_eq!(
-            (stats.in_flight_requests, stats.tracked_sessions),
+            (stats.in_flight_requests, stats.in_flight_sessions),
             (0, 0),
             "drained"
         );

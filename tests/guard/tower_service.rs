@@ -18,7 +18,8 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate, RequestBody, ResponseBody};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuard, IdGuardLayer, OnDuplicate};
 use serde_json::value::RawValue;
 use tower::{Layer, ServiceExt};
 use tower_test::mock;
@@ -285,7 +286,7 @@ async fn future_dropped_while_waiting_for_the_inner_service_releases() {
     let (layer, mut service, mut handle) = spawn(OnDuplicate::Reject);
     let (future, send, _) = send_through(&mut service, &mut handle, tracked("4")).await;
     assert_eq!(in_flight(&layer), 1);
-    assert_eq!(layer.stats().tracked_sessions, 1);
+    assert_eq!(layer.stats().in_flight_sessions, 1);
     drop(future);
     assert_drained(&layer);
     // The inner service answering late changes nothing.

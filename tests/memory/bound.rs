@@ -22,7 +22,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use mcp_id_guard::{IdGuardLayer, RequestBody, ResponseBody, Stats};
+use mcp_id_guard::guard::{GuardRequestBody as RequestBody, GuardResponseBody as ResponseBody};
+use mcp_id_guard::{IdGuardLayer, Stats};
 use tower::{Layer, Service};
 
 use crate::{answer_event, call, live, peak, reset_peak};
@@ -150,7 +151,7 @@ impl Workload {
 #[track_caller]
 fn assert_idle(stats: &Stats, what: &str) {
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (0, 0),
         "{what}: nothing may stay in flight: {stats:?}"
     );
@@ -167,7 +168,7 @@ fn guarded_cost(layer: &IdGuardLayer, workload: Workload) -> (f64, isize, isize)
     let held_bytes = live() - baseline;
     let stats = layer.stats();
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (workload.len(), workload.sessions),
         "every held exchange is in flight: {stats:?}"
     );

@@ -136,7 +136,9 @@ where
 /// with: a result for each of its requests, under the id it received (the
 /// guard frees an id only once its answer passed). The body is a buffered
 /// one, ready at once.
-pub(crate) fn answer_event<B>(request: http::Request<mcp_id_guard::RequestBody<B>>) -> bytes::Bytes
+pub(crate) fn answer_event<B>(
+    request: http::Request<mcp_id_guard::guard::GuardRequestBody<B>>,
+) -> bytes::Bytes
 where
     B: http_body::Body<Data = bytes::Bytes> + Unpin,
 {

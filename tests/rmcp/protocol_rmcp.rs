@@ -351,7 +351,7 @@ async fn cancel_in_one_session_leaves_another_session_alone() -> anyhow::Result<
     let (xa, ya) = (Call::held("session-X-A"), Call::held("session-Y-A"));
     let task_x = start_held(&server, &x, "1", &xa).await?;
     let task_y = start_held(&server, &y, "1", &ya).await?;
-    assert_eq!(layer.stats().tracked_sessions, 2);
+    assert_eq!(layer.stats().in_flight_sessions, 2);
 
     let (_, answer) = x.cancel("1").await;
     assert_eq!(answer.status, Some(202));

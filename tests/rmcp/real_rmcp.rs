@@ -169,7 +169,7 @@ async fn remap_fully_overlapping_burst_remaps_eleven() -> anyhow::Result<()> {
         .await?;
     let during = layer.stats();
     assert_eq!(during.in_flight_requests, BURST, "{during:?}");
-    assert_eq!(during.tracked_sessions, 1, "{during:?}");
+    assert_eq!(during.in_flight_sessions, 1, "{during:?}");
     for sentinel in &sentinels {
         server.gates.release(sentinel);
     }

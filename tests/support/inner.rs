@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_id_guard::RequestBody;
+use mcp_id_guard::guard::GuardRequestBody as RequestBody;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tower::BoxError;

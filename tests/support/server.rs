@@ -706,10 +706,11 @@ mod hyper_serving {
     use hyper::body::Incoming;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::server::conn::auto;
-    use mcp_id_guard::proxy::{BoxError, ClientAddr, Proxy};
+    use mcp_id_guard::proxy::{ClientAddr, Proxy};
     use mcp_id_guard::IdGuardLayer;
     use tokio::net::TcpListener;
     use tokio::task::JoinHandle;
+    use tower::BoxError;
     use tower_layer::Layer;
     use tower_service::Service;
 

@@ -24,7 +24,7 @@ pub fn within<F: Future>(future: F) -> impl Future<Output = F::Output> {
 
 /// Nothing in flight and no session tracked.
 pub fn is_drained(stats: &Stats) -> bool {
-    stats.in_flight_requests == 0 && stats.tracked_sessions == 0
+    stats.in_flight_requests == 0 && stats.in_flight_sessions == 0
 }
 
 /// Asserts that the guard holds nothing right now.

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use mcp_id_guard::protect::host::HostLayer;
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
-use mcp_id_guard::protect::HostLayer;
 use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use mcp_id_guard::protect::{
-    BodyBudget, BodyBufferLayer, BodyPaceLayer, HeadLimitLayer, HostPolicy,
-};
+use mcp_id_guard::protect::buffer::{BodyBudget, BodyBufferLayer};
+use mcp_id_guard::protect::head::HeadLimitLayer;
+use mcp_id_guard::protect::host::HostPolicy;
+use mcp_id_guard::protect::pace::BodyPaceLayer;
 use mcp_id_guard::proxy::Proxy;
 use mcp_id_guard::server::{Server, ServerBuilder};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
@@ -65,7 +66,7 @@ impl Args {
 
     pub(crate) fn guard(&self) -> Result<IdGuardLayer, String> {
         let guard = match &self.id_secret_file {
-            Some(path) => IdGuardLayer::new().id_secret(args::read_id_secret(path)?),
+            Some(path) => IdGuardLayer::with_secret(args::read_id_secret(path)?),
             None => IdGuardLayer::new(),
         };
         Ok(guard

@@ -39,7 +39,7 @@ impl Counter {
 /// to clone.
 ///
 /// ```
-/// use mcp_id_guard::protect::BodyBudget;
+/// use mcp_id_guard::protect::buffer::BodyBudget;
 ///
 /// let budget = BodyBudget::new(64 * 1024 * 1024);
 /// assert_eq!((budget.used(), budget.limit()), (0, 64 * 1024 * 1024));

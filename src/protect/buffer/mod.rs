@@ -42,7 +42,8 @@
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
-//! use mcp_id_guard::protect::{BodyBudget, BodyBufferLayer, Refused};
+//! use mcp_id_guard::protect::buffer::{BodyBudget, BodyBufferLayer};
+//! use mcp_id_guard::protect::Refused;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

@@ -100,7 +100,8 @@ mod tests {
     use tower_layer::Layer as _;
 
     use super::*;
-    use crate::protect::{BodyBudget, BodyBufferLayer, Refused};
+    use crate::protect::buffer::{BodyBudget, BodyBufferLayer};
+    use crate::protect::Refused;
 
     type Streamed = StreamBody<
         futures::stream::Map<

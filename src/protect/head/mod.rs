@@ -12,7 +12,8 @@
 //! use std::convert::Infallible;
 //!
 //! use http_body_util::Empty;
-//! use mcp_id_guard::protect::{HeadLimitLayer, Refused};
+//! use mcp_id_guard::protect::head::HeadLimitLayer;
+//! use mcp_id_guard::protect::Refused;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

@@ -23,7 +23,8 @@
 //! use std::convert::Infallible;
 //!
 //! use http_body_util::{BodyExt, Empty};
-//! use mcp_id_guard::protect::{HostLayer, HostPolicy, Refused};
+//! use mcp_id_guard::protect::host::{HostLayer, HostPolicy};
+//! use mcp_id_guard::protect::Refused;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

@@ -32,7 +32,8 @@ enum Allowed<T> {
 /// hosts. A server reachable under other names lists them.
 ///
 /// ```
-/// use mcp_id_guard::protect::{HostPolicy, Refused};
+/// use mcp_id_guard::protect::host::HostPolicy;
+/// use mcp_id_guard::protect::Refused;
 ///
 /// let policy = HostPolicy::loopback();
 /// let rebound = http::Request::post("/mcp")

@@ -16,7 +16,7 @@
 //! `mcp.server.operation.duration`), labelled
 //! - `mcp_method_name`: the MCP method ([`McpMethod`]: the methods of
 //!   revision 2025-11-25 by name, tasks included), everything else `other`;
-//! - `decision`: what the guard did ([`GuardDecision`](crate::GuardDecision)):
+//! - `decision`: what the guard did ([`GuardDecision`](crate::exchange::GuardDecision)):
 //!   `passed`, `remapped`, `rejected` (a duplicate the policy refused),
 //!   `queued`, `refused` (answered by the guard for another reason: over
 //!   capacity or budget, unreadable, too large, session id too long) or

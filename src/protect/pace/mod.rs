@@ -50,7 +50,8 @@
 //! use bytes::Bytes;
 //! use http_body::Frame;
 //! use http_body_util::{BodyExt, Full, StreamBody};
-//! use mcp_id_guard::protect::{BodyPaceLayer, PacedBody, Refused};
+//! use mcp_id_guard::protect::pace::{BodyPaceLayer, PacedBody};
+//! use mcp_id_guard::protect::Refused;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! type Silent = StreamBody<futures::stream::Pending<Result<Frame<Bytes>, Infallible>>>;

@@ -45,7 +45,7 @@ fn remapped_id(decision: &Decision) -> Option<Arc<[u8]>> {
 
 fn assert_drained(table: &Table) {
     let stats = table.stats();
-    assert_eq!((stats.in_flight_requests, stats.tracked_sessions), (0, 0));
+    assert_eq!((stats.in_flight_requests, stats.in_flight_sessions), (0, 0));
 }
 
 /// Ends a registration as a finished exchange (dropping it abandons it).
@@ -80,7 +80,7 @@ fn remap_then_release_frees_everything() {
         "the string \"1\" collides with 1"
     );
     assert_eq!(table.stats().in_flight_requests, 2);
-    assert_eq!(table.stats().tracked_sessions, 1);
+    assert_eq!(table.stats().in_flight_sessions, 1);
     end(first);
     let third = admit(&table, &["1"], OnDuplicate::Remap);
     let Decision::Admitted { routes, .. } = &third else {
@@ -293,7 +293,7 @@ fn an_abandoned_id_shadows_its_reuse_until_it_expires() {
     assert_eq!(
         (
             stats.in_flight_requests,
-            stats.tracked_sessions,
+            stats.in_flight_sessions,
             stats.abandoned_ids
         ),
         (0, 0, 1)
@@ -488,7 +488,7 @@ fn stats_count_every_shard() {
         .collect();
     let stats = table.stats();
     assert_eq!(
-        (stats.in_flight_requests, stats.tracked_sessions),
+        (stats.in_flight_requests, stats.in_flight_sessions),
         (1000, 500)
     );
     assert_eq!((stats.passed_total, stats.remapped_total), (1000, 0));

@@ -290,7 +290,7 @@ async fn drained_stats(layer: &IdGuardLayer) -> Stats {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stats = layer.stats();
-        if (stats.in_flight_requests == 0 && stats.tracked_sessions == 0)
+        if (stats.in_flight_requests == 0 && stats.in_flight_sessions == 0)
             || Instant::now() >= deadline
         {
             return stats;
