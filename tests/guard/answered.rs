@@ -1,5 +1,6 @@
 //! What frees an id: only the server's answer to it, seen passing to the
-//! client. An answer the guard did not see the server give (a layer's status
+//! client (and, last, how a restored answer leaves: in no more frames than
+//! it came in). An answer the guard did not see the server give (a layer's status
 //! code inside the guard, a replay of another request's answer on a resumed
 //! stream) frees nothing, and an answer the guard can read (an
 //! `identity`-encoded body, a stream led by a byte order mark) is read.
@@ -504,5 +505,85 @@ async fn an_answer_on_a_resume_that_overtakes_the_posts_end_counts() {
             "POST tail {post_tail:?}"
         );
         drop((get_chunks, get_body));
+    }
+}
+
+/// A batch of 200 `1`s (all but the first remapped) answered by one JSON
+/// array in 4 KiB chunks, and the same answers as SSE events: every id comes
+/// back as the client sent it, in no more frames than the server sent (each
+/// frame is an HTTP/1 chunk or an HTTP/2 DATA frame; restoring splices each
+/// chunk into pieces around the ids it rewrites, which used to leave as one
+/// frame each: 381 323 chunks for an 8 MiB answer).
+#[tokio::test]
+async fn a_restored_answer_leaves_in_no_more_frames_than_it_came() {
+    const REQUESTS: usize = 200;
+    for sse in [false, true] {
+        let layer = IdGuardLayer::new();
+        let (mut service, mut handle) = spawn(layer.clone());
+        let batch = format!("[{}]", vec![call_text("1"); REQUESTS].join(","));
+        let request = Request::post("/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", SESSION)
+            .body(Full::new(Bytes::from(batch)))
+            .unwrap();
+        assert!(service.poll_ready().is_ready());
+        let mut future = Box::pin(service.call(request));
+        assert!(poll!(future.as_mut()).is_pending());
+        let (inner, send) = within(handle.next_request()).await.unwrap();
+        let body = within(inner.into_body().collect())
+            .await
+            .unwrap()
+            .to_bytes();
+        let sent: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+        let answers: Vec<String> = sent
+            .iter()
+            .map(|request| answer_text(&request["id"].to_string()))
+            .collect();
+        assert!(answers
+            .iter()
+            .skip(1)
+            .all(|answer| answer.contains("mcp-id-guard:")));
+        let (wire, expected) = if sse {
+            let events = |answers: &[String]| -> String {
+                answers
+                    .iter()
+                    .map(|answer| format!("data: {answer}\n\n"))
+                    .collect()
+            };
+            let mine = vec![answer_text("1"); REQUESTS];
+            (events(&answers), events(&mine))
+        } else {
+            (
+                format!("[{}]", answers.join(",")),
+                format!("[{}]", vec![answer_text("1"); REQUESTS].join(",")),
+            )
+        };
+        let content_type = if sse {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let (response, chunks) = streamed(StatusCode::OK, &[("content-type", content_type)]);
+        send.send_response(response);
+        let mut sent_frames = 0;
+        for chunk in wire.as_bytes().chunks(4096) {
+            chunks
+                .unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(chunk))))
+                .unwrap();
+            sent_frames += 1;
+        }
+        drop(chunks);
+        let mut body = within(future).await.unwrap().into_body();
+        let (mut frames, mut read) = (0, Vec::new());
+        while let Some(frame) = within(body.frame()).await {
+            read.extend_from_slice(&frame.unwrap().into_data().unwrap());
+            frames += 1;
+        }
+        assert_eq!(String::from_utf8(read).unwrap(), expected, "sse {sse}");
+        assert!(
+            frames <= sent_frames + 1,
+            "sse {sse}: {frames} frames out for {sent_frames} in"
+        );
     }
 }
