@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use mcp_id_guard::protect::metrics::Metrics;
 use mcp_id_guard::proxy::Proxy;
-use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
+use mcp_id_guard::trace::legacy::{OtlpConfig, OtlpExporter, TraceLayer};
 use mcp_id_guard::IdGuardLayer;
 use prost::Message as _;
 use tokio::sync::{mpsc, Barrier};

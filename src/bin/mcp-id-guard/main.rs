@@ -19,7 +19,7 @@ use std::time::Duration;
 use clap::Parser;
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::protect::HostLayer;
-use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
+use mcp_id_guard::trace::legacy::{OtlpConfig, OtlpExporter, TraceLayer};
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;

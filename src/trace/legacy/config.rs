@@ -8,7 +8,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
 use crate::protect::metrics::Metrics;
-use crate::trace::context::TraceParent;
+use crate::trace::legacy::context::TraceParent;
 use crate::wire::percent_byte;
 
 /// How the exporter sends spans: endpoint, headers, resource, batching and

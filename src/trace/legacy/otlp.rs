@@ -5,7 +5,7 @@
 //! `resource/v1/resource.proto`). Fields at their default value are left
 //! out, as proto3 does.
 
-use crate::trace::record::{SpanRecord, Value};
+use crate::trace::legacy::record::{SpanRecord, Value};
 
 /// Protobuf wire types.
 const VARINT: u8 = 0;

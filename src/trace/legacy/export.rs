@@ -21,15 +21,15 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
-use crate::trace::config::OtlpConfig;
-use crate::trace::otlp::export_request;
-use crate::trace::record::SpanRecord;
-use crate::trace::tracer::{Counts, Tracer, EXPORT_FAILED};
+use crate::trace::legacy::config::OtlpConfig;
+use crate::trace::legacy::otlp::export_request;
+use crate::trace::legacy::record::SpanRecord;
+use crate::trace::legacy::tracer::{Counts, Tracer, EXPORT_FAILED};
 
 /// The export task and the way to stop it, until shutdown takes them.
 type Running = (oneshot::Sender<()>, JoinHandle<()>);
 
-/// Sends the spans of a [`TraceLayer`](crate::trace::TraceLayer) to an OTLP
+/// Sends the spans of a [`TraceLayer`](crate::trace::legacy::TraceLayer) to an OTLP
 /// collector over HTTP (`http/protobuf`): batched in a background task, with
 /// a bounded queue; see the [module docs](crate::trace). Cheap to clone: one
 /// exporter.

@@ -8,9 +8,9 @@ use tokio::sync::mpsc;
 
 use crate::protect::metrics::Metrics;
 use crate::throttle::Throttle;
-use crate::trace::config::Sampler;
-use crate::trace::context::Minter;
-use crate::trace::record::SpanRecord;
+use crate::trace::legacy::config::Sampler;
+use crate::trace::legacy::context::Minter;
+use crate::trace::legacy::record::SpanRecord;
 
 /// Log kinds of the throttle.
 const QUEUE_FULL: usize = 0;
