@@ -1,7 +1,7 @@
 //! The one list of metric names the crate publishes, with their help text and
 //! type: read by [`Stats::record`](crate::Stats) (feature `metrics`), by the
-//! metrics layer ([`protect::metrics`](crate::protect::metrics)) and by its
-//! Prometheus text encoder, so that a name is written once.
+//! metrics layer ([`protect::metrics`](crate::protect::metrics)), which
+//! registers them into a prometheus-client registry, so that a name is written once.
 //!
 //! Below every module that records or encodes metrics: it depends on nothing.
 
@@ -14,17 +14,6 @@ pub(crate) enum MetricType {
     Gauge,
     /// Buckets, a sum and a count (`_bucket`, `_sum`, `_count`).
     Histogram,
-}
-
-impl MetricType {
-    /// The word after `# TYPE <family>`.
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            Self::Counter => "counter",
-            Self::Gauge => "gauge",
-            Self::Histogram => "histogram",
-        }
-    }
 }
 
 /// One metric family.

@@ -12,14 +12,15 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use mcp_id_guard::protect::metrics::Metrics;
-use mcp_id_guard::IdGuardLayer;
+use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 /// Everything the admin endpoints read.
 pub(crate) struct Admin {
-    pub(crate) metrics: Metrics,
-    pub(crate) guard: IdGuardLayer,
+    /// Every family `/metrics` serves: the metrics layer's and the
+    /// server's, the guard's counters, the trace exporter's.
+    pub(crate) registry: Registry,
     /// `host:port` of the upstream, for `/readyz`.
     pub(crate) upstream: String,
     pub(crate) ready_timeout: Duration,
@@ -48,7 +49,8 @@ impl Admin {
             }
             "/metrics" => {
                 let mut body = String::new();
-                self.metrics.encode(Some(&self.guard.stats()), &mut body);
+                // Writing into a `String` cannot fail.
+                let _ = prometheus_client::encoding::text::encode(&mut body, &self.registry);
                 let mut response = text(StatusCode::OK, &body);
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,

@@ -112,9 +112,12 @@ async fn run(args: Args) -> Result<(), String> {
             .local_addr()
             .map_err(|error| format!("cannot read the admin address: {error}"))?;
         tracing::info!("admin endpoints on http://{local} (/healthz, /readyz, /metrics)");
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let stats = guard.clone();
+        Metrics::register_stats(&mut registry, move || stats.stats());
         let admin = admin::Admin {
-            metrics: metrics.clone(),
-            guard: guard.clone(),
+            registry,
             upstream: proxy.upstream_address().to_owned(),
             ready_timeout: args.connect_timeout,
         };
