@@ -153,13 +153,5 @@ pub(crate) const OPERATION_DURATION: MetricName = named!(
     "mcp_server_operation_duration_seconds",
     "Time from a POST's head to its response headers, per JSON-RPC request or notification in it, by MCP method and the guard's decision (OpenTelemetry mcp.server.operation.duration; an event stream's headers may come before its result)."
 );
-pub(crate) const TRACE_SPANS_EXPORTED: MetricName = counter!(
-    "mcp_id_guard_trace_spans_exported",
-    "Spans the OTLP collector accepted (feature otel; present while traces are exported)."
-);
-pub(crate) const TRACE_SPANS_DROPPED: MetricName = counter!(
-    "mcp_id_guard_trace_spans_dropped",
-    "Spans dropped: the trace queue was full (OTEL_BSP_MAX_QUEUE_SIZE), or their export failed or timed out."
-);
 pub(crate) const CLIENT_CONNECTIONS: MetricName =
     gauge!("mcp_id_guard_client_connections", "Client connections open");

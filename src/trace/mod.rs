@@ -99,9 +99,6 @@ mod service;
 mod session;
 mod span;
 
-#[doc(hidden)]
-pub mod legacy;
-
 pub use body::TracedBody;
 pub use future::TraceFuture;
 pub use layer::McpTraceLayer;

@@ -903,7 +903,12 @@ async fn a_collector_that_is_down_loses_spans_not_requests() -> anyhow::Result<(
         format!("http://{}", failing.addr),
     ] {
         let mut guard = Guard::start_env(
-            &["--upstream", &format!("http://{}", upstream.addr)],
+            &[
+                "--upstream",
+                &format!("http://{}", upstream.addr),
+                "--admin-listen",
+                "127.0.0.1:0",
+            ],
             &[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
                 ("OTEL_BSP_MAX_QUEUE_SIZE", "2"),
@@ -922,6 +927,20 @@ async fn a_collector_that_is_down_loses_spans_not_requests() -> anyhow::Result<(
             .await?;
             assert_eq!(status, 200, "{endpoint}: {answer}");
         }
+        // Counted on /metrics as they are dropped (those still queued
+        // count at shutdown).
+        let admin = crate::hardening::admin_base(&guard).await?;
+        let (_, scrape) = crate::hardening::get(&format!("{admin}/metrics")).await?;
+        assert!(
+            scrape.contains("mcp_id_guard_trace_spans_exported_total 0\n"),
+            "{endpoint}: {scrape}"
+        );
+        let dropped: u64 = scrape
+            .lines()
+            .find_map(|line| line.strip_prefix("mcp_id_guard_trace_spans_dropped_total "))
+            .and_then(|count| count.parse().ok())
+            .unwrap_or_else(|| panic!("{endpoint}: {scrape}"));
+        assert!(dropped >= REQUESTS - 3, "{endpoint}: {dropped} dropped");
         let asked = std::time::Instant::now();
         guard.sigterm()?;
         guard.wait_exit(Duration::from_secs(5)).await?;

@@ -244,12 +244,12 @@ impl Telemetry {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "mcp_id_guard_trace_spans_exported",
-            "Trace spans the collector accepted",
+            "Spans the OTLP collector accepted (present while traces are exported)",
             self.counts.exported.clone(),
         );
         registry.register(
             "mcp_id_guard_trace_spans_dropped",
-            "Trace spans dropped: the export queue was full, or their export failed or timed out",
+            "Spans dropped: the trace queue was full (OTEL_BSP_MAX_QUEUE_SIZE), or their export failed or timed out",
             self.counts.dropped.clone(),
         );
     }

@@ -89,7 +89,6 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,9 +145,6 @@ struct Recorded {
     /// The tool names with series of their own.
     tools: ToolNames,
     connections: Gauge,
-    /// Spans of the trace exporter (feature `otel`), written only once an
-    /// exporter records into these metrics.
-    spans: Arc<SpanCounts>,
 }
 
 impl Default for Metrics {
@@ -172,7 +168,6 @@ impl Metrics {
                 operations: Family::new_with_constructor(latency),
                 tools: ToolNames::default(),
                 connections: Gauge::default(),
-                spans: Arc::default(),
             }),
         }
     }
@@ -211,7 +206,6 @@ impl Metrics {
             names::CLIENT_CONNECTIONS,
             recorded.connections.clone(),
         );
-        registry.register_collector(Box::new(Arc::clone(&recorded.spans)));
     }
 
     /// Registers the guard's counters and gauges ([`Stats`]: passed,
@@ -297,16 +291,6 @@ impl Metrics {
         self.recorded.client_resets.inc();
     }
 
-    /// Spans the trace exporter saw exported and dropped (from now on,
-    /// the two counters are written).
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    pub(crate) fn spans(&self, exported: u64, dropped: u64) {
-        let spans = &self.recorded.spans;
-        spans.traced.store(true, Ordering::Relaxed);
-        spans.exported.fetch_add(exported, Ordering::Relaxed);
-        spans.dropped.fetch_add(dropped, Ordering::Relaxed);
-    }
-
     /// A client connection opened; it counts as open until the returned
     /// token is dropped.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
@@ -376,27 +360,6 @@ fn single(encoder: &mut DescriptorEncoder<'_>, name: MetricName, value: u64) -> 
     }
 }
 
-/// The trace exporter's span counts (feature `otel`), written once an
-/// exporter records into them.
-#[derive(Debug, Default)]
-struct SpanCounts {
-    traced: AtomicBool,
-    exported: AtomicU64,
-    dropped: AtomicU64,
-}
-
-impl Collector for SpanCounts {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
-        if self.traced.load(Ordering::Relaxed) {
-            let exported = self.exported.load(Ordering::Relaxed);
-            single(&mut encoder, names::TRACE_SPANS_EXPORTED, exported)?;
-            let dropped = self.dropped.load(Ordering::Relaxed);
-            single(&mut encoder, names::TRACE_SPANS_DROPPED, dropped)?;
-        }
-        Ok(())
-    }
-}
-
 /// One open client connection in the `client_connections` gauge.
 #[derive(Debug)]
 pub(crate) struct OpenConnection(Metrics);
@@ -450,10 +413,9 @@ mod tests {
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
         // Families without a series have none; the guard's only with its
-        // stats, the trace exporter's only once one records.
+        // stats.
         assert!(!text.contains("connections_closed_total"), "{text}");
         assert!(!text.contains("mcp_id_guard_passed"), "{text}");
-        assert!(!text.contains("trace_spans"), "{text}");
         drop(open);
         let mut text = String::new();
         metrics.encode(Some(&crate::table::Stats::default()), &mut text);
@@ -464,17 +426,6 @@ mod tests {
         );
         assert!(
             text.contains("mcp_id_guard_client_connections 0\n"),
-            "{text}"
-        );
-        metrics.spans(3, 1);
-        let mut text = String::new();
-        metrics.encode(None, &mut text);
-        assert!(
-            text.contains("mcp_id_guard_trace_spans_exported_total 3\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("mcp_id_guard_trace_spans_dropped_total 1\n"),
             "{text}"
         );
     }
