@@ -305,7 +305,7 @@
 //! | `server` | [`server::Server`]: the connection-level protections (head, keep-alive and send timeouts, request and reset budgets per connection, connection cap, graceful shutdown) around any tower service |
 //! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy` and `server`) |
 //! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
-//! | `otel` | [`trace`]: OpenTelemetry traces, one span per JSON-RPC message, exported over OTLP/HTTP (enabled by `cli`) |
+//! | `otel` | [`trace`]: OpenTelemetry traces through `tracing`, one span per JSON-RPC message, W3C `traceparent` continued and propagated (enabled by `cli`) |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

@@ -1,7 +1,7 @@
 //! The one list of metric names the crate publishes, with their help text and
 //! type: read by [`Stats::record`](crate::Stats) (feature `metrics`), by the
-//! metrics layer ([`protect::metrics`](crate::protect::metrics)) and by its
-//! Prometheus text encoder, so that a name is written once.
+//! metrics layer ([`protect::metrics`](crate::protect::metrics)), which
+//! registers them into a prometheus-client registry, so that a name is written once.
 //!
 //! Below every module that records or encodes metrics: it depends on nothing.
 
@@ -14,17 +14,6 @@ pub(crate) enum MetricType {
     Gauge,
     /// Buckets, a sum and a count (`_bucket`, `_sum`, `_count`).
     Histogram,
-}
-
-impl MetricType {
-    /// The word after `# TYPE <family>`.
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            Self::Counter => "counter",
-            Self::Gauge => "gauge",
-            Self::Histogram => "histogram",
-        }
-    }
 }
 
 /// One metric family.
@@ -163,14 +152,6 @@ pub(crate) const OPERATION_DURATION: MetricName = named!(
     Histogram,
     "mcp_server_operation_duration_seconds",
     "Time from a POST's head to its response headers, per JSON-RPC request or notification in it, by MCP method and the guard's decision (OpenTelemetry mcp.server.operation.duration; an event stream's headers may come before its result)."
-);
-pub(crate) const TRACE_SPANS_EXPORTED: MetricName = counter!(
-    "mcp_id_guard_trace_spans_exported",
-    "Spans the OTLP collector accepted (feature otel; present while traces are exported)."
-);
-pub(crate) const TRACE_SPANS_DROPPED: MetricName = counter!(
-    "mcp_id_guard_trace_spans_dropped",
-    "Spans dropped: the trace queue was full (OTEL_BSP_MAX_QUEUE_SIZE), or their export failed or timed out."
 );
 pub(crate) const CLIENT_CONNECTIONS: MetricName =
     gauge!("mcp_id_guard_client_connections", "Client connections open");

@@ -1,4 +1,4 @@
-//! The response future of [`TraceService`](crate::trace::TraceService).
+//! The response future of [`McpTrace`](crate::trace::McpTrace).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,9 +12,10 @@ use crate::guard::Exchange;
 use crate::trace::body::TracedBody;
 use crate::trace::span::OpenSpan;
 
-/// Moves the open span into the response body, where it ends; a span
-/// whose response never came (the service failed, the client went away)
-/// ends when this is dropped.
+/// Polls the inner service inside the guard's span (so that what the
+/// service records in this task is its child), then moves the open span
+/// into the response body, where it ends; a span whose response never came
+/// (the service failed, the client went away) ends when this is dropped.
 #[pin_project]
 #[derive(Debug)]
 pub struct TraceFuture<F> {
@@ -38,7 +39,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = std::task::ready!(this.inner.poll(cx))?;
+        let entered = this.span.as_ref().map(|open| open.span.enter());
+        let response = this.inner.poll(cx);
+        drop(entered);
+        let response = std::task::ready!(response)?;
         let mut span = this.span.take();
         if let Some(span) = &mut span {
             span.responded(

@@ -1,40 +1,41 @@
-//! [`TraceLayer`].
-
-use std::sync::Arc;
+//! [`McpTraceLayer`].
 
 use tower_layer::Layer;
 
-use crate::trace::export::OtlpExporter;
-use crate::trace::service::TraceService;
-use crate::trace::tracer::Tracer;
+use crate::trace::service::McpTrace;
 
-/// Traces each JSON-RPC message of a POST into an [`OtlpExporter`]; see the
+/// Records a `tracing` span per JSON-RPC message of each POST, and
+/// continues and propagates W3C `traceparent`; see the
 /// [module docs](crate::trace).
-#[derive(Debug, Clone)]
-pub struct TraceLayer {
-    tracer: Option<Arc<Tracer>>,
+#[derive(Debug, Clone, Copy)]
+pub struct McpTraceLayer {
+    enabled: bool,
 }
 
-impl TraceLayer {
-    /// Traces into `exporter`.
-    pub fn new(exporter: &OtlpExporter) -> Self {
-        Self {
-            tracer: Some(Arc::clone(&exporter.tracer)),
-        }
+impl McpTraceLayer {
+    /// Traces into whatever `tracing` subscriber the application installed.
+    pub fn new() -> Self {
+        Self { enabled: true }
     }
 
     /// Traces nothing and passes every request and response through
     /// untouched (its `traceparent` included): one service type whether or
-    /// not traces are configured, as the `mcp-id-guard` binary composes it.
+    /// not traces are wanted.
     pub fn disabled() -> Self {
-        Self { tracer: None }
+        Self { enabled: false }
     }
 }
 
-impl<S> Layer<S> for TraceLayer {
-    type Service = TraceService<S>;
+impl Default for McpTraceLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for McpTraceLayer {
+    type Service = McpTrace<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TraceService::new(inner, self.tracer.clone())
+        McpTrace::new(inner, self.enabled)
     }
 }

@@ -1,40 +1,39 @@
-//! [`TraceService`]: continues or starts the trace of each POST, and hands
-//! the upstream the guard's span as its parent.
+//! [`McpTrace`]: opens the span of each POST, continuing the client's
+//! trace, and hands the upstream the guard's span as its parent.
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
-use http::header::HeaderName;
 use http::{Method, Request, Response};
 use tower_service::Service;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::guard::exchange::{WantsExchange, WantsRequestIds};
 use crate::trace::body::TracedBody;
-use crate::trace::context::{traceparent, TraceParent, TRACEPARENT, TRACESTATE};
 use crate::trace::future::TraceFuture;
-use crate::trace::span::{unix_nanos, OpenSpan, Started};
-use crate::trace::tracer::Tracer;
+use crate::trace::propagation::{self, TRACEPARENT, TRACESTATE};
+use crate::trace::session::session_tag;
+use crate::trace::span::{new_span, OpenSpan, Started};
 
 /// The longest `MCP-Protocol-Version` recorded (revisions are dates).
 const MAX_PROTOCOL: usize = 32;
 
-/// The service [`TraceLayer`](crate::trace::TraceLayer) builds.
+/// The service [`McpTraceLayer`](crate::trace::McpTraceLayer) builds.
 #[derive(Debug, Clone)]
-pub struct TraceService<S> {
+pub struct McpTrace<S> {
     inner: S,
-    tracer: Option<Arc<Tracer>>,
+    enabled: bool,
 }
 
-impl<S> TraceService<S> {
-    pub(crate) fn new(inner: S, tracer: Option<Arc<Tracer>>) -> Self {
-        Self { inner, tracer }
+impl<S> McpTrace<S> {
+    pub(crate) fn new(inner: S, enabled: bool) -> Self {
+        Self { inner, enabled }
     }
 
     inner_accessors!();
 }
 
-impl<S, B, R> Service<Request<B>> for TraceService<S>
+impl<S, B, R> Service<Request<B>> for McpTrace<S>
 where
     S: Service<Request<B>, Response = Response<R>>,
     R: http_body::Body,
@@ -50,33 +49,32 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         // Only a POST carries JSON-RPC messages; `GET` streams and `DELETE`
         // pass untouched.
-        let Some(tracer) = self
-            .tracer
-            .as_ref()
-            .filter(|_| request.method() == Method::POST)
-        else {
+        if !self.enabled || request.method() != Method::POST {
             return TraceFuture::new(self.inner.call(request), None);
-        };
-        let arrived = Instant::now();
-        let unix_nanos = unix_nanos();
+        }
+        let span = new_span();
+        if span.is_disabled() {
+            // No subscriber wants it: the request goes on as it came.
+            return TraceFuture::new(self.inner.call(request), None);
+        }
         let headers = request.headers_mut();
-        let parent = TraceParent::from_headers(headers);
-        if parent.is_none() {
+        let client = propagation::extract(headers);
+        match &client {
+            Some(client) => {
+                let _ = span.set_parent(client.clone());
+            }
             // A new trace keeps nothing of an invalid or absent parent: its
             // vendor state belongs to another trace (W3C Trace Context).
-            headers.remove(TRACESTATE);
+            None => {
+                headers.remove(TRACEPARENT);
+                headers.remove(TRACESTATE);
+            }
         }
-        let trace_id = parent.map_or_else(|| tracer.minter.trace_id(), |parent| parent.trace_id);
-        let sampled = tracer.sampler.sampled(parent.as_ref(), &trace_id);
-        let span_id = tracer.minter.span_id();
-        // The upstream's spans are children of the guard's.
-        headers.insert(
-            HeaderName::from_static(TRACEPARENT),
-            traceparent(&trace_id, &span_id, sampled),
-        );
-        if !sampled {
-            return TraceFuture::new(self.inner.call(request), None);
-        }
+        // The upstream's spans are children of the guard's (sampled or not:
+        // the flag tells), and the client's `tracestate` goes on with it.
+        // Without tracing-opentelemetry the context has no span and nothing
+        // is written.
+        propagation::inject(&span.context(), headers);
         let protocol = headers
             .get("mcp-protocol-version")
             .and_then(|value| value.to_str().ok())
@@ -88,21 +86,18 @@ where
             .map(Box::from);
         let session = headers
             .get("mcp-session-id")
-            .map(|session| tracer.minter.session_tag(session.as_bytes()));
+            .map(|session| session_tag(session.as_bytes()));
+        let outer = Span::current();
         let started = Started {
-            trace_id,
-            span_id,
-            parent_id: parent.map(|parent| parent.parent_id),
-            flags: 1,
+            client,
+            outer: (!outer.is_none()).then_some(outer),
             protocol,
             session,
-            unix_nanos,
-            at: arrived,
         };
         // The guard inside leaves its account of the POST, with ids.
         request.extensions_mut().insert(WantsExchange);
         request.extensions_mut().insert(WantsRequestIds);
-        let span = OpenSpan::new(Arc::clone(tracer), started);
+        let span = OpenSpan::new(span, started);
         TraceFuture::new(self.inner.call(request), Some(span))
     }
 }

@@ -1,14 +1,15 @@
-//! The span of one POST while it is open: started when the request arrives, ended when its response body
-//! ends or is dropped, whatever happens in between.
-
-use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+//! The `tracing` span of one POST while it is open: created when the
+//! request arrives, given its messages' names and attributes when the
+//! response comes, closed when the response body ends or is dropped.
 
 use http::StatusCode;
+use opentelemetry::trace::TraceContextExt as _;
+use opentelemetry::Context;
+use tracing::field::Empty;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::guard::{Exchange, GuardDecision, Handled, McpMethod};
-use crate::trace::record::{SpanRecord, Value};
-use crate::trace::tracer::Tracer;
 
 /// `error.type` when the response is a server error: its status code.
 fn status_error(status: StatusCode) -> Option<&'static str> {
@@ -25,28 +26,63 @@ fn status_error(status: StatusCode) -> Option<&'static str> {
 /// client went away, the body failed, the service failed).
 pub(crate) const INCOMPLETE: &str = "response_incomplete";
 
-/// What the request told about itself, read when it arrived.
-#[derive(Debug)]
+/// A span of the guard, with every field it may record declared empty (a
+/// `tracing` span records only the fields its callsite names). The
+/// `otel.*` fields are the ones tracing-opentelemetry maps to the span's
+/// name, kind and status; the dotted names become attributes as written.
+macro_rules! mcp_span {
+    ($($parent:tt)*) => {
+        tracing::info_span!(
+            target: "mcp_id_guard::trace",
+            $($parent)*
+            "POST",
+            otel.name = Empty,
+            otel.kind = "server",
+            otel.status_code = Empty,
+            "error.type" = Empty,
+            "http.request.method" = Empty,
+            "http.response.status_code" = Empty,
+            "mcp.method.name" = Empty,
+            "mcp.protocol.version" = Empty,
+            "mcp.session.id" = Empty,
+            "jsonrpc.request.id" = Empty,
+            "gen_ai.tool.name" = Empty,
+            "gen_ai.operation.name" = Empty,
+            "gen_ai.prompt.name" = Empty,
+            "mcp_id_guard.decision" = Empty,
+            "mcp_id_guard.server_request_id" = Empty,
+        )
+    };
+}
+
+/// A POST's first span: its messages are not known yet.
+pub(crate) fn new_span() -> Span {
+    mcp_span!()
+}
+
+/// What the request told about itself, read when it arrived; shared by
+/// every span of the POST.
+#[derive(Debug, Default)]
 pub(crate) struct Started {
-    pub(crate) trace_id: [u8; 16],
-    /// The span id the upstream was told is its parent: the first span's.
-    pub(crate) span_id: [u8; 8],
-    pub(crate) parent_id: Option<[u8; 8]>,
-    pub(crate) flags: u8,
+    /// The client's span, when it sent a valid `traceparent`.
+    pub(crate) client: Option<Context>,
+    /// The span the request arrived in (the application's), parent of the
+    /// guard's spans when the client sent no valid `traceparent`.
+    pub(crate) outer: Option<Span>,
     /// `MCP-Protocol-Version`, when it is a short printable token.
     pub(crate) protocol: Option<Box<str>>,
     /// The session id's tag (never the id).
     pub(crate) session: Option<String>,
-    pub(crate) unix_nanos: u64,
-    pub(crate) at: Instant,
 }
 
-/// The span of a POST in flight; exported once, when dropped.
+/// The spans of a POST in flight; they close when this is dropped.
 #[derive(Debug)]
 pub(crate) struct OpenSpan {
-    tracer: Arc<Tracer>,
+    /// The first message's span: the upstream was told it is its parent.
+    pub(crate) span: Span,
     started: Started,
-    /// Set when the response arrived.
+    /// The other messages of a batch, opened when the response came.
+    siblings: Vec<Span>,
     exchange: Option<Exchange>,
     status: Option<StatusCode>,
     /// The response body reached its end without an error.
@@ -54,19 +90,35 @@ pub(crate) struct OpenSpan {
 }
 
 impl OpenSpan {
-    pub(crate) fn new(tracer: Arc<Tracer>, started: Started) -> Self {
+    pub(crate) fn new(span: Span, started: Started) -> Self {
         Self {
-            tracer,
+            span,
             started,
+            siblings: Vec::new(),
             exchange: None,
             status: None,
             complete: false,
         }
     }
 
-    /// The response arrived: its status and the guard's account of the POST.
+    /// The response arrived: its status and the guard's account of the
+    /// POST. The other messages of a batch get their spans now, siblings
+    /// of the first under the same parent.
     pub(crate) fn responded(&mut self, status: StatusCode, exchange: Option<Exchange>) {
         self.status = Some(status);
+        let others = exchange
+            .as_ref()
+            .map_or(0, |e| e.iter().count().saturating_sub(1));
+        for _ in 0..others {
+            let sibling = match &self.started.outer {
+                Some(outer) => mcp_span!(parent: outer,),
+                None => mcp_span!(parent: None,),
+            };
+            if let Some(client) = &self.started.client {
+                let _ = sibling.set_parent(client.clone());
+            }
+            self.siblings.push(sibling);
+        }
         self.exchange = exchange;
     }
 
@@ -75,113 +127,95 @@ impl OpenSpan {
         self.complete = true;
     }
 
-    /// The spans of the POST: one per message the guard handled, else one
-    /// named after the HTTP method.
-    fn records(&mut self) -> Vec<SpanRecord> {
-        let started = &self.started;
-        let end = started
-            .unix_nanos
-            .saturating_add(u64::try_from(started.at.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    /// Records each message's name and attributes on its span, just
+    /// before they close.
+    fn record(&mut self) {
         let failed = match self.status {
             None => Some(INCOMPLETE),
             Some(status) => status_error(status).or((!self.complete).then_some(INCOMPLETE)),
         };
-        let record = |span_id, name, attributes, error| SpanRecord {
-            trace_id: started.trace_id,
-            span_id,
-            parent_id: started.parent_id,
-            flags: started.flags,
-            name,
-            start_unix_nanos: started.unix_nanos,
-            end_unix_nanos: end,
-            attributes,
-            error,
+        let common = |span: &Span| {
+            if let Some(status) = self.status {
+                span.record("http.response.status_code", i64::from(status.as_u16()));
+            }
+            if let Some(session) = &self.started.session {
+                span.record("mcp.session.id", session.as_str());
+            }
+            if let Some(protocol) = &self.started.protocol {
+                span.record("mcp.protocol.version", &**protocol);
+            }
         };
-        let mut common = Vec::with_capacity(4);
-        if let Some(status) = self.status {
-            common.push((
-                "http.response.status_code",
-                Value::Int(i64::from(status.as_u16())),
-            ));
-        }
-        if let Some(session) = &started.session {
-            common.push(("mcp.session.id", Value::Str(session.as_str().into())));
-        }
-        if let Some(protocol) = &started.protocol {
-            common.push(("mcp.protocol.version", Value::Str(protocol.clone())));
-        }
         let handled = self.exchange.take().unwrap_or_default();
         if handled.is_empty() {
-            let mut attributes = common;
-            attributes.push(("http.request.method", Value::Static("POST")));
-            return vec![record(
-                started.span_id,
-                "POST".to_owned(),
-                attributes,
-                failed,
-            )];
+            common(&self.span);
+            self.span.record("http.request.method", "POST");
+            name(&self.span, "POST");
+            error(&self.span, failed);
+            return;
         }
-        handled
-            .iter()
-            .enumerate()
-            .map(|(index, handled)| {
-                // The upstream was told the first span is its parent.
-                let span_id = if index == 0 {
-                    started.span_id
-                } else {
-                    self.tracer.minter.span_id()
-                };
-                let (name, mut attributes) = describe(handled);
-                attributes.extend(common.iter().cloned());
-                let refused = matches!(
-                    handled.decision(),
-                    GuardDecision::Rejected | GuardDecision::Refused
-                );
-                let error = if refused {
+        let spans = std::iter::once(&self.span).chain(&self.siblings);
+        for (span, handled) in spans.zip(handled.iter()) {
+            common(span);
+            let refused = matches!(
+                handled.decision(),
+                GuardDecision::Rejected | GuardDecision::Refused
+            );
+            describe(span, handled);
+            error(
+                span,
+                if refused {
                     Some(handled.decision().as_str())
                 } else {
                     failed
-                };
-                record(span_id, name, attributes, error)
-            })
-            .collect()
+                },
+            );
+        }
+    }
+}
+
+/// Names the span: `otel.name` for tracing-opentelemetry, and the live
+/// OpenTelemetry span's name too (tracing-opentelemetry reads `otel.name`
+/// only until the span is started, which the `traceparent` sent upstream
+/// required; without its layer the span is a no-op).
+fn name(span: &Span, name: &str) {
+    span.record("otel.name", name);
+    span.context().span().update_name(name.to_owned());
+}
+
+/// Status `ERROR` with `error.type`, or left unset.
+fn error(span: &Span, error: Option<&'static str>) {
+    if let Some(error) = error {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", error);
     }
 }
 
 /// A message's span name and its own attributes (MCP semantic
 /// conventions, plus the guard's decision and server-side id).
-fn describe(handled: &Handled) -> (String, Vec<(&'static str, Value)>) {
+fn describe(span: &Span, handled: &Handled) {
     let method = handled.method();
-    let mut attributes = Vec::with_capacity(10);
-    attributes.push(("mcp.method.name", Value::Static(method.as_str())));
-    attributes.push((
-        "mcp_id_guard.decision",
-        Value::Static(handled.decision().as_str()),
-    ));
+    span.record("mcp.method.name", method.as_str());
+    span.record("mcp_id_guard.decision", handled.decision().as_str());
     if let Some(id) = handled.request_id() {
-        attributes.push(("jsonrpc.request.id", Value::Str(id_as_text(id))));
+        span.record("jsonrpc.request.id", &*id_as_text(id));
     }
     if let Some(server_id) = handled.server_id() {
-        attributes.push((
-            "mcp_id_guard.server_request_id",
-            Value::Str(id_as_text(server_id)),
-        ));
+        span.record("mcp_id_guard.server_request_id", &*id_as_text(server_id));
     }
     let target = match method {
         McpMethod::ToolsCall => handled.tool().inspect(|tool| {
-            attributes.push(("gen_ai.tool.name", Value::Str((*tool).into())));
-            attributes.push(("gen_ai.operation.name", Value::Static("execute_tool")));
+            span.record("gen_ai.tool.name", *tool);
+            span.record("gen_ai.operation.name", "execute_tool");
         }),
         McpMethod::PromptsGet => handled.prompt().inspect(|prompt| {
-            attributes.push(("gen_ai.prompt.name", Value::Str((*prompt).into())));
+            span.record("gen_ai.prompt.name", *prompt);
         }),
         _ => None,
     };
-    let name = match target {
-        Some(target) => format!("{} {target}", method.as_str()),
-        None => method.as_str().to_owned(),
-    };
-    (name, attributes)
+    match target {
+        Some(target) => name(span, &format!("{} {target}", method.as_str())),
+        None => name(span, method.as_str()),
+    }
 }
 
 /// `jsonrpc.request.id` is the id's string form: a string id without its
@@ -197,19 +231,8 @@ fn id_as_text(json: &str) -> Box<str> {
 
 impl Drop for OpenSpan {
     fn drop(&mut self) {
-        for record in self.records() {
-            self.tracer.send(record);
-        }
+        self.record();
     }
-}
-
-/// Now, in nanoseconds since the Unix epoch.
-pub(crate) fn unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-        })
 }
 
 #[cfg(test)]

@@ -15,9 +15,8 @@ pub(crate) mod scan;
 pub(crate) mod sse;
 
 /// The byte a percent escape's two hex digits spell (either case), for the
-/// decoders of URL paths and of `OTEL_*` header lists: `None` unless both
-/// are hex digits.
-#[cfg(any(feature = "proxy", feature = "otel"))]
+/// decoder of URL paths: `None` unless both are hex digits.
+#[cfg(feature = "proxy")]
 pub(crate) fn percent_byte(high: u8, low: u8) -> Option<u8> {
     let digit = |byte: u8| char::from(byte).to_digit(16);
     u8::try_from(digit(high)? * 16 + digit(low)?).ok()

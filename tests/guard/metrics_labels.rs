@@ -2,7 +2,7 @@
 //! router over loopback counts each JSON-RPC message by its MCP method and
 //! the guard's decision (`mcp_id_guard_requests_total` and the
 //! `mcp_server_operation_duration_seconds` histogram). The scrape is read
-//! line by line and compared exactly. The control: the same router with the
+//! line by line and compared exactly (sorted). The control: the same router with the
 //! metrics layer and no guard labels nothing (the labels come from the
 //! guard's `Exchange`).
 
@@ -18,11 +18,13 @@ use crate::support::wait::within;
 fn request_series(metrics: &Metrics, layer: Option<&IdGuardLayer>) -> Vec<String> {
     let mut text = String::new();
     metrics.encode(layer.map(|layer| layer.stats()).as_ref(), &mut text);
-    let series: Vec<String> = text
+    let mut series: Vec<String> = text
         .lines()
         .filter(|line| line.starts_with("mcp_id_guard_requests_total"))
         .map(str::to_owned)
         .collect();
+    // Series come in no defined order (prometheus-client's families).
+    series.sort();
     for line in &series {
         let histogram = line.replace(
             "mcp_id_guard_requests_total",
@@ -49,14 +51,16 @@ async fn metered(guard: &IdGuardLayer) -> (Metrics, Server) {
 }
 
 fn series(expected: &[(&str, &str, u64)]) -> Vec<String> {
-    expected
+    let mut series: Vec<String> = expected
         .iter()
         .map(|(method, decision, count)| {
             format!(
                 "mcp_id_guard_requests_total{{mcp_method_name=\"{method}\",decision=\"{decision}\"}} {count}"
             )
         })
-        .collect()
+        .collect();
+    series.sort();
+    series
 }
 
 /// Plain requests pass, a duplicate of an id in flight is remapped, a
@@ -193,6 +197,7 @@ async fn tool_names_only_when_asked_and_capped() {
         };
         let mut expected = series(&[("tools/list", "passed", 1)]);
         expected.extend([tool("alpha", 2), tool("beta", 1), tool("other", 2)]);
+        expected.sort();
         assert_eq!(scraped, expected);
     }
 }
@@ -241,4 +246,44 @@ async fn the_exchange_is_left_only_when_asked_for() {
         .map(|handled| (handled.method(), handled.decision()))
         .collect();
     assert_eq!(handled, [(McpMethod::Ping, GuardDecision::Passed)]);
+}
+
+/// An embedder registers the guard's metrics into the `prometheus_client`
+/// registry its application already serves, beside its own metric, and
+/// reads the remapped duplicate's series from that registry.
+#[tokio::test]
+async fn an_embedder_reads_the_guards_series_from_its_own_registry() {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::registry::Registry;
+
+    let mut registry = Registry::default();
+    let own: Counter = Counter::default();
+    registry.register("app_logins", "The application's own counter", own.clone());
+    own.inc();
+
+    let guard = IdGuardLayer::new();
+    let (metrics, mut server) = metered(&guard).await;
+    metrics.register(&mut registry);
+    let stats = guard.clone();
+    Metrics::register_stats(&mut registry, move || stats.stats());
+
+    let client = client();
+    let held = spawn_send(&client, &server.url, request_text("7", "hold"));
+    assert_eq!(server.entered().await, "7");
+    let duplicate = send(&client, &server.url, request_text("7", "tools/call")).await;
+    assert_eq!(duplicate.status, StatusCode::OK);
+    server.release(1);
+    assert_eq!(within(held).await.unwrap().status, StatusCode::OK);
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for expected in [
+        "mcp_id_guard_requests_total{mcp_method_name=\"tools/call\",decision=\"remapped\"} 1\n",
+        "mcp_server_operation_duration_seconds_count{mcp_method_name=\"tools/call\",decision=\"remapped\"} 1\n",
+        "mcp_id_guard_remapped_total 1\n",
+        "mcp_id_guard_in_flight_requests 0\n",
+        "app_logins_total 1\n",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from\n{text}");
+    }
 }

@@ -22,6 +22,8 @@ mod hardening;
 mod headers;
 // The protection layers composed with the guard and the proxy in an axum app.
 mod layers;
+#[cfg(feature = "cli")]
+mod metrics_series;
 // `mcp-id-guard probe` against bare and guarded servers.
 #[cfg(feature = "cli")]
 mod probe;

@@ -14,13 +14,14 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use mcp_id_guard::protect::metrics::Metrics;
 use mcp_id_guard::server::{ClientBody, ServerBuilder};
-use mcp_id_guard::IdGuardLayer;
+use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Everything the admin endpoints read.
 pub(crate) struct Admin {
-    pub(crate) metrics: Metrics,
-    pub(crate) guard: IdGuardLayer,
+    /// Every family `/metrics` serves: the metrics layer's and the
+    /// server's, the guard's counters, the trace exporter's.
+    pub(crate) registry: Registry,
     /// `host:port` of the upstream, for `/readyz`.
     pub(crate) upstream: String,
     pub(crate) ready_timeout: Duration,
@@ -49,7 +50,8 @@ impl Admin {
             }
             "/metrics" => {
                 let mut body = String::new();
-                self.metrics.encode(Some(&self.guard.stats()), &mut body);
+                // Writing into a `String` cannot fail.
+                let _ = prometheus_client::encoding::text::encode(&mut body, &self.registry);
                 let mut response = text(StatusCode::OK, &body);
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,

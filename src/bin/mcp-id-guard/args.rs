@@ -17,14 +17,17 @@ use clap::{Parser, ValueEnum};
 /// this proxy (see `mcp-id-guard probe --help`).
 ///
 /// OpenTelemetry traces (one span per JSON-RPC message, continuing the
-/// client's traceparent) go to an OTLP/HTTP collector when
+/// client's traceparent) go to an OTLP collector when
 /// OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is
-/// set: plain http:// and http/protobuf only, so point it at a local
-/// collector. Also read: OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT,
-/// OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG),
+/// set, over OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf (the default) or
+/// grpc; https:// endpoints are verified against the system's roots, or
+/// OTEL_EXPORTER_OTLP_CERTIFICATE (a PEM file). Also read:
+/// OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT,
+/// OTEL_EXPORTER_OTLP_COMPRESSION (gzip), OTEL_SERVICE_NAME,
+/// OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG),
 /// OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-/// OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_EXPORT_TIMEOUT, OTEL_SDK_DISABLED,
-/// OTEL_TRACES_EXPORTER (otlp or none).
+/// OTEL_BSP_SCHEDULE_DELAY, OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER (otlp
+/// or none).
 #[derive(Debug, Parser)]
 #[command(name = "mcp-id-guard", version)]
 pub(crate) struct Args {

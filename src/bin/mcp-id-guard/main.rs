@@ -20,16 +20,20 @@ use std::time::Duration;
 use clap::Parser;
 use mcp_id_guard::protect::host::HostLayer;
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
-use mcp_id_guard::trace::{OtlpConfig, OtlpExporter, TraceLayer};
+use mcp_id_guard::trace::McpTraceLayer;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 mod admin;
 mod args;
 mod limits;
 mod probe;
 mod settings;
+mod telemetry;
 
 use args::{Args, LogFormat};
 
@@ -38,25 +42,42 @@ fn main() -> ExitCode {
         return probe::main();
     }
     let args = Args::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().init(),
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            tracing::error!(%error, "could not start the Tokio runtime");
+            eprintln!("could not start the Tokio runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(args));
+    // The exporters' clients run on the runtime.
+    let traces = {
+        let _entered = runtime.enter();
+        telemetry::Telemetry::from_env()
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).boxed(),
+        LogFormat::Json => logs.json().boxed(),
+    };
+    // The guard's spans go to the exporter whatever RUST_LOG says; nothing
+    // else does.
+    let spans = traces.as_ref().ok().and_then(Option::as_ref).map(|traces| {
+        tracing_opentelemetry::layer()
+            .with_tracer(traces.tracer())
+            .with_filter(Targets::new().with_target("mcp_id_guard::trace", tracing::Level::INFO))
+    });
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(spans)
+        .init();
+    let result = match traces {
+        Ok(traces) => runtime.block_on(run(args, traces)),
+        Err(error) => Err(format!("OpenTelemetry: {error}")),
+    };
     // Whatever is left after the server's grace period goes here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
@@ -68,7 +89,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), String> {
     let hosts = args.host_policy()?;
     let descriptors = limits::descriptor_limit();
     // The admin connections' descriptors come out of the same limit (kept
@@ -85,7 +106,6 @@ async fn run(args: Args) -> Result<(), String> {
     );
     let proxy = args.proxy(max_upstream)?;
     let guard = args.guard()?;
-    let traces = OtlpConfig::from_env().map_err(|error| format!("OpenTelemetry: {error}"))?;
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -102,13 +122,9 @@ async fn run(args: Args) -> Result<(), String> {
     args.log_limits(max_connections, descriptors, max_upstream);
 
     let metrics = Metrics::new();
-    let exporter = traces.map(|config| {
-        tracing::info!(
-            "exporting traces to {} (OTLP/HTTP protobuf)",
-            config.endpoint()
-        );
-        OtlpExporter::start(config.metrics(metrics.clone()))
-    });
+    if let Some(traces) = &traces {
+        tracing::info!("exporting traces to {}", traces.description);
+    }
     if let Some(address) = args.admin_listen {
         let listener = TcpListener::bind(address)
             .await
@@ -120,9 +136,15 @@ async fn run(args: Args) -> Result<(), String> {
             "admin endpoints on http://{local} (/healthz, /readyz, /metrics; at most {} connections)",
             args.admin_max_connections
         );
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let stats = guard.clone();
+        Metrics::register_stats(&mut registry, move || stats.stats());
+        if let Some(traces) = &traces {
+            traces.register(&mut registry);
+        }
         let admin = admin::Admin {
-            metrics: metrics.clone(),
-            guard: guard.clone(),
+            registry,
             upstream: proxy.upstream_address().to_owned(),
             ready_timeout: args.connect_timeout,
         };
@@ -134,11 +156,11 @@ async fn run(args: Args) -> Result<(), String> {
     // response body; metrics see every answer; the cheap checks run before
     // the guard reads a body.
     let per_request = ServiceBuilder::new()
-        .layer(
-            exporter
-                .as_ref()
-                .map_or_else(TraceLayer::disabled, TraceLayer::new),
-        )
+        .layer(if traces.is_some() {
+            McpTraceLayer::new()
+        } else {
+            McpTraceLayer::disabled()
+        })
         .layer(MetricsLayer::new(metrics.clone()).tool_names(args.metrics_tool_names))
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
@@ -157,14 +179,9 @@ async fn run(args: Args) -> Result<(), String> {
         per_request.service(proxy)
     };
     server.serve(listener, make_service, shutdown).await;
-    if let Some(exporter) = exporter {
-        // Bounded by the export timeout.
-        exporter.shutdown().await;
-        tracing::info!(
-            exported = exporter.exported_spans(),
-            dropped = exporter.dropped_spans(),
-            "trace exporter stopped"
-        );
+    if let Some(traces) = traces {
+        // Bounded by two export timeouts.
+        traces.shutdown().await;
     }
     Ok(())
 }

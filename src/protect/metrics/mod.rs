@@ -3,9 +3,42 @@
 //! put on their answers), upstream failures by kind (the proxy's
 //! `UpstreamFailure` extension, feature `proxy`) and the time to response
 //! headers; the [`server`](crate::server) module (feature `server`) records
-//! its connections into the same [`Metrics`]. [`Metrics::encode`] writes it
-//! all, with the guard's [`Stats`], in the Prometheus (OpenMetrics) text
-//! format, for a `/metrics` endpoint.
+//! its connections into the same [`Metrics`].
+//!
+//! # Into the application's registry
+//! The families are [`prometheus-client`](prometheus_client) metrics, the
+//! official Prometheus client for Rust: [`Metrics::register`] puts them
+//! into the [`Registry`] the application already serves, and
+//! [`Metrics::register_stats`] the guard's own counters and gauges (read
+//! from [`IdGuardLayer::stats`](crate::IdGuardLayer::stats) at each scrape).
+//! [`Metrics::encode`] is that, into a registry of its own, in the
+//! OpenMetrics text format: what the `mcp-id-guard` binary serves on
+//! `/metrics`. prometheus-client rather than the `metrics` facade (which
+//! [`Stats::record`] also feeds, feature `metrics`) as the primary way: the
+//! families keep their labels, types, help and histogram buckets as the
+//! guard defines them, an embedder needs no global recorder, and several
+//! guards can register into one registry under prefixes
+//! ([`Registry::sub_registry_with_prefix`]) or labels.
+//!
+//! ```
+//! use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
+//! use mcp_id_guard::IdGuardLayer;
+//! use prometheus_client::registry::Registry;
+//!
+//! let metrics = Metrics::new();
+//! let guard = IdGuardLayer::new();
+//! // The application's registry, served on its own `/metrics`.
+//! let mut registry = Registry::default();
+//! metrics.register(&mut registry);
+//! let stats = guard.clone();
+//! Metrics::register_stats(&mut registry, move || stats.stats());
+//! let layer = MetricsLayer::new(metrics);
+//! # let _ = layer;
+//!
+//! let mut text = String::new();
+//! prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+//! assert!(text.contains("mcp_id_guard_passed_total 0"));
+//! ```
 //!
 //! # By MCP method
 //! With [`IdGuardLayer`](crate::IdGuardLayer) inside it, the layer also
@@ -55,17 +88,25 @@
 //! # }
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType as PromType;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::guard::{Exchange, McpMethod};
+use crate::metric_names::{self as names, MetricName, MetricType};
 use crate::protect::Refused;
 use crate::table::Stats;
 
-mod encode;
 mod family;
 mod future;
 mod layer;
@@ -73,53 +114,120 @@ mod layer;
 pub use future::MetricsFuture;
 pub use layer::{MetricsLayer, MetricsService};
 
-use family::{Family, Histogram, Named, Operation, Status, ToolNames};
+use family::{Named, Operation, Status, ToolNames};
+
+/// A latency histogram: buckets from 0.5 ms, doubling, to about 16 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+type Histograms<K> = Family<K, Histogram, fn() -> Histogram>;
 
 /// What a server records as it serves, shared by every clone: cheap to
 /// clone, one set of counters.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Metrics {
     recorded: Arc<Recorded>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Recorded {
-    responses: Family<Status, AtomicU64>,
-    upstream_failures: Family<Named, AtomicU64>,
-    refused: Family<Named, AtomicU64>,
-    closed: Family<Named, AtomicU64>,
-    client_resets: AtomicU64,
+    responses: Family<Status, Counter>,
+    upstream_failures: Family<Named, Counter>,
+    refused: Family<Named, Counter>,
+    closed: Family<Named, Counter>,
+    client_resets: Counter,
     duration: Histogram,
     /// JSON-RPC messages by method and the guard's decision (the guard's
     /// [`Exchange`] on a response).
-    requests: Family<Operation, AtomicU64>,
-    operations: Family<Operation, Histogram>,
+    requests: Family<Operation, Counter>,
+    operations: Histograms<Operation>,
     /// The tool names with series of their own.
     tools: ToolNames,
-    connections: AtomicU64,
-    /// Spans of the trace exporter (feature `otel`), written only once an
-    /// exporter records into these metrics.
-    traced: AtomicBool,
-    spans_exported: AtomicU64,
-    spans_dropped: AtomicU64,
+    connections: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
     /// Empty counters.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            recorded: Arc::new(Recorded {
+                responses: Family::default(),
+                upstream_failures: Family::default(),
+                refused: Family::default(),
+                closed: Family::default(),
+                client_resets: Counter::default(),
+                duration: latency(),
+                requests: Family::default(),
+                operations: Family::new_with_constructor(latency),
+                tools: ToolNames::default(),
+                connections: Gauge::default(),
+            }),
+        }
     }
 
     /// The `Content-Type` of what [`encode`](Self::encode) writes.
     pub const CONTENT_TYPE: &'static str =
         "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+    /// Registers every family of these metrics into `registry` (they stay
+    /// shared with this [`Metrics`] and its clones): what the layer and the
+    /// server record, under the names the crate documents.
+    pub fn register(&self, registry: &mut Registry) {
+        let recorded = &*self.recorded;
+        register(registry, names::RESPONSES, recorded.responses.clone());
+        register(
+            registry,
+            names::UPSTREAM_FAILURES,
+            recorded.upstream_failures.clone(),
+        );
+        register(registry, names::REFUSED, recorded.refused.clone());
+        register(registry, names::CONNECTIONS_CLOSED, recorded.closed.clone());
+        register(
+            registry,
+            names::CLIENT_RESETS,
+            recorded.client_resets.clone(),
+        );
+        register(registry, names::REQUEST_DURATION, recorded.duration.clone());
+        register(registry, names::REQUESTS, recorded.requests.clone());
+        register(
+            registry,
+            names::OPERATION_DURATION,
+            recorded.operations.clone(),
+        );
+        register(
+            registry,
+            names::CLIENT_CONNECTIONS,
+            recorded.connections.clone(),
+        );
+    }
+
+    /// Registers the guard's counters and gauges ([`Stats`]: passed,
+    /// remapped, in flight, ...) into `registry`, read from `stats` at each
+    /// scrape; typically `move || guard.stats()` with a clone of the
+    /// [`IdGuardLayer`](crate::IdGuardLayer).
+    pub fn register_stats(
+        registry: &mut Registry,
+        stats: impl Fn() -> Stats + Send + Sync + 'static,
+    ) {
+        registry.register_collector(Box::new(StatsCollector(Box::new(stats))));
+    }
+
     /// A response left for the client `elapsed` after its request arrived;
     /// `tools`: how many tool names may have series of their own (0: none,
     /// no `gen_ai_tool_name` label).
     pub(crate) fn answered<B>(&self, response: &Response<B>, elapsed: Duration, tools: usize) {
         let recorded = &*self.recorded;
-        recorded.responses.inc(Status(response.status().as_u16()));
+        recorded
+            .responses
+            .get_or_create(&Status(response.status().as_u16()))
+            .inc();
         if let Some(kind) = response.extensions().get::<Refused>() {
             self.refused(*kind);
         }
@@ -130,9 +238,11 @@ impl Metrics {
         {
             recorded
                 .upstream_failures
-                .inc(Named("kind", failure.as_str()));
+                .get_or_create(&Named("kind", failure.as_str()))
+                .inc();
         }
-        recorded.duration.observe(elapsed);
+        let seconds = elapsed.as_secs_f64();
+        recorded.duration.observe(seconds);
         // Each message of a POST took as long as the POST: a batch is
         // answered at once.
         for handled in response
@@ -149,57 +259,104 @@ impl Metrics {
                 decision: handled.decision(),
                 tool,
             };
-            recorded.requests.inc(operation.clone());
+            recorded.requests.get_or_create(&operation).inc();
             recorded
                 .operations
-                .with(operation, |histogram| histogram.observe(elapsed));
+                .get_or_create(&operation)
+                .observe(seconds);
         }
     }
 
     /// A request refused with no response to count (an HTTP/2 stream
     /// refused with a reset).
     pub(crate) fn refused(&self, kind: Refused) {
-        self.recorded.refused.inc(Named("kind", kind.as_str()));
+        self.recorded
+            .refused
+            .get_or_create(&Named("kind", kind.as_str()))
+            .inc();
     }
 
     /// A client connection the server closed for one of its budgets.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn closed(&self, reason: &'static str) {
-        self.recorded.closed.inc(Named("reason", reason));
+        self.recorded
+            .closed
+            .get_or_create(&Named("reason", reason))
+            .inc();
     }
 
     /// An HTTP/2 stream the client reset before its response ended.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn client_reset(&self) {
-        self.recorded.client_resets.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Spans the trace exporter saw exported and dropped (from now on,
-    /// the two counters are written).
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    pub(crate) fn spans(&self, exported: u64, dropped: u64) {
-        let recorded = &*self.recorded;
-        recorded.traced.store(true, Ordering::Relaxed);
-        recorded
-            .spans_exported
-            .fetch_add(exported, Ordering::Relaxed);
-        recorded.spans_dropped.fetch_add(dropped, Ordering::Relaxed);
+        self.recorded.client_resets.inc();
     }
 
     /// A client connection opened; it counts as open until the returned
     /// token is dropped.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn connection(&self) -> OpenConnection {
-        self.recorded.connections.fetch_add(1, Ordering::Relaxed);
+        self.recorded.connections.inc();
         OpenConnection(self.clone())
     }
 
     /// Writes every metric, and `stats`' if given (the guard's counters, read
     /// with [`IdGuardLayer::stats`](crate::IdGuardLayer::stats) at scrape
     /// time), to `out` in the OpenMetrics text format
-    /// ([`CONTENT_TYPE`](Self::CONTENT_TYPE)), ending with `# EOF`.
+    /// ([`CONTENT_TYPE`](Self::CONTENT_TYPE)), ending with `# EOF`: a
+    /// registry with [`register`](Self::register) and
+    /// [`register_stats`](Self::register_stats), encoded by
+    /// prometheus-client.
     pub fn encode(&self, stats: Option<&Stats>, out: &mut String) {
-        encode::all(&self.recorded, stats, out);
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        if let Some(stats) = stats.copied() {
+            Self::register_stats(&mut registry, move || stats);
+        }
+        // Writing into a `String` cannot fail.
+        let _ = prometheus_client::encoding::text::encode(out, &registry);
+    }
+}
+
+/// Registers `metric` under `name`. The crate's help texts are sentences;
+/// prometheus-client adds the full stop itself.
+fn register(registry: &mut Registry, name: MetricName, metric: impl Metric) {
+    let help = name.help.strip_suffix('.').unwrap_or(name.help);
+    registry.register(name.family, help, metric);
+}
+
+/// The guard's [`Stats`], read at each scrape.
+struct StatsCollector(Box<dyn Fn() -> Stats + Send + Sync>);
+
+impl fmt::Debug for StatsCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StatsCollector")
+    }
+}
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        for (name, value) in (self.0)().series() {
+            single(&mut encoder, name, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// A family of one series without labels, its value read now.
+fn single(encoder: &mut DescriptorEncoder<'_>, name: MetricName, value: u64) -> fmt::Result {
+    match name.kind {
+        MetricType::Counter => {
+            let metric = ConstCounter::new(value);
+            let family =
+                encoder.encode_descriptor(name.family, name.help, None, PromType::Counter)?;
+            metric.encode(family)
+        }
+        _ => {
+            let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let family =
+                encoder.encode_descriptor(name.family, name.help, None, PromType::Gauge)?;
+            metric.encode(family)
+        }
     }
 }
 
@@ -209,6 +366,113 @@ pub(crate) struct OpenConnection(Metrics);
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.recorded.connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.recorded.connections.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Metrics;
+    use crate::protect::Refused;
+
+    /// The exposition as Prometheus scrapes it: help, type, samples with
+    /// their labels, cumulative buckets, and the EOF marker.
+    #[test]
+    fn text_format() {
+        let metrics = Metrics::new();
+        let mut response = http::Response::new(());
+        *response.status_mut() = http::StatusCode::MISDIRECTED_REQUEST;
+        response.extensions_mut().insert(Refused::Host);
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_micros(100), 0);
+        metrics.client_reset();
+        let open = metrics.connection();
+        let mut text = String::new();
+        metrics.encode(None, &mut text);
+        for expected in [
+            "# HELP mcp_id_guard_responses Responses sent to clients, by HTTP status.\n\
+             # TYPE mcp_id_guard_responses counter\n",
+            "mcp_id_guard_responses_total{status=\"200\"} 1\n",
+            "mcp_id_guard_responses_total{status=\"421\"} 1\n",
+            "mcp_id_guard_refused_total{kind=\"host\"} 1\n",
+            "mcp_id_guard_client_resets_total 1\n",
+            "# TYPE mcp_id_guard_request_duration_seconds histogram\n\
+             mcp_id_guard_request_duration_seconds_sum 0.0031",
+            "mcp_id_guard_request_duration_seconds_count 2\n\
+             mcp_id_guard_request_duration_seconds_bucket{le=\"0.0005\"} 1\n\
+             mcp_id_guard_request_duration_seconds_bucket{le=\"0.001\"} 1\n\
+             mcp_id_guard_request_duration_seconds_bucket{le=\"0.002\"} 1\n\
+             mcp_id_guard_request_duration_seconds_bucket{le=\"0.004\"} 2\n",
+            "mcp_id_guard_request_duration_seconds_bucket{le=\"16.384\"} 2\n\
+             mcp_id_guard_request_duration_seconds_bucket{le=\"+Inf\"} 2\n",
+            "# TYPE mcp_id_guard_client_connections gauge\nmcp_id_guard_client_connections 1\n",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // Families without a series have none; the guard's only with its
+        // stats.
+        assert!(!text.contains("connections_closed_total"), "{text}");
+        assert!(!text.contains("mcp_id_guard_passed"), "{text}");
+        drop(open);
+        let mut text = String::new();
+        metrics.encode(Some(&crate::table::Stats::default()), &mut text);
+        assert!(text.contains("mcp_id_guard_passed_total 0\n"), "{text}");
+        assert!(
+            text.contains("# TYPE mcp_id_guard_table_bytes gauge\nmcp_id_guard_table_bytes 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mcp_id_guard_client_connections 0\n"),
+            "{text}"
+        );
+    }
+
+    /// The guard's account of a POST labels the request counter and the
+    /// operation histogram by method and decision, one series per pair; a
+    /// response without it (a `GET`, no guard) counts in neither.
+    #[test]
+    fn requests_by_method_and_decision() {
+        use crate::guard::{Exchange, GuardDecision, McpMethod};
+
+        let metrics = Metrics::new();
+        let mut batch = Exchange::one(McpMethod::ToolsCall, GuardDecision::Remapped);
+        batch.push(McpMethod::Ping, GuardDecision::Passed, None, None);
+        batch.push(McpMethod::ToolsCall, GuardDecision::Remapped, None, None);
+        let mut response = http::Response::new(());
+        response.extensions_mut().insert(batch);
+        metrics.answered(&response, Duration::from_millis(3), 0);
+        metrics.answered(&http::Response::new(()), Duration::from_millis(1), 0);
+        let mut text = String::new();
+        metrics.encode(None, &mut text);
+        for expected in [
+            "# HELP mcp_id_guard_requests JSON-RPC requests",
+            "# TYPE mcp_id_guard_requests counter\n",
+            "mcp_id_guard_requests_total{mcp_method_name=\"ping\",decision=\"passed\"} 1\n",
+            "mcp_id_guard_requests_total{mcp_method_name=\"tools/call\",decision=\"remapped\"} 2\n",
+            "# TYPE mcp_server_operation_duration_seconds histogram\n",
+            "mcp_server_operation_duration_seconds_sum{mcp_method_name=\"ping\",decision=\"passed\"} 0.003\n\
+             mcp_server_operation_duration_seconds_count{mcp_method_name=\"ping\",decision=\"passed\"} 1\n\
+             mcp_server_operation_duration_seconds_bucket{le=\"0.0005\",mcp_method_name=\"ping\",decision=\"passed\"} 0\n",
+            "mcp_server_operation_duration_seconds_bucket{le=\"0.004\",mcp_method_name=\"tools/call\",decision=\"remapped\"} 2\n\
+             mcp_server_operation_duration_seconds_bucket{le=\"0.008\",mcp_method_name=\"tools/call\",decision=\"remapped\"} 2\n",
+            "mcp_server_operation_duration_seconds_bucket{le=\"+Inf\",mcp_method_name=\"tools/call\",decision=\"remapped\"} 2\n",
+            // The unlabelled histogram counts both responses.
+            "mcp_id_guard_request_duration_seconds_count 2\n",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        // Without the guard's account, neither family has a series.
+        let bare = Metrics::new();
+        bare.answered(&http::Response::new(()), Duration::from_millis(1), 0);
+        let mut text = String::new();
+        bare.encode(None, &mut text);
+        assert!(!text.contains("mcp_id_guard_requests_total"), "{text}");
+        assert!(
+            !text.contains("mcp_server_operation_duration_seconds_count"),
+            "{text}"
+        );
     }
 }
