@@ -208,7 +208,7 @@ const ANNOUNCED: usize = 4 * 1024 * 1024 - 4096;
 
 /// Item 1, the red team's attacks, with `--max-body-memory-bytes 16 MiB`:
 /// one HTTP/2 connection opening 200 streams that announce 4 MiB each and
-/// send 1 MiB, and 200 HTTP/1.1 connections that announce 4 MiB and send
+/// send 1 MiB, and 500 HTTP/1.1 connections that announce 4 MiB and send
 /// 2 MiB, none finishing. All but what fits the budgets (one stream of the
 /// HTTP/2 connection, 3 of the HTTP/1.1 ones: 4 MiB each) get 503 at once,
 /// and the proxy's peak memory grows by less than 48 MiB (it held every
@@ -256,9 +256,9 @@ async fn memory_stays_within_the_budget_under_upload_floods() -> anyhow::Result<
             anyhow::Ok(response.status().as_u16())
         }));
     }
-    // HTTP/1.1: 200 connections.
+    // HTTP/1.1: 500 connections (the count).
     let mut connections = Vec::new();
-    for _ in 0..200 {
+    for _ in 0..500 {
         let addr = guard.addr.clone();
         connections.push(tokio::spawn(async move {
             let mut stream =
