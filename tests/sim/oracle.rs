@@ -1,0 +1,73 @@
+//! What every run must satisfy, recorded by the actors as it happens and
+//! checked at the end.
+//!
+//! - no client receives an answer to a request it did not send (its own id
+//!   and its own payload marker);
+//! - the server never runs two requests under one `(session, id)`;
+//! - every request ends, answered or with a clean JSON-RPC error carrying
+//!   its id, within the client's bound;
+//! - once traffic has stopped and the abandoned-id TTL has passed, the
+//!   guard's table holds nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// How a client's request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Its own result.
+    Answered,
+    /// A JSON-RPC error carrying its id, with this HTTP status.
+    Error(u16),
+    /// The client cancelled it (and stopped waiting).
+    Cancelled,
+    /// The client dropped the connection before the answer.
+    Disconnected,
+    /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
+    /// whose replay carried its own result.
+    Resumed,
+}
+
+#[derive(Default)]
+struct Record {
+    violations: Vec<String>,
+    outcomes: BTreeMap<Outcome, u64>,
+    /// Requests the simulated server started.
+    started: u64,
+}
+
+/// The run's record, shared by every actor (turmoil runs them all on one
+/// thread, in an order the seed decides).
+#[derive(Clone, Default)]
+pub struct Oracle(Arc<Mutex<Record>>);
+
+impl Oracle {
+    fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A property failed.
+    pub fn violation(&self, what: String) {
+        self.with(|record| record.violations.push(what));
+    }
+
+    pub fn ended(&self, outcome: Outcome) {
+        self.with(|record| *record.outcomes.entry(outcome).or_default() += 1);
+    }
+
+    pub fn server_started(&self) {
+        self.with(|record| record.started += 1);
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.with(|record| record.violations.clone())
+    }
+
+    pub fn outcomes(&self) -> BTreeMap<Outcome, u64> {
+        self.with(|record| record.outcomes.clone())
+    }
+
+    pub fn requests_started(&self) -> u64 {
+        self.with(|record| record.started)
+    }
+}

@@ -1,0 +1,257 @@
+//! A simulated MCP server (streamable HTTP, stateful sessions) that routes
+//! each response by `(session, id)` alone, as python-sdk and the TypeScript
+//! SDK do: a second request under an id still running replaces the first
+//! one's route, so the first one's result goes to the second one's stream
+//! (a cross-wire) and the first one hangs. Any duplicate the guard lets
+//! through shows up.
+//!
+//! It answers a `tools/call` as JSON once the tool has finished, or as SSE
+//! on the POST stream (a progress notification, then the result), and runs
+//! each tool for as long as the call's `ms` argument says.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::oracle::Oracle;
+
+pub const PORT: u16 = 8000;
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// One session's requests in progress, keyed as the buggy SDKs key them.
+#[derive(Default)]
+struct Session {
+    /// Where the answer to the request running under each id goes.
+    routes: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
+    /// Requests running under each id (the oracle wants at most one).
+    running: BTreeMap<String, u32>,
+}
+
+struct State {
+    oracle: Oracle,
+    rng: StdRng,
+    sessions: BTreeMap<String, Session>,
+    next_session: u64,
+}
+
+/// The server's state: kept across its connections.
+#[derive(Clone)]
+pub struct Upstream(Arc<Mutex<State>>);
+
+impl Upstream {
+    pub fn new(seed: u64, oracle: Oracle) -> Self {
+        Self(Arc::new(Mutex::new(State {
+            oracle,
+            rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e),
+            sessions: BTreeMap::new(),
+            next_session: 0,
+        })))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Serves HTTP/1.1 on the simulated host until it is stopped.
+    pub async fn serve(self) -> turmoil::Result {
+        let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let upstream = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let upstream = upstream.clone();
+                    async move { Ok::<_, Infallible>(upstream.handle(request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let session = request
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let Ok(body) = request.into_body().collect().await else {
+            return status(StatusCode::BAD_REQUEST);
+        };
+        let Ok(message) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+            return status(StatusCode::BAD_REQUEST);
+        };
+        let method = message["method"].as_str().unwrap_or_default();
+        match (session, method) {
+            (None, "initialize") => self.initialize(&message),
+            (None, _) => status(StatusCode::BAD_REQUEST),
+            (Some(session), _) if !self.with(|s| s.sessions.contains_key(&session)) => {
+                status(StatusCode::NOT_FOUND)
+            }
+            (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
+            (Some(session), "tools/call") => self.tool_call(session, message),
+            (Some(_), _) => json_response(&json!({
+                "jsonrpc": "2.0", "id": message["id"], "result": {}
+            })),
+        }
+    }
+
+    fn initialize(&self, message: &Value) -> Response<Body> {
+        let session = self.with(|state| {
+            state.next_session += 1;
+            let session = format!("session-{}", state.next_session);
+            state.sessions.insert(session.clone(), Session::default());
+            session
+        });
+        let mut response = json_response(&json!({
+            "jsonrpc": "2.0",
+            "id": message["id"],
+            "result": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "sim-upstream", "version": "0"}
+            }
+        }));
+        response
+            .headers_mut()
+            .insert("mcp-session-id", session.parse().expect("a valid header"));
+        response
+    }
+
+    fn tool_call(&self, session: String, message: Value) -> Response<Body> {
+        let id = message["id"].clone();
+        // python-sdk keys by `str(id)`: 1 and "1" are one key.
+        let key = match &id {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let marker = message["params"]["arguments"]["marker"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
+        let (route, answers) = mpsc::unbounded_channel();
+        let sse = self.with(|state| {
+            state.oracle.server_started();
+            let sse = state.rng.random_bool(0.5);
+            let Some(entry) = state.sessions.get_mut(&session) else {
+                return sse;
+            };
+            let running = entry.running.entry(key.clone()).or_default();
+            *running += 1;
+            if *running > 1 {
+                state.oracle.violation(format!(
+                    "the server runs {running} requests under id {key} of {session} (the latest: {marker})"
+                ));
+            }
+            // The bug: the latest request under an id takes its route.
+            entry.routes.insert(key.clone(), route);
+            sse
+        });
+        let upstream = self.clone();
+        let result = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "result": {"content": [{"type": "text", "text": marker}]}
+        });
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            upstream.with(|state| {
+                let Some(entry) = state.sessions.get_mut(&session) else {
+                    return;
+                };
+                if let Some(running) = entry.running.get_mut(&key) {
+                    *running -= 1;
+                    if *running == 0 {
+                        entry.running.remove(&key);
+                    }
+                }
+                // Whoever holds the route under this id now gets it.
+                if let Some(route) = entry.routes.remove(&key) {
+                    let _ = route.send(Bytes::from(result.to_string()));
+                }
+            });
+        });
+        if sse {
+            sse_response(answers, &id)
+        } else {
+            json_answer(answers)
+        }
+    }
+}
+
+fn status(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+fn json_response(message: &Value) -> Response<Body> {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(message.to_string())).boxed_unsync())
+        .expect("a valid response")
+}
+
+/// The answer as JSON, once it is there; a request whose route was taken
+/// hangs, as in the SDKs.
+fn json_answer(mut answers: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
+    // The head waits for the answer: a body that is the answer's future.
+    let body = futures::stream::once(async move {
+        match answers.recv().await {
+            Some(answer) => Ok::<_, Infallible>(Frame::data(answer)),
+            None => std::future::pending().await,
+        }
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(StreamBody::new(body).boxed_unsync())
+        .expect("a valid response")
+}
+
+/// The answer on an SSE stream: a progress notification at once, then the
+/// answer, then the end of the stream.
+fn sse_response(answers: mpsc::UnboundedReceiver<Bytes>, id: &Value) -> Response<Body> {
+    let progress = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": id, "progress": 0}
+    });
+    let first = Bytes::from(format!("event: message\ndata: {progress}\n\n"));
+    let events = futures::stream::unfold(
+        (Some(first), Some(answers)),
+        |(first, answers)| async move {
+            if let Some(first) = first {
+                return Some((Ok::<_, Infallible>(Frame::data(first)), (None, answers)));
+            }
+            let mut answers = answers?;
+            match answers.recv().await {
+                Some(answer) => {
+                    let mut event = b"event: message\ndata: ".to_vec();
+                    event.extend_from_slice(&answer);
+                    event.extend_from_slice(b"\n\n");
+                    Some((Ok(Frame::data(Bytes::from(event))), (None, None)))
+                }
+                None => std::future::pending().await,
+            }
+        },
+    );
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(StreamBody::new(events).boxed_unsync())
+        .expect("a valid response")
+}

@@ -1,0 +1,243 @@
+//! One run: the simulated hosts (the upstream MCP server, the guard with
+//! the binary's composition, the clients, a checker), built from a seed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt;
+use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
+use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
+use mcp_id_guard::proxy::{BoxError, Proxy};
+use mcp_id_guard::server::{ClientBody, Server};
+use mcp_id_guard::{IdGuardLayer, Stats};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::net::{SimConnector, SimListener};
+use crate::oracle::{Oracle, Outcome};
+use crate::{client, upstream};
+
+pub const GUARD_HOST: &str = "guard";
+pub const GUARD_PORT: u16 = 8080;
+const UPSTREAM_HOST: &str = "upstream";
+
+/// What a run is made of; the seed picks everything else.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// `false`: the control, the same stack without the guard.
+    pub guard: bool,
+    pub clients: usize,
+    pub conversations: usize,
+    pub turns: usize,
+    pub max_tool_ms: u64,
+    pub max_think_ms: u64,
+    /// The guard's abandoned-id TTL (and restart window, as in the binary).
+    pub ttl: Duration,
+    /// The proxy's upstream response and idle timeouts.
+    pub upstream_timeout: Duration,
+    /// How long a client waits for any one exchange: past it, the request
+    /// did not end in time.
+    pub client_bound: Duration,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        let upstream_timeout = Duration::from_secs(30);
+        Self {
+            guard: true,
+            clients: 3,
+            conversations: 4,
+            turns: 4,
+            max_tool_ms: 8_000,
+            max_think_ms: 3_000,
+            ttl: Duration::from_secs(60),
+            upstream_timeout,
+            // A JSON answer's head, or an SSE stream's silence, each at most
+            // the upstream timeout; plus the network's slack.
+            client_bound: upstream_timeout * 2 + Duration::from_secs(10),
+        }
+    }
+}
+
+/// What one run did.
+#[derive(Debug)]
+pub struct Report {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    pub outcomes: std::collections::BTreeMap<Outcome, u64>,
+    pub server_requests: u64,
+    pub simulated: Duration,
+    pub wall: Duration,
+    pub stats: Option<Stats>,
+}
+
+/// The body every composition answers with (the control's and the
+/// guard's differ in type).
+type SimBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The per-request stack of the binary (`src/bin/mcp-id-guard/main.rs`),
+/// traces aside: metrics, head limit, Host check, body pace, the guard,
+/// the proxy.
+fn stack(
+    proxy: Proxy,
+    guard: Option<IdGuardLayer>,
+    metrics: &Metrics,
+) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible> {
+    let hosts = HostPolicy::loopback()
+        .allowed_hosts([GUARD_HOST])
+        .expect("a valid host pattern");
+    let outer = ServiceBuilder::new()
+        .layer(MetricsLayer::new(metrics.clone()))
+        .layer(HeadLimitLayer::new(32 * 1024))
+        .layer(HostLayer::new(hosts))
+        .layer(BodyPaceLayer::new().idle_timeout(Some(Duration::from_secs(10))));
+    match guard {
+        Some(guard) => boxed(outer.layer(guard).service(proxy)),
+        None => boxed(outer.service(proxy)),
+    }
+}
+
+fn boxed<S, B>(service: S) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible>
+where
+    S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    service
+        .map_response(|response: Response<B>| {
+            response.map(|body| body.map_err(Into::into).boxed_unsync())
+        })
+        .boxed_clone()
+}
+
+/// Runs the world of `seed`.
+pub fn run(seed: u64, setup: &Setup) -> Report {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let oracle = Oracle::default();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(rng.random())
+        .simulation_duration(Duration::from_secs(3600))
+        .tick_duration(Duration::from_millis(5))
+        .min_message_latency(Duration::from_millis(0))
+        .max_message_latency(Duration::from_millis(50))
+        .build();
+
+    let upstream = upstream::Upstream::new(rng.random(), oracle.clone());
+    sim.host(UPSTREAM_HOST, move || upstream.clone().serve());
+
+    let mut secret = [0u8; 16];
+    rng.fill(&mut secret);
+    let guard = IdGuardLayer::new()
+        .id_secret(secret)
+        .abandoned_id_ttl(setup.ttl)
+        .restart_window(setup.ttl);
+    let stats_of = guard.clone();
+    let use_guard = setup.guard;
+    let upstream_timeout = setup.upstream_timeout;
+    sim.host(GUARD_HOST, move || {
+        let guard = use_guard.then(|| guard.clone());
+        async move {
+            let proxy = Proxy::builder()
+                .connector(SimConnector)
+                .connect_timeout(Duration::from_secs(5))
+                .response_timeout(Some(upstream_timeout))
+                .idle_timeout(Some(upstream_timeout))
+                .max_connections(Some(256))
+                .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
+            let metrics = Metrics::new();
+            let service = stack(proxy, guard, &metrics);
+            let server = Server::builder()
+                .header_read_timeout(Some(Duration::from_secs(10)))
+                .keep_alive_timeout(Some(Duration::from_secs(20)))
+                .send_timeout(Some(Duration::from_secs(30)))
+                .max_connections(512)
+                .metrics(metrics)
+                .build();
+            let listener =
+                turmoil::net::TcpListener::bind(("0.0.0.0", GUARD_PORT)).await?;
+            server
+                .serve(
+                    SimListener(listener),
+                    move |_client| service.clone(),
+                    std::future::pending(),
+                )
+                .await;
+            Ok(())
+        }
+    });
+
+    // One permit per client that has finished.
+    let done = Arc::new(tokio::sync::Semaphore::new(0));
+    for index in 0..setup.clients {
+        let name = format!("client-{index}");
+        let client_seed = rng.random();
+        let (setup, oracle, done) = (setup.clone(), oracle.clone(), Arc::clone(&done));
+        sim.client(name.clone(), async move {
+            let result = client::run(name, setup, client_seed, oracle).await;
+            done.add_permits(1);
+            result
+        });
+    }
+
+    // Once every client is done: nothing in flight; once the TTL has
+    // passed, nothing left at all.
+    let final_stats = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (setup, oracle, done, final_stats) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&final_stats),
+        );
+        sim.client("checker", async move {
+            let clients = u32::try_from(setup.clients).expect("a few clients");
+            let _all = done.acquire_many(clients).await?;
+            // The last bodies' ends reach the guard.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if setup.guard {
+                let stats = stats_of.stats();
+                if stats.in_flight_requests != 0 {
+                    oracle.violation(format!(
+                        "{} requests still in flight after the traffic stopped",
+                        stats.in_flight_requests
+                    ));
+                }
+                tokio::time::sleep(setup.ttl + Duration::from_secs(1)).await;
+                let stats = stats_of.stats();
+                if stats.abandoned_ids != 0 {
+                    oracle.violation(format!(
+                        "{} abandoned ids left a TTL after the traffic stopped",
+                        stats.abandoned_ids
+                    ));
+                }
+                *final_stats.lock().unwrap() = Some(stats);
+            }
+            Ok(())
+        });
+    }
+
+    if let Err(error) = sim.run() {
+        oracle.violation(format!("the simulation failed: {error}"));
+    }
+    let report = Report {
+        seed,
+        violations: oracle.violations(),
+        outcomes: oracle.outcomes(),
+        server_requests: oracle.requests_started(),
+        simulated: sim.elapsed(),
+        wall: started.elapsed(),
+        stats: final_stats.lock().unwrap().take(),
+    };
+    report
+}
