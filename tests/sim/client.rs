@@ -17,8 +17,14 @@ use serde_json::{json, Value};
 use crate::oracle::{Oracle, Outcome};
 use crate::world::{Setup, GUARD_HOST, GUARD_PORT};
 
-/// One client: its session, then its conversations, all at once.
-pub async fn run(name: String, setup: Setup, seed: u64, oracle: Oracle) -> turmoil::Result {
+/// One client: its session, then its conversations, all at once. Returns
+/// the session.
+pub async fn run(
+    name: String,
+    setup: Setup,
+    seed: u64,
+    oracle: Oracle,
+) -> turmoil::Result<String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let session = initialize(&name, &setup, &oracle).await?;
     let mut conversations = tokio::task::JoinSet::new();
@@ -33,14 +39,29 @@ pub async fn run(name: String, setup: Setup, seed: u64, oracle: Oracle) -> turmo
             for turn in 0..setup.turns {
                 let marker = format!("{name}/conversation-{conversation}/turn-{turn}");
                 let ms = rng.random_range(0..=setup.max_tool_ms);
-                call(&setup, &session, &marker, ms, &oracle).await;
+                let plan = if rng.random_bool(setup.disconnect_rate) {
+                    Plan::Disconnect(Duration::from_millis(rng.random_range(0..=ms.max(1))))
+                } else {
+                    Plan::Wait
+                };
+                call(&setup, &session, &marker, ms, plan, &oracle).await;
                 let think = rng.random_range(0..setup.max_think_ms);
                 tokio::time::sleep(Duration::from_millis(think)).await;
             }
         });
     }
     while conversations.join_next().await.is_some() {}
-    Ok(())
+    Ok(session)
+}
+
+/// A request that touches `session`'s part of the guard's table (which
+/// drops expired abandoned ids there as it goes).
+pub async fn ping(session: &str) -> Result<StatusCode, Box<dyn std::error::Error>> {
+    let message = json!({"jsonrpc": "2.0", "id": "last", "method": "ping"});
+    let response = post(Some(session), &message).await?;
+    let status = response.status();
+    let _ = response.into_body().collect().await?;
+    Ok(status)
 }
 
 /// `initialize` and `notifications/initialized`, through the guard: the
@@ -51,7 +72,7 @@ async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Resu
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                    "clientInfo": {"name": name, "version": "0"}}
     });
-    let response = tokio::time::timeout(setup.client_bound, send(None, &message)).await??;
+    let response = tokio::time::timeout(setup.client_bound, post(None, &message)).await??;
     let session = response
         .headers()
         .get("mcp-session-id")
@@ -62,7 +83,7 @@ async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Resu
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let response = tokio::time::timeout(
         setup.client_bound,
-        send(Some(&session), &initialized),
+        post(Some(&session), &initialized),
     )
     .await??;
     if response.status() != StatusCode::ACCEPTED {
@@ -74,46 +95,108 @@ async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Resu
     Ok(session)
 }
 
+/// What the client does with a call besides waiting for its answer.
+#[derive(Clone, Copy, Debug)]
+pub enum Plan {
+    /// Waits, polling a stream closed early.
+    Wait,
+    /// Drops the connection after this long.
+    Disconnect(Duration),
+}
+
 /// One `tools/call` with `id: 1` on a new connection, judged.
-async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, oracle: &Oracle) {
+async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, oracle: &Oracle) {
     let message = json!({
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
     });
     let exchange = async {
-        let response = send(Some(session), &message).await?;
-        let status = response.status();
-        let sse = response
-            .headers()
-            .get("content-type")
-            .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok::<_, Box<dyn std::error::Error>>((status, sse, body))
+        let (status, mut got) = read(post(Some(session), &message)).await?;
+        let mut polls = 0;
+        // A stream closed (or cut) before its answer, with an event id to
+        // resume from: poll with `GET` + `Last-Event-ID` (SEP-1699).
+        while got.answer.is_none() && polls < setup.max_polls {
+            let Some(last) = got.last_event.clone() else {
+                break;
+            };
+            polls += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (_, more) = read(resume(session, &last)).await?;
+            got.last_event = more.last_event.or(Some(last));
+            got.answer = more.answer;
+            got.text = more.text;
+        }
+        Ok::<_, Box<dyn std::error::Error>>((status, got, polls))
     };
-    match tokio::time::timeout(setup.client_bound, exchange).await {
-        Err(_) => oracle.violation(format!(
+    let bound = match plan {
+        Plan::Wait => setup.client_bound,
+        Plan::Disconnect(after) => after,
+    };
+    match (tokio::time::timeout(bound, exchange).await, plan) {
+        (Err(_), Plan::Disconnect(_)) => oracle.ended(marker, Outcome::Disconnected),
+        (Err(_), Plan::Wait) => oracle.violation(format!(
             "{marker}: did not end within {:?} (tool {ms} ms)",
             setup.client_bound
         )),
-        Ok(Err(error)) => oracle.violation(format!("{marker}: failed: {error}")),
-        Ok(Ok((status, sse, body))) => judge(marker, status, sse, &body, oracle),
+        (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
+        (Ok(Ok((status, read, polls))), _) => judge(marker, status, &read, polls, oracle),
     }
 }
 
-/// Whether the answer is the request's own: its id, its marker.
-fn judge(marker: &str, status: StatusCode, sse: bool, body: &Bytes, oracle: &Oracle) {
-    let messages: Vec<Value> = if sse {
-        sse_messages(body)
-    } else {
-        serde_json::from_slice(body).into_iter().collect()
+/// What a response carried.
+#[derive(Default)]
+struct Read {
+    /// The JSON-RPC response in it, if any.
+    answer: Option<Value>,
+    /// The last SSE event id it carried.
+    last_event: Option<String>,
+    /// The start of the body, for the record.
+    text: String,
+}
+
+/// Reads a response to its end (or its cut): its answer and last event id.
+async fn read(
+    response: impl std::future::Future<Output = Result<Response<Incoming>, Box<dyn std::error::Error>>>,
+) -> Result<(StatusCode, Read), Box<dyn std::error::Error>> {
+    let response = response.await?;
+    let status = response.status();
+    let sse = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    // A cut stream keeps what arrived before the cut.
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            bytes.extend_from_slice(data);
+        }
+    }
+    let mut read = Read {
+        text: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
+        ..Read::default()
     };
-    let Some(answer) = messages
-        .iter()
-        .find(|message| message.get("result").is_some() || message.get("error").is_some())
-    else {
+    if sse {
+        for (id, message) in sse_events(&bytes) {
+            if id.is_some() {
+                read.last_event = id;
+            }
+            if message.get("result").is_some() || message.get("error").is_some() {
+                read.answer = Some(message);
+            }
+        }
+    } else {
+        read.answer = serde_json::from_slice(&bytes).ok();
+    }
+    Ok((status, read))
+}
+
+/// Whether the answer is the request's own: its id, its marker.
+fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) {
+    let Some(answer) = &read.answer else {
         oracle.violation(format!(
-            "{marker}: {status} with no answer: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)])
+            "{marker}: {status} with no answer after {polls} polls: {}",
+            read.text
         ));
         return;
     };
@@ -122,43 +205,59 @@ fn judge(marker: &str, status: StatusCode, sse: bool, body: &Bytes, oracle: &Ora
         return;
     }
     if answer.get("error").is_some() {
-        oracle.ended(Outcome::Error(status.as_u16()));
+        oracle.ended(marker, Outcome::Error(status.as_u16()));
         return;
     }
     let got = answer["result"]["content"][0]["text"].as_str().unwrap_or("");
-    if got == marker {
-        oracle.ended(Outcome::Answered);
-    } else {
+    if got != marker {
         oracle.violation(format!("{marker}: cross-wired: received the answer to {got}"));
+    } else if polls > 0 {
+        oracle.ended(marker, Outcome::Resumed);
+    } else {
+        oracle.ended(marker, Outcome::Answered);
     }
 }
 
-/// The JSON messages of an SSE body's `data` fields.
-fn sse_messages(body: &Bytes) -> Vec<Value> {
+/// Each SSE event's id and the JSON message of its data (events without
+/// data, such as the priming event, count for their id).
+fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
     String::from_utf8_lossy(body)
         .split("\n\n")
-        .filter_map(|event| {
+        .map(|event| {
+            let id = event
+                .lines()
+                .find_map(|line| line.strip_prefix("id:"))
+                .map(|id| id.trim().to_owned());
             let data: Vec<&str> = event
                 .lines()
                 .filter_map(|line| line.strip_prefix("data:"))
                 .map(str::trim_start)
                 .collect();
-            (!data.is_empty())
-                .then(|| serde_json::from_str(&data.join("\n")).ok())
-                .flatten()
+            let message = serde_json::from_str(&data.join("\n")).unwrap_or(Value::Null);
+            (id, message)
         })
         .collect()
 }
 
+/// Resumes a stream: `GET` with `Last-Event-ID`.
+async fn resume(
+    session: &str,
+    last_event: &str,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    let request = Request::get("/mcp")
+        .header("host", format!("{GUARD_HOST}:{GUARD_PORT}"))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .header("last-event-id", last_event)
+        .body(Full::new(Bytes::new()))?;
+    send(request).await
+}
+
 /// POSTs `message` to the guard on a new connection.
-async fn send(
+async fn post(
     session: Option<&str>,
     message: &Value,
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
-    let stream = turmoil::net::TcpStream::connect((GUARD_HOST, GUARD_PORT)).await?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::task::spawn_local(connection);
     let mut request = Request::post("/mcp")
         .header("host", format!("{GUARD_HOST}:{GUARD_PORT}"))
         .header("content-type", "application/json")
@@ -166,6 +265,17 @@ async fn send(
     if let Some(session) = session {
         request = request.header("mcp-session-id", session);
     }
-    let request = request.body(Full::new(Bytes::from(message.to_string())))?;
+    send(request.body(Full::new(Bytes::from(message.to_string())))?).await
+}
+
+/// Sends `request` to the guard on a new connection, closed when the
+/// response (and its body) is dropped.
+async fn send(
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    let stream = turmoil::net::TcpStream::connect((GUARD_HOST, GUARD_PORT)).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::task::spawn_local(connection);
     Ok(sender.send_request(request).await?)
 }

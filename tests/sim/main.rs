@@ -34,12 +34,13 @@ fn replay_command(seed: u64, setup: &Setup) -> String {
 
 fn describe(report: &Report) -> String {
     format!(
-        "seed {}: {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s",
+        "seed {}: {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s, story {:016x}",
         report.seed,
         report.server_requests,
         report.outcomes,
         report.simulated.as_secs_f64(),
-        report.wall.as_secs_f64()
+        report.wall.as_secs_f64(),
+        report.story
     )
 }
 
@@ -64,6 +65,15 @@ fn short_seeds_are_clean() {
         assert_clean(&report, &setup);
         assert!(report.outcomes.values().sum::<u64>() > 0, "no request ended");
     }
+}
+
+/// A seed is a replay: the same events at the same simulated times.
+#[test]
+fn a_seed_tells_the_same_story_twice() {
+    let setup = Setup::default();
+    let first = world::run(7, &setup);
+    let second = world::run(7, &setup);
+    assert_eq!(first.story, second.story, "{}\n{}", describe(&first), describe(&second));
 }
 
 /// The control: the same world without the guard. The oracle must report

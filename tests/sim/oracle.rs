@@ -10,10 +10,11 @@
 //!   guard's table holds nothing.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 /// How a client's request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Outcome {
     /// Its own result.
     Answered,
@@ -30,6 +31,9 @@ pub enum Outcome {
 
 #[derive(Default)]
 struct Record {
+    /// Every event with its simulated time, hashed: two runs of one seed
+    /// must tell the same story.
+    story: std::collections::hash_map::DefaultHasher,
     violations: Vec<String>,
     outcomes: BTreeMap<Outcome, u64>,
     /// Requests the simulated server started.
@@ -46,17 +50,39 @@ impl Oracle {
         f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    fn tell(record: &mut Record, event: &impl Hash) {
+        turmoil::sim_elapsed().hash(&mut record.story);
+        event.hash(&mut record.story);
+    }
+
     /// A property failed.
     pub fn violation(&self, what: String) {
-        self.with(|record| record.violations.push(what));
+        self.with(|record| {
+            Self::tell(record, &what);
+            record.violations.push(what);
+        });
     }
 
-    pub fn ended(&self, outcome: Outcome) {
-        self.with(|record| *record.outcomes.entry(outcome).or_default() += 1);
+    /// `marker`'s request ended so.
+    pub fn ended(&self, marker: &str, outcome: Outcome) {
+        self.with(|record| {
+            Self::tell(record, &(marker, outcome));
+            *record.outcomes.entry(outcome).or_default() += 1;
+        });
     }
 
-    pub fn server_started(&self) {
-        self.with(|record| record.started += 1);
+    /// The server started `marker`'s request (under an id that is the
+    /// guard's to choose, from a random point: not part of the story).
+    pub fn server_started(&self, marker: &str) {
+        self.with(|record| {
+            Self::tell(record, &marker);
+            record.started += 1;
+        });
+    }
+
+    /// The hash of every event and its simulated time.
+    pub fn story(&self) -> u64 {
+        self.with(|record| record.story.finish())
     }
 
     pub fn violations(&self) -> Vec<String> {

@@ -6,8 +6,12 @@
 //! through shows up.
 //!
 //! It answers a `tools/call` as JSON once the tool has finished, or as SSE
-//! on the POST stream (a progress notification, then the result), and runs
-//! each tool for as long as the call's `ms` argument says.
+//! on the POST stream (a priming event, a progress notification, then the
+//! result), and runs each tool for as long as the call's `ms` argument
+//! says. Some SSE streams it closes early for polling (SEP-1699): every
+//! event is kept in the session's event store, and a `GET` with
+//! `Last-Event-ID` replays the stream from there, then goes on live (or is
+//! closed early again).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -23,6 +27,7 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::oracle::Oracle;
@@ -31,13 +36,55 @@ pub const PORT: u16 = 8000;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// Where the answer to a running request goes.
+enum Route {
+    /// The POST waiting to answer as JSON.
+    Json(mpsc::UnboundedSender<Bytes>),
+    /// An SSE stream of the session's event store.
+    Stream(u64),
+}
+
+/// One SSE stream of a session: every event it carried, for replays.
+#[derive(Default)]
+struct Stream {
+    /// Whole events (`id:` and `data:` lines), in order; the stream ends
+    /// after its answer.
+    events: Vec<Bytes>,
+    answered: bool,
+    /// The connection reading it now, if any: each event and whether it is
+    /// the answer.
+    live: Option<mpsc::UnboundedSender<(Bytes, bool)>>,
+}
+
 /// One session's requests in progress, keyed as the buggy SDKs key them.
 #[derive(Default)]
 struct Session {
     /// Where the answer to the request running under each id goes.
-    routes: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
+    routes: BTreeMap<String, Route>,
     /// Requests running under each id (the oracle wants at most one).
     running: BTreeMap<String, u32>,
+    streams: BTreeMap<u64, Stream>,
+    next_stream: u64,
+}
+
+impl Session {
+    /// Appends an event to stream `id` and passes it to its reader.
+    fn push(&mut self, id: u64, data: &str, answer: bool) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let event = Bytes::from(format!(
+            "id: {id}-{}\nevent: message\ndata: {data}\n\n",
+            stream.events.len()
+        ));
+        stream.events.push(event.clone());
+        stream.answered |= answer;
+        if let Some(live) = &stream.live {
+            if live.send((event, answer)).is_err() {
+                stream.live = None;
+            }
+        }
+    }
 }
 
 struct State {
@@ -45,6 +92,8 @@ struct State {
     rng: StdRng,
     sessions: BTreeMap<String, Session>,
     next_session: u64,
+    /// The share of SSE streams closed early for polling (SEP-1699).
+    poll_rate: f64,
 }
 
 /// The server's state: kept across its connections.
@@ -52,12 +101,13 @@ struct State {
 pub struct Upstream(Arc<Mutex<State>>);
 
 impl Upstream {
-    pub fn new(seed: u64, oracle: Oracle) -> Self {
+    pub fn new(seed: u64, oracle: Oracle, poll_rate: f64) -> Self {
         Self(Arc::new(Mutex::new(State {
             oracle,
             rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e),
             sessions: BTreeMap::new(),
             next_session: 0,
+            poll_rate,
         })))
     }
 
@@ -89,6 +139,17 @@ impl Upstream {
             .get("mcp-session-id")
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned);
+        if request.method() == http::Method::GET {
+            let last_event = request
+                .headers()
+                .get("last-event-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            return match (session, last_event) {
+                (Some(session), Some(last_event)) => self.resume(&session, &last_event),
+                _ => status(StatusCode::METHOD_NOT_ALLOWED),
+            };
+        }
         let Ok(body) = request.into_body().collect().await else {
             return status(StatusCode::BAD_REQUEST);
         };
@@ -144,12 +205,12 @@ impl Upstream {
             .unwrap_or_default()
             .to_owned();
         let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
-        let (route, answers) = mpsc::unbounded_channel();
-        let sse = self.with(|state| {
-            state.oracle.server_started();
+        let response = self.with(|state| {
+            state.oracle.server_started(&marker);
             let sse = state.rng.random_bool(0.5);
+            let poll = sse && state.rng.random_bool(state.poll_rate);
             let Some(entry) = state.sessions.get_mut(&session) else {
-                return sse;
+                return status(StatusCode::NOT_FOUND);
             };
             let running = entry.running.entry(key.clone()).or_default();
             *running += 1;
@@ -158,16 +219,33 @@ impl Upstream {
                     "the server runs {running} requests under id {key} of {session} (the latest: {marker})"
                 ));
             }
-            // The bug: the latest request under an id takes its route.
-            entry.routes.insert(key.clone(), route);
-            sse
+            if !sse {
+                let (route, answer) = mpsc::unbounded_channel();
+                // The bug: the latest request under an id takes its route.
+                entry.routes.insert(key.clone(), Route::Json(route));
+                return json_answer(answer);
+            }
+            entry.next_stream += 1;
+            let stream = entry.next_stream;
+            entry.streams.insert(stream, Stream::default());
+            entry.routes.insert(key.clone(), Route::Stream(stream));
+            // The priming event (an id, no data; 2025-11-25), then progress.
+            entry.push(stream, "", false);
+            let progress = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": id, "progress": 0}
+            });
+            entry.push(stream, &progress.to_string(), false);
+            sse_stream(entry, stream, 0, poll)
         });
         let upstream = self.clone();
         let result = json!({
             "jsonrpc": "2.0",
             "id": id,
             "result": {"content": [{"type": "text", "text": marker}]}
-        });
+        })
+        .to_string();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             upstream.with(|state| {
@@ -181,17 +259,65 @@ impl Upstream {
                     }
                 }
                 // Whoever holds the route under this id now gets it.
-                if let Some(route) = entry.routes.remove(&key) {
-                    let _ = route.send(Bytes::from(result.to_string()));
+                match entry.routes.remove(&key) {
+                    Some(Route::Json(route)) => {
+                        let _ = route.send(Bytes::from(result));
+                    }
+                    Some(Route::Stream(stream)) => entry.push(stream, &result, true),
+                    None => {}
                 }
             });
         });
-        if sse {
-            sse_response(answers, &id)
-        } else {
-            json_answer(answers)
-        }
+        response
     }
+
+    /// `GET` with `Last-Event-ID`: the stream's events after that one, then
+    /// the rest as they come (or closed early again, for the next poll).
+    fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
+        self.with(|state| {
+            let poll = state.rng.random_bool(state.poll_rate);
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return status(StatusCode::NOT_FOUND);
+            };
+            let parsed = last_event.split_once('-').and_then(|(stream, index)| {
+                Some((stream.parse::<u64>().ok()?, index.parse::<usize>().ok()?))
+            });
+            match parsed {
+                Some((stream, index)) if entry.streams.contains_key(&stream) => {
+                    sse_stream(entry, stream, index + 1, poll)
+                }
+                _ => status(StatusCode::NOT_FOUND),
+            }
+        })
+    }
+}
+
+/// An SSE response for `stream` from its event `from` on: what is stored,
+/// then (unless `poll`, or the answer is among them) what comes next, to
+/// the end of the stream.
+fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Response<Body> {
+    let Some(state) = entry.streams.get_mut(&stream) else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    let stored: Vec<Bytes> = state.events.get(from..).unwrap_or_default().to_vec();
+    let live = if state.answered || poll {
+        None
+    } else {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        // A newer reader takes the stream over.
+        state.live = Some(sender);
+        Some(receiver)
+    };
+    let stored = futures::stream::iter(stored.into_iter().map(|event| Ok(Frame::data(event))));
+    let live = futures::stream::unfold(live, |live| async move {
+        let mut live = live?;
+        let (event, answer) = live.recv().await?;
+        Some((Ok(Frame::data(event)), (!answer).then_some(live)))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(StreamBody::new(stored.chain(live)).boxed_unsync())
+        .expect("a valid response")
 }
 
 fn status(status: StatusCode) -> Response<Body> {
@@ -220,38 +346,5 @@ fn json_answer(mut answers: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
     Response::builder()
         .header("content-type", "application/json")
         .body(StreamBody::new(body).boxed_unsync())
-        .expect("a valid response")
-}
-
-/// The answer on an SSE stream: a progress notification at once, then the
-/// answer, then the end of the stream.
-fn sse_response(answers: mpsc::UnboundedReceiver<Bytes>, id: &Value) -> Response<Body> {
-    let progress = json!({
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": id, "progress": 0}
-    });
-    let first = Bytes::from(format!("event: message\ndata: {progress}\n\n"));
-    let events = futures::stream::unfold(
-        (Some(first), Some(answers)),
-        |(first, answers)| async move {
-            if let Some(first) = first {
-                return Some((Ok::<_, Infallible>(Frame::data(first)), (None, answers)));
-            }
-            let mut answers = answers?;
-            match answers.recv().await {
-                Some(answer) => {
-                    let mut event = b"event: message\ndata: ".to_vec();
-                    event.extend_from_slice(&answer);
-                    event.extend_from_slice(b"\n\n");
-                    Some((Ok(Frame::data(Bytes::from(event))), (None, None)))
-                }
-                None => std::future::pending().await,
-            }
-        },
-    );
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(StreamBody::new(events).boxed_unsync())
         .expect("a valid response")
 }

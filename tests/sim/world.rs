@@ -37,6 +37,12 @@ pub struct Setup {
     pub turns: usize,
     pub max_tool_ms: u64,
     pub max_think_ms: u64,
+    /// The share of calls whose client disconnects before the answer.
+    pub disconnect_rate: f64,
+    /// The share of SSE streams the server closes early for polling.
+    pub poll_rate: f64,
+    /// How many times a client resumes one call's stream.
+    pub max_polls: u32,
     /// The guard's abandoned-id TTL (and restart window, as in the binary).
     pub ttl: Duration,
     /// The proxy's upstream response and idle timeouts.
@@ -56,6 +62,9 @@ impl Default for Setup {
             turns: 4,
             max_tool_ms: 8_000,
             max_think_ms: 3_000,
+            disconnect_rate: 0.1,
+            poll_rate: 0.3,
+            max_polls: 20,
             ttl: Duration::from_secs(60),
             upstream_timeout,
             // A JSON answer's head, or an SSE stream's silence, each at most
@@ -75,6 +84,8 @@ pub struct Report {
     pub simulated: Duration,
     pub wall: Duration,
     pub stats: Option<Stats>,
+    /// The run's story, hashed (see [`Oracle::story`]).
+    pub story: u64,
 }
 
 /// The body every composition answers with (the control's and the
@@ -133,7 +144,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         .max_message_latency(Duration::from_millis(50))
         .build();
 
-    let upstream = upstream::Upstream::new(rng.random(), oracle.clone());
+    let upstream = upstream::Upstream::new(rng.random(), oracle.clone(), setup.poll_rate);
     sim.host(UPSTREAM_HOST, move || upstream.clone().serve());
 
     let mut secret = [0u8; 16];
@@ -177,16 +188,25 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         }
     });
 
-    // One permit per client that has finished.
+    // One permit per client that has finished, and its session.
     let done = Arc::new(tokio::sync::Semaphore::new(0));
+    let sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
     for index in 0..setup.clients {
         let name = format!("client-{index}");
         let client_seed = rng.random();
-        let (setup, oracle, done) = (setup.clone(), oracle.clone(), Arc::clone(&done));
+        let (setup, oracle, done, sessions) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&sessions),
+        );
         sim.client(name.clone(), async move {
             let result = client::run(name, setup, client_seed, oracle).await;
+            if let Ok(session) = &result {
+                sessions.lock().unwrap().push(session.clone());
+            }
             done.add_permits(1);
-            result
+            result.map(drop)
         });
     }
 
@@ -200,6 +220,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             Arc::clone(&done),
             Arc::clone(&final_stats),
         );
+        let sessions = Arc::clone(&sessions);
         sim.client("checker", async move {
             let clients = u32::try_from(setup.clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
@@ -213,12 +234,21 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                         stats.in_flight_requests
                     ));
                 }
+                // Every tool has ended by now (the longest is shorter
+                // than the TTL), so every abandoned id is past its time;
+                // the table drops them as each session is next used.
                 tokio::time::sleep(setup.ttl + Duration::from_secs(1)).await;
+                let sessions = sessions.lock().unwrap().clone();
+                for session in &sessions {
+                    let status = client::ping(session).await?;
+                    if status != http::StatusCode::OK {
+                        oracle.violation(format!("a last ping got {status}"));
+                    }
+                }
                 let stats = stats_of.stats();
-                if stats.abandoned_ids != 0 {
+                if stats.abandoned_ids != 0 || stats.in_flight_requests != 0 || stats.table_bytes != 0 {
                     oracle.violation(format!(
-                        "{} abandoned ids left a TTL after the traffic stopped",
-                        stats.abandoned_ids
+                        "the table is not empty a TTL after the traffic stopped: {stats:?}"
                     ));
                 }
                 *final_stats.lock().unwrap() = Some(stats);
@@ -238,6 +268,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         simulated: sim.elapsed(),
         wall: started.elapsed(),
         stats: final_stats.lock().unwrap().take(),
+        story: oracle.story(),
     };
     report
 }
