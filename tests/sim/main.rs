@@ -28,7 +28,7 @@ const SHORT_SEEDS: std::ops::Range<u64> = 0..4;
 fn replay_command(seed: u64, setup: &Setup) -> String {
     let control = if setup.guard { "" } else { "CONTROL=1 " };
     format!(
-        "{control}SEED={seed} cargo test --release --features proxy,server --test sim -- --ignored replay --nocapture"
+        "{control}SEED={seed} cargo test --features proxy,server --test sim -- --ignored replay --nocapture"
     )
 }
 
@@ -104,6 +104,31 @@ fn control_without_the_guard_cross_wires() {
         }
     }
     panic!("the oracle saw no cross-wire without the guard in seeds {SHORT_SEEDS:?}");
+}
+
+/// The second control: a guard that forgets abandoned ids at once (a TTL
+/// of zero) frees the id of a call whose client went away while the server
+/// still runs it; the next call with that id reaches the server as a
+/// duplicate. The oracle must see it.
+#[test]
+fn control_ids_freed_early_are_caught() {
+    let setup = Setup {
+        ttl: Duration::ZERO,
+        ..Setup::default()
+    };
+    for seed in SHORT_SEEDS {
+        let report = world::run(seed, &setup);
+        eprintln!("zero-TTL {}", describe(&report));
+        if let Some(duplicate) = report
+            .violations
+            .iter()
+            .find(|violation| violation.contains("the server runs"))
+        {
+            eprintln!("zero-TTL seed {seed} caught: {duplicate}");
+            return;
+        }
+    }
+    panic!("the oracle saw no early-freed id with a zero TTL in seeds {SHORT_SEEDS:?}");
 }
 
 fn env_u64(name: &str) -> Option<u64> {
