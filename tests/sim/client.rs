@@ -39,10 +39,11 @@ pub async fn run(
             for turn in 0..setup.turns {
                 let marker = format!("{name}/conversation-{conversation}/turn-{turn}");
                 let ms = rng.random_range(0..=setup.max_tool_ms);
-                let plan = if rng.random_bool(setup.disconnect_rate) {
-                    Plan::Disconnect(Duration::from_millis(rng.random_range(0..=ms.max(1))))
-                } else {
-                    Plan::Wait
+                let after = Duration::from_millis(rng.random_range(0..=ms.max(1)));
+                let plan = match rng.random::<f64>() {
+                    x if x < setup.disconnect_rate => Plan::Disconnect(after),
+                    x if x < setup.disconnect_rate + setup.cancel_rate => Plan::Cancel(after),
+                    _ => Plan::Wait,
                 };
                 call(&setup, &session, &marker, ms, plan, &oracle).await;
                 let think = rng.random_range(0..setup.max_think_ms);
@@ -102,6 +103,9 @@ pub enum Plan {
     Wait,
     /// Drops the connection after this long.
     Disconnect(Duration),
+    /// After this long, sends `notifications/cancelled` for `id: 1` and
+    /// stops waiting.
+    Cancel(Duration),
 }
 
 /// One `tools/call` with `id: 1` on a new connection, judged.
@@ -112,6 +116,11 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
     });
     let exchange = async {
         let (status, mut got) = read(post(Some(session), &message)).await?;
+        oracle.note(&format!(
+            "{marker}: POST: {status}, last event {:?}, answer {}",
+            got.last_event,
+            got.answer.is_some()
+        ));
         let mut polls = 0;
         // A stream closed (or cut) before its answer, with an event id to
         // resume from: poll with `GET` + `Last-Event-ID` (SEP-1699).
@@ -121,7 +130,17 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
             };
             polls += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let (_, more) = read(resume(session, &last)).await?;
+            let (status, more) = read(resume(session, &last)).await?;
+            oracle.note(&format!(
+                "{marker}: GET after {last}: {status}, last event {:?}, answer {}",
+                more.last_event,
+                more.answer.is_some()
+            ));
+            if status != StatusCode::OK {
+                // The stream is gone (its request was cancelled).
+                got.text = more.text;
+                break;
+            }
             got.last_event = more.last_event.or(Some(last));
             got.answer = more.answer;
             got.text = more.text;
@@ -130,10 +149,29 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
     };
     let bound = match plan {
         Plan::Wait => setup.client_bound,
-        Plan::Disconnect(after) => after,
+        Plan::Disconnect(after) | Plan::Cancel(after) => after,
     };
     match (tokio::time::timeout(bound, exchange).await, plan) {
         (Err(_), Plan::Disconnect(_)) => oracle.ended(marker, Outcome::Disconnected),
+        (Err(_), Plan::Cancel(_)) => {
+            let cancel = json!({
+                "jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 1, "reason": marker}
+            });
+            match tokio::time::timeout(setup.client_bound, post(Some(session), &cancel)).await {
+                Ok(Ok(response)) if response.status() == StatusCode::ACCEPTED => {
+                    oracle.ended(marker, Outcome::Cancelled);
+                }
+                Ok(Ok(response)) => oracle.violation(format!(
+                    "{marker}: its cancellation got {}",
+                    response.status()
+                )),
+                Ok(Err(error)) => {
+                    oracle.violation(format!("{marker}: its cancellation failed: {error}"));
+                }
+                Err(_) => oracle.violation(format!("{marker}: its cancellation did not end")),
+            }
+        }
         (Err(_), Plan::Wait) => oracle.violation(format!(
             "{marker}: did not end within {:?} (tool {ms} ms)",
             setup.client_bound
@@ -194,6 +232,10 @@ async fn read(
 /// Whether the answer is the request's own: its id, its marker.
 fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) {
     let Some(answer) = &read.answer else {
+        if oracle.was_cancelled(marker) {
+            oracle.ended(marker, Outcome::CancelledByAnother);
+            return;
+        }
         oracle.violation(format!(
             "{marker}: {status} with no answer after {polls} polls: {}",
             read.text

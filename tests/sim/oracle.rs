@@ -22,6 +22,10 @@ pub enum Outcome {
     Error(u16),
     /// The client cancelled it (and stopped waiting).
     Cancelled,
+    /// Another conversation's `notifications/cancelled` for the same id
+    /// cancelled it on the server (a cancellation of `id: 1` is ambiguous
+    /// when every call is `id: 1`): its stream ended without an answer.
+    CancelledByAnother,
     /// The client dropped the connection before the answer.
     Disconnected,
     /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
@@ -31,6 +35,7 @@ pub enum Outcome {
 
 #[derive(Default)]
 struct Record {
+    trace: bool,
     /// Every event with its simulated time, hashed: two runs of one seed
     /// must tell the same story.
     story: std::collections::hash_map::DefaultHasher,
@@ -38,27 +43,45 @@ struct Record {
     outcomes: BTreeMap<Outcome, u64>,
     /// Requests the simulated server started.
     started: u64,
+    /// The markers of the requests the server cancelled.
+    cancelled: std::collections::BTreeSet<String>,
 }
 
 /// The run's record, shared by every actor (turmoil runs them all on one
 /// thread, in an order the seed decides).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Oracle(Arc<Mutex<Record>>);
 
 impl Oracle {
+    pub fn new() -> Self {
+        Self(Arc::new(Mutex::new(Record {
+            trace: std::env::var_os("SIM_TRACE").is_some(),
+            ..Record::default()
+        })))
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn tell(record: &mut Record, event: &impl Hash) {
-        turmoil::sim_elapsed().hash(&mut record.story);
+    fn tell(record: &mut Record, event: &str) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        at.hash(&mut record.story);
         event.hash(&mut record.story);
+        if record.trace {
+            eprintln!("{:>10.3} s  {event}", at.as_secs_f64());
+        }
+    }
+
+    /// Something worth telling happened (`SIM_TRACE=1` prints it).
+    pub fn note(&self, event: &str) {
+        self.with(|record| Self::tell(record, event));
     }
 
     /// A property failed.
     pub fn violation(&self, what: String) {
         self.with(|record| {
-            Self::tell(record, &what);
+            Self::tell(record, &format!("VIOLATION {what}"));
             record.violations.push(what);
         });
     }
@@ -66,7 +89,7 @@ impl Oracle {
     /// `marker`'s request ended so.
     pub fn ended(&self, marker: &str, outcome: Outcome) {
         self.with(|record| {
-            Self::tell(record, &(marker, outcome));
+            Self::tell(record, &format!("{marker} ended: {outcome:?}"));
             *record.outcomes.entry(outcome).or_default() += 1;
         });
     }
@@ -75,9 +98,22 @@ impl Oracle {
     /// guard's to choose, from a random point: not part of the story).
     pub fn server_started(&self, marker: &str) {
         self.with(|record| {
-            Self::tell(record, &marker);
+            Self::tell(record, &format!("{marker} started on the server"));
             record.started += 1;
         });
+    }
+
+    /// The server cancelled `marker`'s request.
+    pub fn server_cancelled(&self, marker: &str) {
+        self.with(|record| {
+            Self::tell(record, &format!("{marker} cancelled on the server"));
+            record.cancelled.insert(marker.to_owned());
+        });
+    }
+
+    /// Whether the server cancelled `marker`'s request.
+    pub fn was_cancelled(&self, marker: &str) -> bool {
+        self.with(|record| record.cancelled.contains(marker))
     }
 
     /// The hash of every event and its simulated time.

@@ -11,7 +11,8 @@
 //! says. Some SSE streams it closes early for polling (SEP-1699): every
 //! event is kept in the session's event store, and a `GET` with
 //! `Last-Event-ID` replays the stream from there, then goes on live (or is
-//! closed early again).
+//! closed early again). It honours half the `notifications/cancelled` it
+//! gets, for whichever request runs under that id.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -28,7 +29,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::oracle::Oracle;
 
@@ -44,6 +45,15 @@ enum Route {
     Stream(u64),
 }
 
+/// A request running under an id, as the session's map holds it.
+struct Running {
+    route: Route,
+    /// Its payload marker, for the record.
+    marker: String,
+    /// Stops its tool (a dropped sender does not).
+    cancel: oneshot::Sender<()>,
+}
+
 /// One SSE stream of a session: every event it carried, for replays.
 #[derive(Default)]
 struct Stream {
@@ -51,6 +61,8 @@ struct Stream {
     /// after its answer.
     events: Vec<Bytes>,
     answered: bool,
+    /// Its request was cancelled: no answer will come.
+    ended: bool,
     /// The connection reading it now, if any: each event and whether it is
     /// the answer.
     live: Option<mpsc::UnboundedSender<(Bytes, bool)>>,
@@ -59,8 +71,8 @@ struct Stream {
 /// One session's requests in progress, keyed as the buggy SDKs key them.
 #[derive(Default)]
 struct Session {
-    /// Where the answer to the request running under each id goes.
-    routes: BTreeMap<String, Route>,
+    /// The request running under each id: where its answer goes.
+    routes: BTreeMap<String, Running>,
     /// Requests running under each id (the oracle wants at most one).
     running: BTreeMap<String, u32>,
     streams: BTreeMap<u64, Stream>,
@@ -68,6 +80,24 @@ struct Session {
 }
 
 impl Session {
+    /// One request under `key` fewer.
+    fn finished(&mut self, key: &str) {
+        if let Some(running) = self.running.get_mut(key) {
+            *running -= 1;
+            if *running == 0 {
+                self.running.remove(key);
+            }
+        }
+    }
+
+    /// Stream `id` will carry nothing more: its reader's body ends.
+    fn end(&mut self, id: u64) {
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.ended = true;
+            stream.live = None;
+        }
+    }
+
     /// Appends an event to stream `id` and passes it to its reader.
     fn push(&mut self, id: u64, data: &str, answer: bool) {
         let Some(stream) = self.streams.get_mut(&id) else {
@@ -163,6 +193,7 @@ impl Upstream {
             (Some(session), _) if !self.with(|s| s.sessions.contains_key(&session)) => {
                 status(StatusCode::NOT_FOUND)
             }
+            (Some(session), "notifications/cancelled") => self.cancel(&session, &message),
             (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
             (Some(session), "tools/call") => self.tool_call(session, message),
             (Some(_), _) => json_response(&json!({
@@ -195,16 +226,13 @@ impl Upstream {
 
     fn tool_call(&self, session: String, message: Value) -> Response<Body> {
         let id = message["id"].clone();
-        // python-sdk keys by `str(id)`: 1 and "1" are one key.
-        let key = match &id {
-            Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
+        let key = key_of(&id);
         let marker = message["params"]["arguments"]["marker"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
         let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
+        let (cancel, cancelled) = oneshot::channel();
         let response = self.with(|state| {
             state.oracle.server_started(&marker);
             let sse = state.rng.random_bool(0.5);
@@ -219,16 +247,25 @@ impl Upstream {
                     "the server runs {running} requests under id {key} of {session} (the latest: {marker})"
                 ));
             }
+            let running = |route| Running {
+                route,
+                marker: marker.clone(),
+                cancel,
+            };
             if !sse {
                 let (route, answer) = mpsc::unbounded_channel();
                 // The bug: the latest request under an id takes its route.
-                entry.routes.insert(key.clone(), Route::Json(route));
+                entry
+                    .routes
+                    .insert(key.clone(), running(Route::Json(route)));
                 return json_answer(answer);
             }
             entry.next_stream += 1;
             let stream = entry.next_stream;
             entry.streams.insert(stream, Stream::default());
-            entry.routes.insert(key.clone(), Route::Stream(stream));
+            entry
+                .routes
+                .insert(key.clone(), running(Route::Stream(stream)));
             // The priming event (an id, no data; 2025-11-25), then progress.
             entry.push(stream, "", false);
             let progress = json!({
@@ -237,6 +274,9 @@ impl Upstream {
                 "params": {"progressToken": id, "progress": 0}
             });
             entry.push(stream, &progress.to_string(), false);
+            state.oracle.note(&format!(
+                "server: {marker} on stream {stream} (closing early: {poll})"
+            ));
             sse_stream(entry, stream, 0, poll)
         });
         let upstream = self.clone();
@@ -247,19 +287,21 @@ impl Upstream {
         })
         .to_string();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            tokio::select! {
+                // In order: tokio's branch choice is random (unseeded).
+                biased;
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                // Cancelled (its route replaced by a duplicate drops the
+                // sender instead, and the tool runs on).
+                Ok(()) = cancelled => return,
+            }
             upstream.with(|state| {
                 let Some(entry) = state.sessions.get_mut(&session) else {
                     return;
                 };
-                if let Some(running) = entry.running.get_mut(&key) {
-                    *running -= 1;
-                    if *running == 0 {
-                        entry.running.remove(&key);
-                    }
-                }
+                entry.finished(&key);
                 // Whoever holds the route under this id now gets it.
-                match entry.routes.remove(&key) {
+                match entry.routes.remove(&key).map(|running| running.route) {
                     Some(Route::Json(route)) => {
                         let _ = route.send(Bytes::from(result));
                     }
@@ -271,11 +313,39 @@ impl Upstream {
         response
     }
 
+    /// `notifications/cancelled`: half the time honoured, for the request
+    /// running under `requestId` now (by key, like the rest); it gets no
+    /// answer, its SSE stream ends and its JSON answer never comes.
+    fn cancel(&self, session: &str, message: &Value) -> Response<Body> {
+        let key = key_of(&message["params"]["requestId"]);
+        self.with(|state| {
+            if !state.rng.random_bool(0.5) {
+                return;
+            }
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return;
+            };
+            let Some(running) = entry.routes.remove(&key) else {
+                return;
+            };
+            entry.finished(&key);
+            let _ = running.cancel.send(());
+            if let Route::Stream(stream) = running.route {
+                entry.end(stream);
+            }
+            state.oracle.server_cancelled(&running.marker);
+        });
+        status(StatusCode::ACCEPTED)
+    }
+
     /// `GET` with `Last-Event-ID`: the stream's events after that one, then
     /// the rest as they come (or closed early again, for the next poll).
     fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
         self.with(|state| {
             let poll = state.rng.random_bool(state.poll_rate);
+            state
+                .oracle
+                .note(&format!("server: GET after {last_event} (closing early: {poll})"));
             let Some(entry) = state.sessions.get_mut(session) else {
                 return status(StatusCode::NOT_FOUND);
             };
@@ -283,7 +353,10 @@ impl Upstream {
                 Some((stream.parse::<u64>().ok()?, index.parse::<usize>().ok()?))
             });
             match parsed {
-                Some((stream, index)) if entry.streams.contains_key(&stream) => {
+                // A cancelled request's stream is forgotten.
+                Some((stream, index))
+                    if entry.streams.get(&stream).is_some_and(|stream| !stream.ended) =>
+                {
                     sse_stream(entry, stream, index + 1, poll)
                 }
                 _ => status(StatusCode::NOT_FOUND),
@@ -300,7 +373,7 @@ fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Resp
         return status(StatusCode::NOT_FOUND);
     };
     let stored: Vec<Bytes> = state.events.get(from..).unwrap_or_default().to_vec();
-    let live = if state.answered || poll {
+    let live = if state.answered || state.ended || poll {
         None
     } else {
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -318,6 +391,14 @@ fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Resp
         .header("content-type", "text/event-stream")
         .body(StreamBody::new(stored.chain(live)).boxed_unsync())
         .expect("a valid response")
+}
+
+/// How python-sdk keys a request: `str(id)`, so `1` and `"1"` are one key.
+fn key_of(id: &Value) -> String {
+    match id {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
 }
 
 fn status(status: StatusCode) -> Response<Body> {

@@ -39,6 +39,8 @@ pub struct Setup {
     pub max_think_ms: u64,
     /// The share of calls whose client disconnects before the answer.
     pub disconnect_rate: f64,
+    /// The share of calls whose client cancels them before the answer.
+    pub cancel_rate: f64,
     /// The share of SSE streams the server closes early for polling.
     pub poll_rate: f64,
     /// How many times a client resumes one call's stream.
@@ -63,6 +65,7 @@ impl Default for Setup {
             max_tool_ms: 8_000,
             max_think_ms: 3_000,
             disconnect_rate: 0.1,
+            cancel_rate: 0.1,
             poll_rate: 0.3,
             max_polls: 20,
             ttl: Duration::from_secs(60),
@@ -135,7 +138,7 @@ where
 pub fn run(seed: u64, setup: &Setup) -> Report {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
-    let oracle = Oracle::default();
+    let oracle = Oracle::new();
     let mut sim = turmoil::Builder::new()
         .rng_seed(rng.random())
         .simulation_duration(Duration::from_secs(3600))
