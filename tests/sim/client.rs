@@ -3,6 +3,7 @@
 //! a connection of its own; each call carries a payload marker naming its
 //! client, conversation and turn, which the server's tool echoes.
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,23 +16,35 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::oracle::{Oracle, Outcome};
+use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Setup, GUARD_HOST, GUARD_PORT};
 
+/// The client's session, shared by its conversations, and every session it
+/// had (a restarted server forgets them: the client starts another).
+struct Sessions {
+    current: String,
+    all: Vec<String>,
+}
+
 /// One client: its session, then its conversations, all at once. Returns
-/// the session.
+/// every session it used.
 pub async fn run(
     name: String,
     setup: Setup,
     seed: u64,
     oracle: Oracle,
-) -> turmoil::Result<String> {
+) -> turmoil::Result<Vec<String>> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let session = initialize(&name, &setup, &oracle).await?;
+    let first = initialize(&name, &setup, &oracle).await?;
+    let sessions = Rc::new(tokio::sync::Mutex::new(Sessions {
+        current: first.clone(),
+        all: vec![first],
+    }));
     let mut conversations = tokio::task::JoinSet::new();
     for conversation in 0..setup.conversations {
         let mut rng = StdRng::seed_from_u64(rng.random());
-        let (name, session, setup, oracle) =
-            (name.clone(), session.clone(), setup.clone(), oracle.clone());
+        let (name, sessions, setup, oracle) =
+            (name.clone(), Rc::clone(&sessions), setup.clone(), oracle.clone());
         conversations.spawn_local(async move {
             // Conversations start spread over a few seconds.
             let start = rng.random_range(0..setup.max_think_ms);
@@ -45,14 +58,29 @@ pub async fn run(
                     x if x < setup.disconnect_rate + setup.cancel_rate => Plan::Cancel(after),
                     _ => Plan::Wait,
                 };
-                call(&setup, &session, &marker, ms, plan, &oracle).await;
+                let session = sessions.lock().await.current.clone();
+                if call(&setup, &session, &marker, ms, plan, &oracle).await {
+                    // The server forgot the session: the first conversation
+                    // to find out starts another, as clients do on 404.
+                    let mut sessions = sessions.lock().await;
+                    if sessions.current == session {
+                        match initialize(&name, &setup, &oracle).await {
+                            Ok(new) => {
+                                sessions.current = new.clone();
+                                sessions.all.push(new);
+                            }
+                            Err(error) => oracle.note(&format!("{name}: initialize failed: {error}")),
+                        }
+                    }
+                }
                 let think = rng.random_range(0..setup.max_think_ms);
                 tokio::time::sleep(Duration::from_millis(think)).await;
             }
         });
     }
     while conversations.join_next().await.is_some() {}
-    Ok(session)
+    let all = std::mem::take(&mut sessions.lock().await.all);
+    Ok(all)
 }
 
 /// A request that touches `session`'s part of the guard's table (which
@@ -108,8 +136,16 @@ pub enum Plan {
     Cancel(Duration),
 }
 
-/// One `tools/call` with `id: 1` on a new connection, judged.
-async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, oracle: &Oracle) {
+/// One `tools/call` with `id: 1` on a new connection, judged: `true` when
+/// the server no longer knows the session.
+async fn call(
+    setup: &Setup,
+    session: &str,
+    marker: &str,
+    ms: u64,
+    plan: Plan,
+    oracle: &Oracle,
+) -> bool {
     let message = json!({
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
@@ -137,13 +173,16 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
                 more.answer.is_some()
             ));
             if status != StatusCode::OK {
-                // The stream is gone (its request was cancelled).
+                // The stream is gone (its request was cancelled, or the
+                // server restarted).
                 got.text = more.text;
+                got.unknown_session = more.unknown_session;
                 break;
             }
             got.last_event = more.last_event.or(Some(last));
             got.answer = more.answer;
             got.text = more.text;
+            got.cut = more.cut;
         }
         Ok::<_, Box<dyn std::error::Error>>((status, got, polls))
     };
@@ -153,6 +192,10 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
     };
     match (tokio::time::timeout(bound, exchange).await, plan) {
         (Err(_), Plan::Disconnect(_)) => oracle.ended(marker, Outcome::Disconnected),
+        (Ok(Ok((_, read, _))), _) if read.unknown_session => {
+            oracle.ended(marker, Outcome::SessionLost);
+            return true;
+        }
         (Err(_), Plan::Cancel(_)) => {
             let cancel = json!({
                 "jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -176,9 +219,15 @@ async fn call(setup: &Setup, session: &str, marker: &str, ms: u64, plan: Plan, o
             "{marker}: did not end within {:?} (tool {ms} ms)",
             setup.client_bound
         )),
+        // A connection broken by a fault (a held link, a restart).
+        (Ok(Err(_)), _) if setup.faults => oracle.ended(marker, Outcome::Broken),
+        (Ok(Ok((_, read, _))), _) if read.answer.is_none() && read.cut && setup.faults => {
+            oracle.ended(marker, Outcome::Broken);
+        }
         (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
         (Ok(Ok((status, read, polls))), _) => judge(marker, status, &read, polls, oracle),
     }
+    false
 }
 
 /// What a response carried.
@@ -190,6 +239,10 @@ struct Read {
     last_event: Option<String>,
     /// The start of the body, for the record.
     text: String,
+    /// The server said it does not know the session.
+    unknown_session: bool,
+    /// The body was cut, not ended.
+    cut: bool,
 }
 
 /// Reads a response to its end (or its cut): its answer and last event id.
@@ -202,16 +255,28 @@ async fn read(
         .headers()
         .get("content-type")
         .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+    let unknown_session = response.headers().contains_key(UNKNOWN_SESSION);
     let mut body = response.into_body();
     let mut bytes = Vec::new();
     // A cut stream keeps what arrived before the cut.
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Some(data) = frame.data_ref() {
-            bytes.extend_from_slice(data);
+    let mut cut = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Err(_) => {
+                cut = true;
+                break;
+            }
         }
     }
     let mut read = Read {
         text: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
+        unknown_session: unknown_session && status == StatusCode::NOT_FOUND,
+        cut,
         ..Read::default()
     };
     if sse {

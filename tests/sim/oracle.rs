@@ -28,6 +28,10 @@ pub enum Outcome {
     CancelledByAnother,
     /// The client dropped the connection before the answer.
     Disconnected,
+    /// The server had forgotten the session (it restarted): `404`.
+    SessionLost,
+    /// The connection broke under a fault (a held link, a restart).
+    Broken,
     /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
     /// whose replay carried its own result.
     Resumed,

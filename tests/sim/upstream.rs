@@ -35,6 +35,10 @@ use crate::oracle::Oracle;
 
 pub const PORT: u16 = 8000;
 
+/// The header of the server's `404` for a session it does not know (as
+/// after a restart), which the clients answer with a new session.
+pub const UNKNOWN_SESSION: &str = "x-sim-unknown-session";
+
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Where the answer to a running request goes.
@@ -124,6 +128,8 @@ struct State {
     next_session: u64,
     /// The share of SSE streams closed early for polling (SEP-1699).
     poll_rate: f64,
+    /// How many times the server restarted before this run of it.
+    incarnation: u32,
 }
 
 /// The server's state: kept across its connections.
@@ -131,10 +137,12 @@ struct State {
 pub struct Upstream(Arc<Mutex<State>>);
 
 impl Upstream {
-    pub fn new(seed: u64, oracle: Oracle, poll_rate: f64) -> Self {
+    /// A server that knows no session yet: the `incarnation`th start.
+    pub fn new(seed: u64, oracle: Oracle, poll_rate: f64, incarnation: u32) -> Self {
         Self(Arc::new(Mutex::new(State {
             oracle,
-            rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e),
+            incarnation,
+            rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e ^ u64::from(incarnation)),
             sessions: BTreeMap::new(),
             next_session: 0,
             poll_rate,
@@ -191,11 +199,20 @@ impl Upstream {
             (None, "initialize") => self.initialize(&message),
             (None, _) => status(StatusCode::BAD_REQUEST),
             (Some(session), _) if !self.with(|s| s.sessions.contains_key(&session)) => {
-                status(StatusCode::NOT_FOUND)
+                unknown_session()
             }
             (Some(session), "notifications/cancelled") => self.cancel(&session, &message),
             (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
-            (Some(session), "tools/call") => self.tool_call(session, message),
+            (Some(session), "tools/call") => match self.tool_call(session, message) {
+                Ok(response) => response,
+                // As the SDKs do, the JSON answer's head goes with its body,
+                // once the tool has finished; a request whose route was
+                // taken hangs.
+                Err(mut answer) => match answer.recv().await {
+                    Some(answer) => json_body(answer),
+                    None => std::future::pending().await,
+                },
+            },
             (Some(_), _) => json_response(&json!({
                 "jsonrpc": "2.0", "id": message["id"], "result": {}
             })),
@@ -205,7 +222,7 @@ impl Upstream {
     fn initialize(&self, message: &Value) -> Response<Body> {
         let session = self.with(|state| {
             state.next_session += 1;
-            let session = format!("session-{}", state.next_session);
+            let session = format!("session-{}-{}", state.incarnation, state.next_session);
             state.sessions.insert(session.clone(), Session::default());
             session
         });
@@ -224,7 +241,12 @@ impl Upstream {
         response
     }
 
-    fn tool_call(&self, session: String, message: Value) -> Response<Body> {
+    /// The SSE response at once, or where the JSON answer will come from.
+    fn tool_call(
+        &self,
+        session: String,
+        message: Value,
+    ) -> Result<Response<Body>, mpsc::UnboundedReceiver<Bytes>> {
         let id = message["id"].clone();
         let key = key_of(&id);
         let marker = message["params"]["arguments"]["marker"]
@@ -238,7 +260,7 @@ impl Upstream {
             let sse = state.rng.random_bool(0.5);
             let poll = sse && state.rng.random_bool(state.poll_rate);
             let Some(entry) = state.sessions.get_mut(&session) else {
-                return status(StatusCode::NOT_FOUND);
+                return Ok(unknown_session());
             };
             let running = entry.running.entry(key.clone()).or_default();
             *running += 1;
@@ -258,7 +280,7 @@ impl Upstream {
                 entry
                     .routes
                     .insert(key.clone(), running(Route::Json(route)));
-                return json_answer(answer);
+                return Err(answer);
             }
             entry.next_stream += 1;
             let stream = entry.next_stream;
@@ -277,7 +299,7 @@ impl Upstream {
             state.oracle.note(&format!(
                 "server: {marker} on stream {stream} (closing early: {poll})"
             ));
-            sse_stream(entry, stream, 0, poll)
+            Ok(sse_stream(entry, stream, 0, poll))
         });
         let upstream = self.clone();
         let result = json!({
@@ -347,7 +369,7 @@ impl Upstream {
                 .oracle
                 .note(&format!("server: GET after {last_event} (closing early: {poll})"));
             let Some(entry) = state.sessions.get_mut(session) else {
-                return status(StatusCode::NOT_FOUND);
+                return unknown_session();
             };
             let parsed = last_event.split_once('-').and_then(|(stream, index)| {
                 Some((stream.parse::<u64>().ok()?, index.parse::<usize>().ok()?))
@@ -401,6 +423,14 @@ fn key_of(id: &Value) -> String {
     }
 }
 
+fn unknown_session() -> Response<Body> {
+    let mut response = status(StatusCode::NOT_FOUND);
+    response
+        .headers_mut()
+        .insert(UNKNOWN_SESSION, http::HeaderValue::from_static("1"));
+    response
+}
+
 fn status(status: StatusCode) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
     *response.status_mut() = status;
@@ -414,18 +444,9 @@ fn json_response(message: &Value) -> Response<Body> {
         .expect("a valid response")
 }
 
-/// The answer as JSON, once it is there; a request whose route was taken
-/// hangs, as in the SDKs.
-fn json_answer(mut answers: mpsc::UnboundedReceiver<Bytes>) -> Response<Body> {
-    // The head waits for the answer: a body that is the answer's future.
-    let body = futures::stream::once(async move {
-        match answers.recv().await {
-            Some(answer) => Ok::<_, Infallible>(Frame::data(answer)),
-            None => std::future::pending().await,
-        }
-    });
+fn json_body(answer: Bytes) -> Response<Body> {
     Response::builder()
         .header("content-type", "application/json")
-        .body(StreamBody::new(body).boxed_unsync())
+        .body(Full::new(answer).boxed_unsync())
         .expect("a valid response")
 }

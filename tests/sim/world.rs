@@ -45,6 +45,11 @@ pub struct Setup {
     pub poll_rate: f64,
     /// How many times a client resumes one call's stream.
     pub max_polls: u32,
+    /// Faults: links held (every message waits) for up to `max_hold`
+    /// between the guard and the upstream or a client and the guard, and
+    /// upstream restarts (which forget every session).
+    pub faults: bool,
+    pub max_hold: Duration,
     /// The guard's abandoned-id TTL (and restart window, as in the binary).
     pub ttl: Duration,
     /// The proxy's upstream response and idle timeouts.
@@ -68,13 +73,49 @@ impl Default for Setup {
             cancel_rate: 0.1,
             poll_rate: 0.3,
             max_polls: 20,
+            faults: true,
+            max_hold: Duration::from_secs(20),
             ttl: Duration::from_secs(60),
             upstream_timeout,
             // A JSON answer's head, or an SSE stream's silence, each at most
-            // the upstream timeout; plus the network's slack.
-            client_bound: upstream_timeout * 2 + Duration::from_secs(10),
+            // the upstream timeout; a held link; the network's slack.
+            client_bound: upstream_timeout * 2 + Duration::from_secs(30),
         }
     }
+}
+
+/// A fault, at its simulated time.
+#[derive(Debug, Clone)]
+enum Fault {
+    Hold(String, String),
+    Release(String, String),
+    RestartUpstream,
+}
+
+/// The faults of a run, in time order.
+fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
+    let mut faults = Vec::new();
+    if !setup.faults {
+        return faults;
+    }
+    let window = Duration::from_secs(60);
+    for _ in 0..rng.random_range(0..=3) {
+        let at = window.mul_f64(rng.random());
+        let held = setup.max_hold.mul_f64(rng.random());
+        let pick = rng.random_range(0..=setup.clients);
+        let (a, b) = if pick == setup.clients {
+            (GUARD_HOST.to_owned(), UPSTREAM_HOST.to_owned())
+        } else {
+            (format!("client-{pick}"), GUARD_HOST.to_owned())
+        };
+        faults.push((at, Fault::Hold(a.clone(), b.clone())));
+        faults.push((at + held, Fault::Release(a, b)));
+    }
+    if rng.random_bool(0.5) {
+        faults.push((window.mul_f64(rng.random()), Fault::RestartUpstream));
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    faults
 }
 
 /// What one run did.
@@ -147,8 +188,18 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         .max_message_latency(Duration::from_millis(50))
         .build();
 
-    let upstream = upstream::Upstream::new(rng.random(), oracle.clone(), setup.poll_rate);
-    sim.host(UPSTREAM_HOST, move || upstream.clone().serve());
+    // Each start of the upstream host (a restart too) is a new server that
+    // knows no session.
+    let upstream_seed: u64 = rng.random();
+    let incarnations = std::cell::Cell::new(0);
+    let (upstream_oracle, poll_rate) = (oracle.clone(), setup.poll_rate);
+    sim.host(UPSTREAM_HOST, move || {
+        let incarnation = incarnations.get();
+        incarnations.set(incarnation + 1);
+        upstream_oracle.note(&format!("upstream: start {incarnation}"));
+        upstream::Upstream::new(upstream_seed, upstream_oracle.clone(), poll_rate, incarnation)
+            .serve()
+    });
 
     let mut secret = [0u8; 16];
     rng.fill(&mut secret);
@@ -205,8 +256,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         );
         sim.client(name.clone(), async move {
             let result = client::run(name, setup, client_seed, oracle).await;
-            if let Ok(session) = &result {
-                sessions.lock().unwrap().push(session.clone());
+            if let Ok(used) = &result {
+                sessions.lock().unwrap().extend(used.iter().cloned());
             }
             done.add_permits(1);
             result.map(drop)
@@ -243,8 +294,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 tokio::time::sleep(setup.ttl + Duration::from_secs(1)).await;
                 let sessions = sessions.lock().unwrap().clone();
                 for session in &sessions {
+                    // 404 from a restarted server for an old session: the
+                    // guard has still looked at that session's ids.
                     let status = client::ping(session).await?;
-                    if status != http::StatusCode::OK {
+                    if status != http::StatusCode::OK && status != http::StatusCode::NOT_FOUND {
                         oracle.violation(format!("a last ping got {status}"));
                     }
                 }
@@ -260,8 +313,26 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
-    if let Err(error) = sim.run() {
-        oracle.violation(format!("the simulation failed: {error}"));
+    let faults = faults(&mut rng, setup);
+    let mut next = 0;
+    loop {
+        while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
+            oracle.note(&format!("fault: {fault:?}"));
+            match fault {
+                Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
+                Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
+                Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
+            }
+            next += 1;
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => {
+                oracle.violation(format!("the simulation failed: {error}"));
+                break;
+            }
+        }
     }
     let report = Report {
         seed,
