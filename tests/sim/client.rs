@@ -172,6 +172,11 @@ async fn call(
                 more.last_event,
                 more.answer.is_some()
             ));
+            if status.is_server_error() {
+                // The upstream is unreachable for now (a fault): poll again.
+                got.cut = true;
+                continue;
+            }
             if status != StatusCode::OK {
                 // The stream is gone (its request was cancelled, or the
                 // server restarted).
@@ -205,10 +210,24 @@ async fn call(
                 Ok(Ok(response)) if response.status() == StatusCode::ACCEPTED => {
                     oracle.ended(marker, Outcome::Cancelled);
                 }
+                Ok(Ok(response))
+                    if response.status() == StatusCode::NOT_FOUND
+                        && response.headers().contains_key(UNKNOWN_SESSION) =>
+                {
+                    oracle.ended(marker, Outcome::SessionLost);
+                    return true;
+                }
+                // The guard or the proxy answered in the upstream's place
+                // (unreachable, held): the cancellation may not have
+                // reached it; the client has stopped waiting all the same.
+                Ok(Ok(response)) if response.status().is_server_error() && setup.faults => {
+                    oracle.ended(marker, Outcome::Cancelled);
+                }
                 Ok(Ok(response)) => oracle.violation(format!(
                     "{marker}: its cancellation got {}",
                     response.status()
                 )),
+                Ok(Err(_)) if setup.faults => oracle.ended(marker, Outcome::Broken),
                 Ok(Err(error)) => {
                     oracle.violation(format!("{marker}: its cancellation failed: {error}"));
                 }

@@ -46,8 +46,9 @@ pub struct Setup {
     /// How many times a client resumes one call's stream.
     pub max_polls: u32,
     /// Faults: links held (every message waits) for up to `max_hold`
-    /// between the guard and the upstream or a client and the guard, and
-    /// upstream restarts (which forget every session).
+    /// between the guard and the upstream or a client and the guard,
+    /// upstream restarts (which forget every session) and guard restarts
+    /// (an empty table, the same id secret).
     pub faults: bool,
     pub max_hold: Duration,
     /// The guard's abandoned-id TTL (and restart window, as in the binary).
@@ -90,6 +91,7 @@ enum Fault {
     Hold(String, String),
     Release(String, String),
     RestartUpstream,
+    RestartGuard,
 }
 
 /// The faults of a run, in time order.
@@ -113,6 +115,9 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
     }
     if rng.random_bool(0.5) {
         faults.push((window.mul_f64(rng.random()), Fault::RestartUpstream));
+    }
+    if rng.random_bool(0.3) {
+        faults.push((window.mul_f64(rng.random()), Fault::RestartGuard));
     }
     faults.sort_by_key(|(at, _)| *at);
     faults
@@ -203,15 +208,23 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
 
     let mut secret = [0u8; 16];
     rng.fill(&mut secret);
-    let guard = IdGuardLayer::new()
-        .id_secret(secret)
-        .abandoned_id_ttl(setup.ttl)
-        .restart_window(setup.ttl);
-    let stats_of = guard.clone();
-    let use_guard = setup.guard;
+    // Each start of the guard host (a restart too) is a new process with an
+    // empty table, which shares the id secret of the one before (as with
+    // `--id-secret-file`) and remaps unseen sessions for its restart window.
+    let current_guard: Arc<std::sync::Mutex<Option<IdGuardLayer>>> = Arc::default();
+    let stats_of = Arc::clone(&current_guard);
+    let (use_guard, ttl, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
     let upstream_timeout = setup.upstream_timeout;
+    let guard_starts = std::cell::Cell::new(0u32);
     sim.host(GUARD_HOST, move || {
-        let guard = use_guard.then(|| guard.clone());
+        let layer = IdGuardLayer::new()
+            .id_secret(secret)
+            .abandoned_id_ttl(ttl)
+            .restart_window(ttl);
+        *current_guard.lock().unwrap() = Some(layer.clone());
+        guard_oracle.note(&format!("guard: start {}", guard_starts.get()));
+        guard_starts.set(guard_starts.get() + 1);
+        let guard = use_guard.then_some(layer);
         async move {
             let proxy = Proxy::builder()
                 .connector(SimConnector)
@@ -280,8 +293,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             let _all = done.acquire_many(clients).await?;
             // The last bodies' ends reach the guard.
             tokio::time::sleep(Duration::from_secs(1)).await;
-            if setup.guard {
-                let stats = stats_of.stats();
+            // The guard running now (a restarted one's table starts empty).
+            let guard = stats_of.lock().unwrap().clone().filter(|_| setup.guard);
+            if let Some(guard) = guard {
+                let stats = guard.stats();
                 if stats.in_flight_requests != 0 {
                     oracle.violation(format!(
                         "{} requests still in flight after the traffic stopped",
@@ -301,7 +316,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                         oracle.violation(format!("a last ping got {status}"));
                     }
                 }
-                let stats = stats_of.stats();
+                let stats = guard.stats();
                 if stats.abandoned_ids != 0 || stats.in_flight_requests != 0 || stats.table_bytes != 0 {
                     oracle.violation(format!(
                         "the table is not empty a TTL after the traffic stopped: {stats:?}"
@@ -322,6 +337,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
+                Fault::RestartGuard => sim.bounce(GUARD_HOST),
             }
             next += 1;
         }
