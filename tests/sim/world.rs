@@ -316,6 +316,9 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                         oracle.violation(format!("a last ping got {status}"));
                     }
                 }
+                // The guard running now: one restarted meanwhile has a
+                // table of its own (the old one went with its process).
+                let guard = stats_of.lock().unwrap().clone().unwrap_or(guard);
                 let stats = guard.stats();
                 if stats.abandoned_ids != 0 || stats.in_flight_requests != 0 || stats.table_bytes != 0 {
                     oracle.violation(format!(
@@ -332,7 +335,11 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
-            oracle.note(&format!("fault: {fault:?}"));
+            // Told from outside the simulation: its time in the text.
+            oracle.note(&format!(
+                "fault at {:.3} s: {fault:?}",
+                sim.elapsed().as_secs_f64()
+            ));
             match fault {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
