@@ -34,8 +34,9 @@ fn replay_command(seed: u64, setup: &Setup) -> String {
 
 fn describe(report: &Report) -> String {
     format!(
-        "seed {}: {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s, story {:016x}",
+        "seed {} ({:?}): {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s, story {:016x}",
         report.seed,
+        report.policy,
         report.server_requests,
         report.outcomes,
         report.simulated.as_secs_f64(),

@@ -13,7 +13,7 @@ use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::protect::{BodyPaceLayer, HeadLimitLayer, HostLayer, HostPolicy};
 use mcp_id_guard::proxy::{BoxError, Proxy};
 use mcp_id_guard::server::{ClientBody, Server};
-use mcp_id_guard::{IdGuardLayer, Stats};
+use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tower::util::BoxCloneService;
@@ -32,6 +32,8 @@ const UPSTREAM_HOST: &str = "upstream";
 pub struct Setup {
     /// `false`: the control, the same stack without the guard.
     pub guard: bool,
+    /// The guard's policy for duplicates; `None`: the seed's choice.
+    pub policy: Option<OnDuplicate>,
     pub clients: usize,
     pub conversations: usize,
     pub turns: usize,
@@ -51,7 +53,8 @@ pub struct Setup {
     /// (an empty table, the same id secret).
     pub faults: bool,
     pub max_hold: Duration,
-    /// The guard's abandoned-id TTL (and restart window, as in the binary).
+    /// The guard's abandoned-id TTL (and restart window, as in the binary):
+    /// above the longest tool call, as the docs ask.
     pub ttl: Duration,
     /// The proxy's upstream response and idle timeouts.
     pub upstream_timeout: Duration,
@@ -65,6 +68,7 @@ impl Default for Setup {
         let upstream_timeout = Duration::from_secs(30);
         Self {
             guard: true,
+            policy: None,
             clients: 3,
             conversations: 4,
             turns: 4,
@@ -76,7 +80,7 @@ impl Default for Setup {
             max_polls: 20,
             faults: true,
             max_hold: Duration::from_secs(20),
-            ttl: Duration::from_secs(60),
+            ttl: Duration::from_secs(30),
             upstream_timeout,
             // A JSON answer's head, or an SSE stream's silence, each at most
             // the upstream timeout; a held link; the network's slack.
@@ -127,6 +131,7 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
 #[derive(Debug)]
 pub struct Report {
     pub seed: u64,
+    pub policy: Option<OnDuplicate>,
     pub violations: Vec<String>,
     pub outcomes: std::collections::BTreeMap<Outcome, u64>,
     pub server_requests: u64,
@@ -214,11 +219,19 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let current_guard: Arc<std::sync::Mutex<Option<IdGuardLayer>>> = Arc::default();
     let stats_of = Arc::clone(&current_guard);
     let (use_guard, ttl, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    // From an RNG of its own, so that the other choices of a seed stay as
+    // they were before the policy was one.
+    let policy = setup.policy.unwrap_or_else(|| {
+        let policies = [OnDuplicate::Remap, OnDuplicate::Queue, OnDuplicate::Reject];
+        policies[StdRng::seed_from_u64(seed ^ 0x9011_c1e5).random_range(0..policies.len())]
+    });
+    oracle.note(&format!("guard policy: {policy:?}"));
     let upstream_timeout = setup.upstream_timeout;
     let guard_starts = std::cell::Cell::new(0u32);
     sim.host(GUARD_HOST, move || {
         let layer = IdGuardLayer::new()
             .id_secret(secret)
+            .on_duplicate(policy)
             .abandoned_id_ttl(ttl)
             .restart_window(ttl);
         *current_guard.lock().unwrap() = Some(layer.clone());
@@ -359,6 +372,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     }
     let report = Report {
         seed,
+        policy: setup.guard.then_some(policy),
         violations: oracle.violations(),
         outcomes: oracle.outcomes(),
         server_requests: oracle.requests_started(),
