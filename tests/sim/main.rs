@@ -57,15 +57,36 @@ fn assert_clean(report: &Report, setup: &Setup) {
     }
 }
 
-#[test]
-fn short_seeds_are_clean() {
+fn seed_is_clean(seed: u64) {
     let setup = Setup::default();
-    for seed in SHORT_SEEDS {
-        let report = world::run(seed, &setup);
-        eprintln!("{}", describe(&report));
-        assert_clean(&report, &setup);
-        assert!(report.outcomes.values().sum::<u64>() > 0, "no request ended");
-    }
+    let report = world::run(seed, &setup);
+    eprintln!("{}", describe(&report));
+    assert_clean(&report, &setup);
+    assert!(report.outcomes.values().sum::<u64>() > 0, "no request ended");
+}
+
+/// The short set (`SHORT_SEEDS`), a test each so that they run in parallel.
+macro_rules! short_seeds {
+    ($($name:ident: $seed:expr,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                seed_is_clean($seed);
+            }
+        )*
+        #[test]
+        fn short_seeds_are_the_listed_ones() {
+            assert_eq!([$($seed),*], SHORT_SEEDS);
+        }
+    };
+}
+
+short_seeds! {
+    seed_0_is_clean: 0,
+    seed_1_is_clean: 1,
+    seed_2_is_clean: 2,
+    seed_3_is_clean: 3,
+    seed_10_is_clean: 10,
 }
 
 /// A seed is a replay: the same events at the same simulated times.
