@@ -155,11 +155,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Uri;
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Either, Full};
-use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -169,8 +169,8 @@ use crate::wire::answer;
 
 mod body;
 mod capped;
-mod connect;
 mod collect;
+mod connect;
 mod failure;
 mod headers;
 mod pool;
@@ -183,8 +183,8 @@ pub use crate::protect::upstream::UpstreamFailure;
 pub use body::ProxyBody;
 pub use upstream::InvalidUpstream;
 
-use failure::{error_chain, local, ErrorIds};
 use connect::Connector;
+use failure::{error_chain, local, ErrorIds};
 use pool::Pool;
 use upstream::Upstream;
 

@@ -43,8 +43,12 @@ pub async fn run(
     let mut conversations = tokio::task::JoinSet::new();
     for conversation in 0..setup.conversations {
         let mut rng = StdRng::seed_from_u64(rng.random());
-        let (name, sessions, setup, oracle) =
-            (name.clone(), Rc::clone(&sessions), setup.clone(), oracle.clone());
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
         conversations.spawn_local(async move {
             // Conversations start spread over a few seconds.
             let start = rng.random_range(0..setup.max_think_ms);
@@ -69,7 +73,9 @@ pub async fn run(
                                 sessions.current = new.clone();
                                 sessions.all.push(new);
                             }
-                            Err(error) => oracle.note(&format!("{name}: initialize failed: {error}")),
+                            Err(error) => {
+                                oracle.note(&format!("{name}: initialize failed: {error}"))
+                            }
                         }
                     }
                 }
@@ -107,14 +113,16 @@ async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Resu
         .get("mcp-session-id")
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned)
-        .ok_or_else(|| format!("{name}: initialize got {} and no session", response.status()))?;
+        .ok_or_else(|| {
+            format!(
+                "{name}: initialize got {} and no session",
+                response.status()
+            )
+        })?;
     let _ = response.into_body().collect().await?;
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response = tokio::time::timeout(
-        setup.client_bound,
-        post(Some(&session), &initialized),
-    )
-    .await??;
+    let response =
+        tokio::time::timeout(setup.client_bound, post(Some(&session), &initialized)).await??;
     if response.status() != StatusCode::ACCEPTED {
         oracle.violation(format!(
             "{name}: notifications/initialized got {}",
@@ -334,9 +342,13 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
         oracle.ended(marker, Outcome::Error(status.as_u16()));
         return;
     }
-    let got = answer["result"]["content"][0]["text"].as_str().unwrap_or("");
+    let got = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("");
     if got != marker {
-        oracle.violation(format!("{marker}: cross-wired: received the answer to {got}"));
+        oracle.violation(format!(
+            "{marker}: cross-wired: received the answer to {got}"
+        ));
     } else if polls > 0 {
         oracle.ended(marker, Outcome::Resumed);
     } else {

@@ -62,7 +62,10 @@ fn seed_is_clean(seed: u64) {
     let report = world::run(seed, &setup);
     eprintln!("{}", describe(&report));
     assert_clean(&report, &setup);
-    assert!(report.outcomes.values().sum::<u64>() > 0, "no request ended");
+    assert!(
+        report.outcomes.values().sum::<u64>() > 0,
+        "no request ended"
+    );
 }
 
 /// The short set (`SHORT_SEEDS`), a test each so that they run in parallel.
@@ -101,7 +104,13 @@ fn a_seed_tells_the_same_story_twice() {
     };
     let first = world::run(7, &setup);
     let second = world::run(7, &setup);
-    assert_eq!(first.story, second.story, "{}\n{}", describe(&first), describe(&second));
+    assert_eq!(
+        first.story,
+        second.story,
+        "{}\n{}",
+        describe(&first),
+        describe(&second)
+    );
 }
 
 /// The control: the same world without the guard. The oracle must report
@@ -160,7 +169,9 @@ fn control_ids_freed_early_are_caught() {
 }
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|value| value.parse().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
 }
 
 fn setup_from_env() -> Setup {

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -28,7 +29,6 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::oracle::Oracle;
@@ -365,9 +365,9 @@ impl Upstream {
     fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
         self.with(|state| {
             let poll = state.rng.random_bool(state.poll_rate);
-            state
-                .oracle
-                .note(&format!("server: GET after {last_event} (closing early: {poll})"));
+            state.oracle.note(&format!(
+                "server: GET after {last_event} (closing early: {poll})"
+            ));
             let Some(entry) = state.sessions.get_mut(session) else {
                 return unknown_session();
             };
@@ -377,7 +377,10 @@ impl Upstream {
             match parsed {
                 // A cancelled request's stream is forgotten.
                 Some((stream, index))
-                    if entry.streams.get(&stream).is_some_and(|stream| !stream.ended) =>
+                    if entry
+                        .streams
+                        .get(&stream)
+                        .is_some_and(|stream| !stream.ended) =>
                 {
                     sse_stream(entry, stream, index + 1, poll)
                 }

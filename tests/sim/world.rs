@@ -207,8 +207,13 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         let incarnation = incarnations.get();
         incarnations.set(incarnation + 1);
         upstream_oracle.note(&format!("upstream: start {incarnation}"));
-        upstream::Upstream::new(upstream_seed, upstream_oracle.clone(), poll_rate, incarnation)
-            .serve()
+        upstream::Upstream::new(
+            upstream_seed,
+            upstream_oracle.clone(),
+            poll_rate,
+            incarnation,
+        )
+        .serve()
     });
 
     let mut secret = [0u8; 16];
@@ -255,8 +260,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 .max_connections(512)
                 .metrics(metrics)
                 .build();
-            let listener =
-                turmoil::net::TcpListener::bind(("0.0.0.0", GUARD_PORT)).await?;
+            let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GUARD_PORT)).await?;
             server
                 .serve(
                     SimListener(listener),
@@ -333,7 +337,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 // table of its own (the old one went with its process).
                 let guard = stats_of.lock().unwrap().clone().unwrap_or(guard);
                 let stats = guard.stats();
-                if stats.abandoned_ids != 0 || stats.in_flight_requests != 0 || stats.table_bytes != 0 {
+                if stats.abandoned_ids != 0
+                    || stats.in_flight_requests != 0
+                    || stats.table_bytes != 0
+                {
                     oracle.violation(format!(
                         "the table is not empty a TTL after the traffic stopped: {stats:?}"
                     ));
