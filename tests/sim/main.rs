@@ -10,7 +10,9 @@
 //!   seeds, and the control (no guard: the oracle must see the cross-wire).
 //! - `SEEDS=1000` or `DURATION=600` (seconds) with `-- --ignored long_run`
 //!   (best with `--release`): many seeds, printing seeds/s and simulated
-//!   hours; `SEED=n` with `-- --ignored replay`: one seed, with its story.
+//!   hours; `SEED=n` with `-- --ignored replay`: one seed, with its story
+//!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
+//!   process of its own, as its replay does (see [`isolated`]).
 
 mod client;
 mod net;
@@ -30,6 +32,70 @@ fn replay_command(seed: u64, setup: &Setup) -> String {
     format!(
         "{control}SEED={seed} cargo test --features proxy,server --test sim -- --ignored replay --nocapture"
     )
+}
+
+/// What a run in a process of its own printed.
+struct Isolated {
+    seed: u64,
+    passed: bool,
+    story: u64,
+    simulated: Duration,
+    /// Its output, for a failure's message.
+    output: String,
+}
+
+/// Runs `seed` in a new process of this test binary (the `replay` test),
+/// which is what a replay does: tokio numbers tasks and runtimes from
+/// process-wide counters, and the order in which a restarted host's tasks
+/// are dropped follows them, so a run after others in one process can
+/// differ from the same seed run first.
+fn isolated(seed: u64, control: bool) -> Isolated {
+    let mut command =
+        std::process::Command::new(std::env::current_exe().expect("the path of this test binary"));
+    command
+        .args([
+            "--ignored",
+            "--exact",
+            "replay",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SEED", seed.to_string())
+        .env_remove("SIM_TRACE");
+    if control {
+        command.env("CONTROL", "1");
+    } else {
+        command.env_remove("CONTROL");
+    }
+    let output = command.output().expect("this test binary runs");
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let field = |name: &str| {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix("SIM-RESULT "))
+            .and_then(|line| {
+                line.split(' ')
+                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                    .map(str::to_owned)
+            })
+    };
+    Isolated {
+        seed,
+        passed: field("violations").as_deref() == Some("0"),
+        story: field("story")
+            .and_then(|story| u64::from_str_radix(&story, 16).ok())
+            .unwrap_or_default(),
+        simulated: Duration::from_millis(
+            field("simulated_ms")
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or_default(),
+        ),
+        output,
+    }
 }
 
 fn describe(report: &Report) -> String {
@@ -58,14 +124,8 @@ fn assert_clean(report: &Report, setup: &Setup) {
 }
 
 fn seed_is_clean(seed: u64) {
-    let setup = Setup::default();
-    let report = world::run(seed, &setup);
-    eprintln!("{}", describe(&report));
-    assert_clean(&report, &setup);
-    assert!(
-        report.outcomes.values().sum::<u64>() > 0,
-        "no request ended"
-    );
+    let run = isolated(seed, false);
+    assert!(run.passed, "seed {}:\n{}", run.seed, run.output);
 }
 
 /// The short set (`SHORT_SEEDS`), a test each so that they run in parallel.
@@ -92,24 +152,16 @@ short_seeds! {
     seed_10_is_clean: 10,
 }
 
-/// A seed is a replay: the same events at the same simulated times.
-/// Without faults: when a fault makes several of tokio's `select!`
-/// branches ready at once, tokio picks one at random unless its RNG is
-/// seeded, which turmoil does only under `--cfg tokio_unstable`.
+/// A seed is a replay: the same events at the same simulated times, faults
+/// (a guard restart among them) included, in two processes.
 #[test]
 fn a_seed_tells_the_same_story_twice() {
-    let setup = Setup {
-        faults: false,
-        ..Setup::default()
-    };
-    let first = world::run(7, &setup);
-    let second = world::run(7, &setup);
+    let (first, second) = (isolated(10, false), isolated(10, false));
+    assert!(first.story != 0, "no story:\n{}", first.output);
     assert_eq!(
-        first.story,
-        second.story,
+        first.story, second.story,
         "{}\n{}",
-        describe(&first),
-        describe(&second)
+        first.output, second.output
     );
 }
 
@@ -198,14 +250,20 @@ fn long_run() {
         if duration.is_some_and(|duration| started.elapsed() >= duration) {
             break;
         }
-        let report = world::run(seed, &setup);
+        // Each seed in a process of its own, as its replay will run it.
+        let run = isolated(seed, !setup.guard);
         ran += 1;
-        simulated += report.simulated;
-        if !report.violations.is_empty() {
+        simulated += run.simulated;
+        if !run.passed {
+            let violations: Vec<&str> = run
+                .output
+                .lines()
+                .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
+                .take(6)
+                .collect();
             eprintln!(
-                "FAILED {}\n  {}\n  replay: {}",
-                describe(&report),
-                report.violations[..report.violations.len().min(5)].join("\n  "),
+                "FAILED seed {seed}\n{}\n  replay: {}",
+                violations.join("\n"),
                 replay_command(seed, &setup)
             );
             failed.push(seed);
@@ -229,5 +287,12 @@ fn replay() {
     let seed = env_u64("SEED").expect("SEED=n");
     let report = world::run(seed, &setup);
     eprintln!("{}\nstats: {:?}", describe(&report), report.stats);
+    // For the runs that start this test in a process of their own.
+    eprintln!(
+        "SIM-RESULT seed={seed} story={:016x} simulated_ms={} violations={}",
+        report.story,
+        report.simulated.as_millis(),
+        report.violations.len()
+    );
     assert_clean(&report, &setup);
 }
