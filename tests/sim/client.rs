@@ -160,6 +160,7 @@ async fn call(
     });
     let exchange = async {
         let (status, mut got) = read(post(Some(session), &message)).await?;
+        answer_server(session, &got.asked, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
             got.last_event,
@@ -175,6 +176,7 @@ async fn call(
             polls += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
             let (status, more) = read(resume(session, &last)).await?;
+            answer_server(session, &more.asked, oracle).await;
             oracle.note(&format!(
                 "{marker}: GET after {last}: {status}, last event {:?}, answer {}",
                 more.last_event,
@@ -270,6 +272,8 @@ struct Read {
     unknown_session: bool,
     /// The body was cut, not ended.
     cut: bool,
+    /// The ids of the server's requests it carried (sampling).
+    asked: Vec<Value>,
 }
 
 /// Reads a response to its end (or its cut): its answer and last event id.
@@ -311,7 +315,9 @@ async fn read(
             if id.is_some() {
                 read.last_event = id;
             }
-            if message.get("result").is_some() || message.get("error").is_some() {
+            if message.get("method").is_some() && message.get("id").is_some() {
+                read.asked.push(message["id"].clone());
+            } else if message.get("result").is_some() || message.get("error").is_some() {
                 read.answer = Some(message);
             }
         }
@@ -375,6 +381,32 @@ fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
             (id, message)
         })
         .collect()
+}
+
+/// Answers the server's requests (in its id space, where `1` is not the
+/// client's `1`): each answer must reach the server as sent, `202`.
+async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
+    for id in asked {
+        let answer = json!({
+            "jsonrpc": "2.0", "id": id,
+            "result": {"role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "sim"}
+        });
+        match post(Some(session), &answer).await {
+            Ok(response) => {
+                let status = response.status();
+                oracle.note(&format!("answered the server's request {id}: {status}"));
+                let unknown = response.headers().contains_key(UNKNOWN_SESSION);
+                if status != StatusCode::ACCEPTED && !unknown && !status.is_server_error() {
+                    oracle.violation(format!(
+                        "an answer to the server's request {id} got {status}"
+                    ));
+                }
+            }
+            Err(error) => oracle.note(&format!(
+                "answering the server's request {id} failed: {error}"
+            )),
+        }
+    }
 }
 
 /// Resumes a stream: `GET` with `Last-Event-ID`.

@@ -12,7 +12,9 @@
 //! event is kept in the session's event store, and a `GET` with
 //! `Last-Event-ID` replays the stream from there, then goes on live (or is
 //! closed early again). It honours half the `notifications/cancelled` it
-//! gets, for whichever request runs under that id.
+//! gets, for whichever request runs under that id. On some SSE streams it
+//! sends a request of its own (sampling, ids counting from 1 like the
+//! clients'), whose answer must come back to it once and as sent.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -81,6 +83,10 @@ struct Session {
     running: BTreeMap<String, u32>,
     streams: BTreeMap<u64, Stream>,
     next_stream: u64,
+    /// The ids of the server's own requests to the client (sampling) not
+    /// yet answered: numbers from 1, like the clients' (another id space).
+    asked: std::collections::BTreeSet<u64>,
+    next_ask: u64,
 }
 
 impl Session {
@@ -202,6 +208,9 @@ impl Upstream {
                 unknown_session()
             }
             (Some(session), "notifications/cancelled") => self.cancel(&session, &message),
+            (Some(session), "") if message.get("result").is_some() => {
+                self.answered(&session, &message)
+            }
             (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
             (Some(session), "tools/call") => match self.tool_call(session, message) {
                 Ok(response) => response,
@@ -259,6 +268,7 @@ impl Upstream {
             state.oracle.server_started(&marker);
             let sse = state.rng.random_bool(0.5);
             let poll = sse && state.rng.random_bool(state.poll_rate);
+            let ask = sse && state.rng.random_bool(0.3);
             let Some(entry) = state.sessions.get_mut(&session) else {
                 return Ok(unknown_session());
             };
@@ -296,6 +306,17 @@ impl Upstream {
                 "params": {"progressToken": id, "progress": 0}
             });
             entry.push(stream, &progress.to_string(), false);
+            if ask {
+                // A request of the server's own, on the POST stream.
+                entry.next_ask += 1;
+                let asked = entry.next_ask;
+                entry.asked.insert(asked);
+                let request = json!({
+                    "jsonrpc": "2.0", "id": asked, "method": "sampling/createMessage",
+                    "params": {"messages": [], "maxTokens": 1, "_meta": {"for": marker}}
+                });
+                entry.push(stream, &request.to_string(), false);
+            }
             state.oracle.note(&format!(
                 "server: {marker} on stream {stream} (closing early: {poll})"
             ));
@@ -333,6 +354,25 @@ impl Upstream {
             });
         });
         response
+    }
+
+    /// A client's response to one of the server's requests: it must answer
+    /// one the server sent in this session, once.
+    fn answered(&self, session: &str, message: &Value) -> Response<Body> {
+        self.with(|state| {
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return unknown_session();
+            };
+            let known = message["id"]
+                .as_u64()
+                .is_some_and(|id| entry.asked.remove(&id));
+            if !known {
+                state.oracle.violation(format!(
+                    "the server got a response to a request it did not send (or twice): {message}"
+                ));
+            }
+            status(StatusCode::ACCEPTED)
+        })
     }
 
     /// `notifications/cancelled`: half the time honoured, for the request
