@@ -102,32 +102,43 @@ pub async fn ping(session: &str) -> Result<StatusCode, Box<dyn std::error::Error
 /// `initialize` and `notifications/initialized`, through the guard: the
 /// session id.
 async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
+    // Under faults (a restart, a held link) a client tries again, as real
+    // ones do; without them the first failure counts.
+    let attempts = if setup.faults { 10 } else { 1 };
+    let mut last = String::new();
+    for _ in 0..attempts {
+        match tokio::time::timeout(setup.client_bound, start_session(name)).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(error)) => last = error.to_string(),
+            Err(_) => last = format!("no answer within {:?}", setup.client_bound),
+        }
+        oracle.note(&format!("{name}: initialize failed: {last}"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(format!("{name}: initialize failed {attempts} times, the last: {last}").into())
+}
+
+/// `initialize`, then `notifications/initialized` (which the server must
+/// accept).
+async fn start_session(name: &str) -> Result<String, Box<dyn std::error::Error>> {
     let message = json!({
         "jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                    "clientInfo": {"name": name, "version": "0"}}
     });
-    let response = tokio::time::timeout(setup.client_bound, post(None, &message)).await??;
+    let response = post(None, &message).await?;
+    let status = response.status();
     let session = response
         .headers()
         .get("mcp-session-id")
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned)
-        .ok_or_else(|| {
-            format!(
-                "{name}: initialize got {} and no session",
-                response.status()
-            )
-        })?;
+        .ok_or_else(|| format!("initialize got {status} and no session"))?;
     let _ = response.into_body().collect().await?;
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response =
-        tokio::time::timeout(setup.client_bound, post(Some(&session), &initialized)).await??;
-    if response.status() != StatusCode::ACCEPTED {
-        oracle.violation(format!(
-            "{name}: notifications/initialized got {}",
-            response.status()
-        ));
+    let status = post(Some(&session), &initialized).await?.status();
+    if status != StatusCode::ACCEPTED {
+        return Err(format!("notifications/initialized got {status}").into());
     }
     Ok(session)
 }
