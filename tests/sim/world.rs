@@ -329,8 +329,17 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                     // Any answer will do (a 404 from a restarted server, a
                     // 502 across a held link): the guard has looked at the
                     // session's ids on the way.
-                    let status = client::ping(session).await?;
-                    oracle.note(&format!("last ping: {status}"));
+                    // A connection the guard's restart broke: again.
+                    for _ in 0..5 {
+                        match client::ping(session).await {
+                            Ok(status) => {
+                                oracle.note(&format!("last ping: {status}"));
+                                break;
+                            }
+                            Err(error) => oracle.note(&format!("last ping failed: {error}")),
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                 }
                 // The guard running now: one restarted meanwhile has a
                 // table of its own (the old one went with its process).
