@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::connect::UpstreamIo;
 
 /// Every permit was held for the whole wait.
 #[derive(Debug)]
@@ -36,12 +36,12 @@ impl std::error::Error for UpstreamBusy {}
 /// An upstream connection holding its permit until it is dropped (closed).
 #[derive(Debug)]
 pub(crate) struct CappedConnection {
-    io: TokioIo<TcpStream>,
+    io: UpstreamIo,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl CappedConnection {
-    pub(crate) fn new(io: TokioIo<TcpStream>, permit: Option<OwnedSemaphorePermit>) -> Self {
+    pub(crate) fn new(io: UpstreamIo, permit: Option<OwnedSemaphorePermit>) -> Self {
         Self {
             io,
             _permit: permit,

@@ -158,6 +158,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Uri;
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -172,6 +173,7 @@ use crate::wire::answer;
 mod body;
 mod capped;
 mod collect;
+mod connect;
 mod failure;
 mod headers;
 mod pool;
@@ -184,6 +186,7 @@ pub use crate::protect::upstream::UpstreamFailure;
 pub use body::ProxyBody;
 pub use upstream::InvalidUpstream;
 
+use connect::Connector;
 use failure::{error_chain, local, ErrorIds};
 use pool::Pool;
 use upstream::Upstream;
@@ -363,6 +366,8 @@ pub struct ProxyBuilder {
     idle_timeout: Option<Duration>,
     max_connections: Option<usize>,
     connection_wait: Duration,
+    /// `None`: TCP (hyper-util's `HttpConnector`).
+    connector: Option<Connector>,
 }
 
 impl Default for ProxyBuilder {
@@ -376,6 +381,7 @@ impl Default for ProxyBuilder {
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             max_connections: Some(DEFAULT_MAX_CONNECTIONS),
             connection_wait: DEFAULT_CONNECTION_WAIT,
+            connector: None,
         }
     }
 }
@@ -476,6 +482,64 @@ impl ProxyBuilder {
         self
     }
 
+    /// Opens upstream connections with `connector` instead of TCP: a
+    /// [`tower_service::Service`] that takes the upstream's base URI
+    /// (`http://host:port/`) and returns a connection's byte stream, as
+    /// hyper-util's connectors do. For a Unix socket, a tunnel, or a
+    /// simulated network. (An `Arc` around `C` if it is costly to clone:
+    /// each connection is opened by a clone of it.)
+    ///
+    /// The proxy's bounds hold through it: the
+    /// [connect timeout](Self::connect_timeout) (then `502`), the
+    /// [connection cap](Self::max_connections), the pool's idle timeout,
+    /// and the response and idle timeouts. Options of the TCP connector
+    /// (`TCP_NODELAY`, keep-alive) are the connector's to set.
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::Pin;
+    /// use std::task::{Context, Poll};
+    /// use hyper_util::rt::TokioIo;
+    /// use mcp_id_guard::proxy::Proxy;
+    ///
+    /// /// Every upstream connection goes to one Unix socket, whatever the URI.
+    /// #[derive(Clone)]
+    /// struct UnixConnector(&'static str);
+    ///
+    /// impl tower_service::Service<http::Uri> for UnixConnector {
+    ///     type Response = TokioIo<tokio::net::UnixStream>;
+    ///     type Error = std::io::Error;
+    ///     type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+    ///
+    ///     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    ///         Poll::Ready(Ok(()))
+    ///     }
+    ///
+    ///     fn call(&mut self, _upstream: http::Uri) -> Self::Future {
+    ///         let path = self.0;
+    ///         Box::pin(async move { Ok(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) })
+    ///     }
+    /// }
+    ///
+    /// let proxy = Proxy::builder()
+    ///     .connector(UnixConnector("/run/mcp.sock"))
+    ///     .build("http://localhost/mcp")?;
+    /// # let _ = proxy;
+    /// # Ok::<(), mcp_id_guard::proxy::InvalidUpstream>(())
+    /// ```
+    pub fn connector<C>(mut self, connector: C) -> Self
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+        C::Error: Into<BoxError>,
+        C::Future: Send + 'static,
+    {
+        // The timeout is the builder's at `build`, whichever order the
+        // calls come in.
+        self.connector = Some(Connector::custom(connector, Duration::ZERO));
+        self
+    }
+
     /// The proxy to `upstream`. Needs no runtime; requests must be sent from
     /// within a Tokio runtime.
     ///
@@ -484,11 +548,17 @@ impl ProxyBuilder {
     /// query.
     pub fn build(self, upstream: &str) -> Result<Proxy, InvalidUpstream> {
         let upstream = Upstream::parse(upstream)?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(self.connect_timeout));
-        // Small SSE events and JSON bodies must not wait for Nagle.
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let connector = match self.connector {
+            Some(connector) => connector.with_timeout(self.connect_timeout),
+            None => {
+                let mut connector = HttpConnector::new();
+                connector.set_connect_timeout(Some(self.connect_timeout));
+                // Small SSE events and JSON bodies must not wait for Nagle.
+                connector.set_nodelay(true);
+                connector.set_keepalive(Some(Duration::from_secs(60)));
+                Connector::Http(connector)
+            }
+        };
         let pool = Arc::new(Pool::new(
             connector,
             upstream.base(),

@@ -27,12 +27,11 @@ use std::time::Duration;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{sleep_until, timeout_at, Instant, Sleep};
-use tower_service::Service;
 
 use super::capped::{CappedConnection, UpstreamBusy};
+use super::connect::Connector;
 use super::{BoxError, OutBody};
 
 /// Why the pool could not get an answer.
@@ -64,7 +63,7 @@ impl Failure {
 /// The upstream connections of one [`Proxy`](super::Proxy).
 #[derive(Debug)]
 pub(crate) struct Pool {
-    connector: HttpConnector,
+    connector: Connector,
     /// Where the connector connects (`http://authority/`).
     target: Uri,
     idle: Mutex<Vec<Idle>>,
@@ -162,7 +161,7 @@ impl Lease {
 
 impl Pool {
     pub(crate) fn new(
-        connector: HttpConnector,
+        connector: Connector,
         target: Uri,
         max: Option<usize>,
         wait: Duration,
@@ -340,10 +339,9 @@ impl Pool {
     async fn connect(&self, permit: Option<OwnedSemaphorePermit>) -> Result<Connection, Failure> {
         let io = self
             .connector
-            .clone()
-            .call(self.target.clone())
+            .connect(self.target.clone())
             .await
-            .map_err(|error| Failure::Connect(error.into()))?;
+            .map_err(Failure::Connect)?;
         let (sender, driver) = http1::handshake(CappedConnection::new(io, permit))
             .await
             .map_err(|error| Failure::Connect(error.into()))?;

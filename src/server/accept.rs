@@ -2,19 +2,17 @@
 //! graceful shutdown.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tower_service::Service;
 
 use super::connection::{self, Ending};
-use super::ClientBody;
+use super::{ClientBody, Listener};
 use super::{ServiceError, Setup};
 use crate::throttle::Throttle;
 
@@ -30,13 +28,14 @@ const CUT_BOUND: Duration = Duration::from_millis(100);
 const TABLE_FULL: usize = 0;
 const ACCEPT_FAILED: usize = 1;
 
-pub(super) async fn serve<M, S, B, F>(
+pub(super) async fn serve<L, M, S, B, F>(
     shared: &Arc<Setup>,
-    listener: TcpListener,
+    mut listener: L,
     mut make_service: M,
     shutdown: F,
 ) where
-    M: FnMut(SocketAddr) -> S,
+    L: Listener,
+    M: FnMut(L::Addr) -> S,
     S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<ServiceError>,
@@ -102,14 +101,12 @@ pub(super) async fn serve<M, S, B, F>(
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             continue;
         };
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
         let ending = Ending {
             stop: stopped.clone(),
             cut: cutting.clone(),
         };
-        connection::spawn(shared, stream, peer, make_service(peer), ending, permit);
+        let service = make_service(peer.clone());
+        connection::spawn(shared, stream, peer, service, ending, permit);
     }
     drop(listener);
     let _ = stop.send(true);

@@ -2,8 +2,8 @@
 //! each request, answers those that arrive on a closing connection, and
 //! hands the rest to the connection's tower service.
 
+use std::fmt;
 use std::future::poll_fn;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +13,7 @@ use http::{Request, Response, Version};
 use http_body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tower_service::Service;
 
@@ -34,14 +34,16 @@ pub(super) struct Ending {
 
 /// Serves `stream` on a task of its own, which holds `permit` (one of the
 /// connection cap's) until the connection is gone.
-pub(super) fn spawn<S, B>(
+pub(super) fn spawn<I, A, S, B>(
     shared: &Arc<Setup>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: I,
+    peer: A,
     service: S,
     ending: Ending,
     permit: OwnedSemaphorePermit,
 ) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    A: fmt::Debug + Send + 'static,
     S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<ServiceError>,

@@ -6,23 +6,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::activity::Activity;
 
 /// The client socket, telling the watchdog when bytes arrive.
-pub(crate) struct Watched {
-    stream: TcpStream,
+pub(crate) struct Watched<I> {
+    stream: I,
     activity: Arc<Activity>,
 }
 
-impl Watched {
-    pub(crate) fn new(stream: TcpStream, activity: Arc<Activity>) -> Self {
+impl<I> Watched<I> {
+    pub(crate) fn new(stream: I, activity: Arc<Activity>) -> Self {
         Self { stream, activity }
     }
 }
 
-impl AsyncRead for Watched {
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -37,7 +36,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl Watched {
+impl<I> Watched<I> {
     fn wrote(&self, blocked: bool) {
         if blocked {
             self.activity.write_blocked();
@@ -47,7 +46,7 @@ impl Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

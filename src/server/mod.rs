@@ -57,7 +57,6 @@
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,7 +65,6 @@ use http::{Request, Response};
 use http_body::Body;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::protect::metrics::Metrics;
@@ -78,7 +76,10 @@ mod activity;
 mod body;
 mod connection;
 mod io;
+mod listener;
 mod watchdog;
+
+pub use listener::Listener;
 
 /// A request body as the server hands it to the service: hyper's, as the
 /// client sends it. Its pace is the [`BodyPaceLayer`](crate::protect::pace::BodyPaceLayer)'s
@@ -156,7 +157,8 @@ impl Server {
         ServerBuilder::default()
     }
 
-    /// Accepts connections on `listener` and serves each with the service
+    /// Accepts connections on `listener` (a Tokio `TcpListener`, or any
+    /// other [`Listener`]) and serves each with the service
     /// `make_service` builds for its client's address, until `shutdown`
     /// resolves. Then it stops accepting, lets open connections finish
     /// their requests (HTTP/1.1 closes after the current response, HTTP/2
@@ -165,9 +167,10 @@ impl Server {
     ///
     /// A service error closes its request's stream (HTTP/2) or connection
     /// (HTTP/1.1), as hyper does.
-    pub async fn serve<M, S, B, F>(&self, listener: TcpListener, make_service: M, shutdown: F)
+    pub async fn serve<L, M, S, B, F>(&self, listener: L, make_service: M, shutdown: F)
     where
-        M: FnMut(SocketAddr) -> S,
+        L: Listener,
+        M: FnMut(L::Addr) -> S,
         S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Into<Box<dyn Error + Send + Sync>>,

@@ -28,14 +28,15 @@ use super::Limits;
 /// so the watchdog looks again at its deadline or after that shortest limit,
 /// whichever comes first, and works out the deadline then. Busy connections
 /// thus cost no timer or wake-up per request.
-pub(crate) async fn drive<C, E>(
+pub(crate) async fn drive<C, E, A>(
     mut connection: Pin<Box<C>>,
     graceful: impl Fn(Pin<&mut C>),
     activity: Arc<Activity>,
     limits: Limits,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-    peer: std::net::SocketAddr,
+    peer: A,
 ) where
+    A: fmt::Debug,
     C: Future<Output = Result<(), E>>,
     E: fmt::Display,
 {
@@ -88,18 +89,18 @@ pub(crate) async fn drive<C, E>(
             {
                 // Nothing more can be written to this client: drop the
                 // connection (and with it the upstream request).
-                tracing::debug!(%peer, "dropping connection: {why}");
+                tracing::debug!(?peer, "dropping connection: {why}");
                 return;
             }
             if closing {
                 if activity.active.load(Ordering::Acquire) == 0 {
-                    tracing::debug!(%peer, "closing connection: {why}");
+                    tracing::debug!(?peer, "closing connection: {why}");
                     return;
                 }
                 // A request arrived meanwhile; let it finish.
                 hard_deadline = None;
             } else {
-                tracing::debug!(%peer, "closing connection: {why}");
+                tracing::debug!(?peer, "closing connection: {why}");
                 closing = true;
                 graceful(connection.as_mut());
                 hard_deadline = Some(now + CLOSE_BOUND);
@@ -164,7 +165,7 @@ pub(crate) async fn drive<C, E>(
         match event {
             Event::Ended(result) => {
                 if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "connection ended with an error");
+                    tracing::debug!(?peer, %error, "connection ended with an error");
                 }
                 return;
             }
@@ -175,7 +176,7 @@ pub(crate) async fn drive<C, E>(
             Event::Changed => {
                 if !closing && activity.close.load(Ordering::Relaxed) {
                     if let Some(reason) = activity.closing() {
-                        tracing::debug!(%peer, "closing connection: {}", reason.why());
+                        tracing::debug!(?peer, "closing connection: {}", reason.why());
                     }
                     closing = true;
                     graceful(connection.as_mut());

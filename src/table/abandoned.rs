@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::budget::{self, Eviction};
 use super::{Abandoned, ShardState, StreamTag, Table, SHARDS};

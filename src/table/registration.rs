@@ -6,7 +6,9 @@ use std::cell::OnceCell;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::awaited::Awaited;
 use super::budget::{self, Eviction};

@@ -37,9 +37,10 @@
 //!    once; after everything is dropped, nothing is in flight.
 //!
 //! `abandoned_id_ttl` is an hour, so nothing expires within a case. There is
-//! no "time passes beyond the ttl" step: abandoned ids expire by
-//! `std::time::Instant`, which `tokio::time::pause` does not move, and waiting
-//! for real would make the test slow; expiry is a documented limit anyway.
+//! no "time passes beyond the ttl" step: abandoned ids expire by tokio's
+//! clock, which only a paused runtime could move without waiting for real
+//! (this test does not pause it); `tests/sim` covers expiry in simulated
+//! time.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};

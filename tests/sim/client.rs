@@ -1,0 +1,462 @@
+//! Simulated Claude-style clients: one session per client, pooled across
+//! many concurrent conversations, every `tools/call` with `id: 1`, each on
+//! a connection of its own; each call carries a payload marker naming its
+//! client, conversation and turn, which the server's tool echoes.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::oracle::{Oracle, Outcome};
+use crate::upstream::UNKNOWN_SESSION;
+use crate::world::{Setup, GUARD_HOST, GUARD_PORT};
+
+/// The client's session, shared by its conversations, and every session it
+/// had (a restarted server forgets them: the client starts another).
+struct Sessions {
+    current: String,
+    all: Vec<String>,
+}
+
+/// One client: its session, then its conversations, all at once. Returns
+/// every session it used.
+pub async fn run(
+    name: String,
+    setup: Setup,
+    seed: u64,
+    oracle: Oracle,
+) -> turmoil::Result<Vec<String>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let first = initialize(&name, &setup, &oracle).await?;
+    let sessions = Rc::new(tokio::sync::Mutex::new(Sessions {
+        current: first.clone(),
+        all: vec![first],
+    }));
+    let mut conversations = tokio::task::JoinSet::new();
+    for conversation in 0..setup.conversations {
+        let mut rng = StdRng::seed_from_u64(rng.random());
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
+        conversations.spawn_local(async move {
+            // Conversations start spread over a few seconds.
+            let start = rng.random_range(0..setup.max_think_ms);
+            tokio::time::sleep(Duration::from_millis(start)).await;
+            for turn in 0..setup.turns {
+                let marker = format!("{name}/conversation-{conversation}/turn-{turn}");
+                let ms = rng.random_range(0..=setup.max_tool_ms);
+                let after = Duration::from_millis(rng.random_range(0..=ms.max(1)));
+                let plan = match rng.random::<f64>() {
+                    x if x < setup.disconnect_rate => Plan::Disconnect(after),
+                    x if x < setup.disconnect_rate + setup.cancel_rate => Plan::Cancel(after),
+                    _ => Plan::Wait,
+                };
+                let session = sessions.lock().await.current.clone();
+                if call(&setup, &session, &marker, ms, plan, &oracle).await {
+                    // The server forgot the session: the first conversation
+                    // to find out starts another, as clients do on 404.
+                    let mut sessions = sessions.lock().await;
+                    if sessions.current == session {
+                        match initialize(&name, &setup, &oracle).await {
+                            Ok(new) => {
+                                sessions.current = new.clone();
+                                sessions.all.push(new);
+                            }
+                            Err(error) => {
+                                oracle.note(&format!("{name}: initialize failed: {error}"))
+                            }
+                        }
+                    }
+                }
+                let think = rng.random_range(0..setup.max_think_ms);
+                tokio::time::sleep(Duration::from_millis(think)).await;
+            }
+        });
+    }
+    while conversations.join_next().await.is_some() {}
+    let all = std::mem::take(&mut sessions.lock().await.all);
+    Ok(all)
+}
+
+/// A request that touches `session`'s part of the guard's table (which
+/// drops expired abandoned ids there as it goes).
+pub async fn ping(session: &str) -> Result<StatusCode, Box<dyn std::error::Error>> {
+    let message = json!({"jsonrpc": "2.0", "id": "last", "method": "ping"});
+    let response = post(Some(session), &message).await?;
+    let status = response.status();
+    let _ = response.into_body().collect().await?;
+    Ok(status)
+}
+
+/// `initialize` and `notifications/initialized`, through the guard: the
+/// session id.
+async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
+    // Under faults (a restart, a held link) a client tries again, as real
+    // ones do; without them the first failure counts.
+    let attempts = if setup.faults { 10 } else { 1 };
+    let mut last = String::new();
+    for _ in 0..attempts {
+        match tokio::time::timeout(setup.client_bound, start_session(name)).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(error)) => last = error.to_string(),
+            Err(_) => last = format!("no answer within {:?}", setup.client_bound),
+        }
+        oracle.note(&format!("{name}: initialize failed: {last}"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(format!("{name}: initialize failed {attempts} times, the last: {last}").into())
+}
+
+/// `initialize`, then `notifications/initialized` (which the server must
+/// accept).
+async fn start_session(name: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let message = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": name, "version": "0"}}
+    });
+    let response = post(None, &message).await?;
+    let status = response.status();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("initialize got {status} and no session"))?;
+    let _ = response.into_body().collect().await?;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let status = post(Some(&session), &initialized).await?.status();
+    if status != StatusCode::ACCEPTED {
+        return Err(format!("notifications/initialized got {status}").into());
+    }
+    Ok(session)
+}
+
+/// What the client does with a call besides waiting for its answer.
+#[derive(Clone, Copy, Debug)]
+pub enum Plan {
+    /// Waits, polling a stream closed early.
+    Wait,
+    /// Drops the connection after this long.
+    Disconnect(Duration),
+    /// After this long, sends `notifications/cancelled` for `id: 1` and
+    /// stops waiting.
+    Cancel(Duration),
+}
+
+/// One `tools/call` with `id: 1` on a new connection, judged: `true` when
+/// the server no longer knows the session.
+async fn call(
+    setup: &Setup,
+    session: &str,
+    marker: &str,
+    ms: u64,
+    plan: Plan,
+    oracle: &Oracle,
+) -> bool {
+    let message = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
+    });
+    let exchange = async {
+        let (status, mut got) = read(post(Some(session), &message)).await?;
+        answer_server(session, &got.asked, oracle).await;
+        oracle.note(&format!(
+            "{marker}: POST: {status}, last event {:?}, answer {}",
+            got.last_event,
+            got.answer.is_some()
+        ));
+        let mut polls = 0;
+        // A stream closed (or cut) before its answer, with an event id to
+        // resume from: poll with `GET` + `Last-Event-ID` (SEP-1699).
+        while got.answer.is_none() && polls < setup.max_polls {
+            let Some(last) = got.last_event.clone() else {
+                break;
+            };
+            polls += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (status, more) = read(resume(session, &last)).await?;
+            answer_server(session, &more.asked, oracle).await;
+            oracle.note(&format!(
+                "{marker}: GET after {last}: {status}, last event {:?}, answer {}",
+                more.last_event,
+                more.answer.is_some()
+            ));
+            if status.is_server_error() {
+                // The upstream is unreachable for now (a fault): poll again.
+                got.cut = true;
+                continue;
+            }
+            if status != StatusCode::OK {
+                // The stream is gone (its request was cancelled, or the
+                // server restarted).
+                got.text = more.text;
+                got.unknown_session = more.unknown_session;
+                break;
+            }
+            got.last_event = more.last_event.or(Some(last));
+            got.answer = more.answer;
+            got.text = more.text;
+            got.cut = more.cut;
+        }
+        Ok::<_, Box<dyn std::error::Error>>((status, got, polls))
+    };
+    let bound = match plan {
+        Plan::Wait => setup.client_bound,
+        Plan::Disconnect(after) | Plan::Cancel(after) => after,
+    };
+    match (tokio::time::timeout(bound, exchange).await, plan) {
+        (Err(_), Plan::Disconnect(_)) => oracle.ended(marker, Outcome::Disconnected),
+        (Ok(Ok((_, read, _))), _) if read.unknown_session => {
+            oracle.ended(marker, Outcome::SessionLost);
+            return true;
+        }
+        (Err(_), Plan::Cancel(_)) => {
+            let cancel = json!({
+                "jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 1, "reason": marker}
+            });
+            match tokio::time::timeout(setup.client_bound, post(Some(session), &cancel)).await {
+                Ok(Ok(response)) if response.status() == StatusCode::ACCEPTED => {
+                    oracle.ended(marker, Outcome::Cancelled);
+                }
+                Ok(Ok(response))
+                    if response.status() == StatusCode::NOT_FOUND
+                        && response.headers().contains_key(UNKNOWN_SESSION) =>
+                {
+                    oracle.ended(marker, Outcome::SessionLost);
+                    return true;
+                }
+                // The guard or the proxy answered in the upstream's place
+                // (unreachable, held): the cancellation may not have
+                // reached it; the client has stopped waiting all the same.
+                Ok(Ok(response)) if response.status().is_server_error() && setup.faults => {
+                    oracle.ended(marker, Outcome::Cancelled);
+                }
+                Ok(Ok(response)) => oracle.violation(format!(
+                    "{marker}: its cancellation got {}",
+                    response.status()
+                )),
+                Ok(Err(_)) if setup.faults => oracle.ended(marker, Outcome::Broken),
+                Ok(Err(error)) => {
+                    oracle.violation(format!("{marker}: its cancellation failed: {error}"));
+                }
+                Err(_) => oracle.violation(format!("{marker}: its cancellation did not end")),
+            }
+        }
+        (Err(_), Plan::Wait) => oracle.violation(format!(
+            "{marker}: did not end within {:?} (tool {ms} ms)",
+            setup.client_bound
+        )),
+        // A connection broken by a fault (a held link, a restart).
+        (Ok(Err(_)), _) if setup.faults => oracle.ended(marker, Outcome::Broken),
+        (Ok(Ok((_, read, _))), _) if read.answer.is_none() && read.cut && setup.faults => {
+            oracle.ended(marker, Outcome::Broken);
+        }
+        (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
+        (Ok(Ok((status, read, polls))), _) => judge(marker, status, &read, polls, oracle),
+    }
+    false
+}
+
+/// What a response carried.
+#[derive(Default)]
+struct Read {
+    /// The JSON-RPC response in it, if any.
+    answer: Option<Value>,
+    /// The last SSE event id it carried.
+    last_event: Option<String>,
+    /// The start of the body, for the record.
+    text: String,
+    /// The server said it does not know the session.
+    unknown_session: bool,
+    /// The body was cut, not ended.
+    cut: bool,
+    /// The ids of the server's requests it carried (sampling).
+    asked: Vec<Value>,
+}
+
+/// Reads a response to its end (or its cut): its answer and last event id.
+async fn read(
+    response: impl std::future::Future<Output = Result<Response<Incoming>, Box<dyn std::error::Error>>>,
+) -> Result<(StatusCode, Read), Box<dyn std::error::Error>> {
+    let response = response.await?;
+    let status = response.status();
+    let sse = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+    let unknown_session = response.headers().contains_key(UNKNOWN_SESSION);
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    // A cut stream keeps what arrived before the cut.
+    let mut cut = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Err(_) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    let mut read = Read {
+        text: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
+        unknown_session: unknown_session && status == StatusCode::NOT_FOUND,
+        cut,
+        ..Read::default()
+    };
+    if sse {
+        for (id, message) in sse_events(&bytes) {
+            if id.is_some() {
+                read.last_event = id;
+            }
+            if message.get("method").is_some() && message.get("id").is_some() {
+                read.asked.push(message["id"].clone());
+            } else if message.get("result").is_some() || message.get("error").is_some() {
+                read.answer = Some(message);
+            }
+        }
+    } else {
+        read.answer = serde_json::from_slice(&bytes).ok();
+    }
+    Ok((status, read))
+}
+
+/// Whether the answer is the request's own: its id, its marker.
+fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) {
+    let Some(answer) = &read.answer else {
+        if oracle.was_cancelled(marker) {
+            oracle.ended(marker, Outcome::CancelledByAnother);
+            return;
+        }
+        oracle.violation(format!(
+            "{marker}: {status} with no answer after {polls} polls: {}",
+            read.text
+        ));
+        return;
+    };
+    if answer["id"] != json!(1) {
+        oracle.violation(format!("{marker}: an answer with id {}", answer["id"]));
+        return;
+    }
+    if answer.get("error").is_some() {
+        oracle.ended(marker, Outcome::Error(status.as_u16()));
+        return;
+    }
+    let got = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("");
+    if got != marker {
+        oracle.violation(format!(
+            "{marker}: cross-wired: received the answer to {got}"
+        ));
+    } else if polls > 0 {
+        oracle.ended(marker, Outcome::Resumed);
+    } else {
+        oracle.ended(marker, Outcome::Answered);
+    }
+}
+
+/// Each SSE event's id and the JSON message of its data (events without
+/// data, such as the priming event, count for their id).
+fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .map(|event| {
+            let id = event
+                .lines()
+                .find_map(|line| line.strip_prefix("id:"))
+                .map(|id| id.trim().to_owned());
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            let message = serde_json::from_str(&data.join("\n")).unwrap_or(Value::Null);
+            (id, message)
+        })
+        .collect()
+}
+
+/// Answers the server's requests (in its id space, where `1` is not the
+/// client's `1`): each answer must reach the server as sent, `202`.
+async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
+    for id in asked {
+        let answer = json!({
+            "jsonrpc": "2.0", "id": id,
+            "result": {"role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "sim"}
+        });
+        match post(Some(session), &answer).await {
+            Ok(response) => {
+                let status = response.status();
+                oracle.note(&format!("answered the server's request {id}: {status}"));
+                let unknown = response.headers().contains_key(UNKNOWN_SESSION);
+                if status != StatusCode::ACCEPTED && !unknown && !status.is_server_error() {
+                    oracle.violation(format!(
+                        "an answer to the server's request {id} got {status}"
+                    ));
+                }
+            }
+            Err(error) => oracle.note(&format!(
+                "answering the server's request {id} failed: {error}"
+            )),
+        }
+    }
+}
+
+/// Resumes a stream: `GET` with `Last-Event-ID`.
+async fn resume(
+    session: &str,
+    last_event: &str,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    let request = Request::get("/mcp")
+        .header("host", format!("{GUARD_HOST}:{GUARD_PORT}"))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .header("last-event-id", last_event)
+        .body(Full::new(Bytes::new()))?;
+    send(request).await
+}
+
+/// POSTs `message` to the guard on a new connection.
+async fn post(
+    session: Option<&str>,
+    message: &Value,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    let mut request = Request::post("/mcp")
+        .header("host", format!("{GUARD_HOST}:{GUARD_PORT}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    send(request.body(Full::new(Bytes::from(message.to_string())))?).await
+}
+
+/// Sends `request` to the guard on a new connection, closed when the
+/// response (and its body) is dropped.
+async fn send(
+    request: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    let stream = turmoil::net::TcpStream::connect((GUARD_HOST, GUARD_PORT)).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::task::spawn_local(connection);
+    Ok(sender.send_request(request).await?)
+}

@@ -1,0 +1,139 @@
+//! What every run must satisfy, recorded by the actors as it happens and
+//! checked at the end.
+//!
+//! - no client receives an answer to a request it did not send (its own id
+//!   and its own payload marker);
+//! - the server never runs two requests under one `(session, id)`;
+//! - every request ends, answered or with a clean JSON-RPC error carrying
+//!   its id, within the client's bound;
+//! - once traffic has stopped and the abandoned-id TTL has passed, the
+//!   guard's table holds nothing.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+/// How a client's request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    /// Its own result.
+    Answered,
+    /// A JSON-RPC error carrying its id, with this HTTP status.
+    Error(u16),
+    /// The client cancelled it (and stopped waiting).
+    Cancelled,
+    /// Another conversation's `notifications/cancelled` for the same id
+    /// cancelled it on the server (a cancellation of `id: 1` is ambiguous
+    /// when every call is `id: 1`): its stream ended without an answer.
+    CancelledByAnother,
+    /// The client dropped the connection before the answer.
+    Disconnected,
+    /// The server had forgotten the session (it restarted): `404`.
+    SessionLost,
+    /// The connection broke under a fault (a held link, a restart).
+    Broken,
+    /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
+    /// whose replay carried its own result.
+    Resumed,
+}
+
+#[derive(Default)]
+struct Record {
+    trace: bool,
+    /// Every event with its simulated time, hashed: two runs of one seed
+    /// must tell the same story.
+    story: std::collections::hash_map::DefaultHasher,
+    violations: Vec<String>,
+    outcomes: BTreeMap<Outcome, u64>,
+    /// Requests the simulated server started.
+    started: u64,
+    /// The markers of the requests the server cancelled.
+    cancelled: std::collections::BTreeSet<String>,
+}
+
+/// The run's record, shared by every actor (turmoil runs them all on one
+/// thread, in an order the seed decides).
+#[derive(Clone)]
+pub struct Oracle(Arc<Mutex<Record>>);
+
+impl Oracle {
+    pub fn new() -> Self {
+        Self(Arc::new(Mutex::new(Record {
+            trace: std::env::var_os("SIM_TRACE").is_some(),
+            ..Record::default()
+        })))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn tell(record: &mut Record, event: &str) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        at.hash(&mut record.story);
+        event.hash(&mut record.story);
+        if record.trace {
+            eprintln!("{:>10.3} s  {event}", at.as_secs_f64());
+        }
+    }
+
+    /// Something worth telling happened (`SIM_TRACE=1` prints it).
+    pub fn note(&self, event: &str) {
+        self.with(|record| Self::tell(record, event));
+    }
+
+    /// A property failed.
+    pub fn violation(&self, what: String) {
+        self.with(|record| {
+            Self::tell(record, &format!("VIOLATION {what}"));
+            record.violations.push(what);
+        });
+    }
+
+    /// `marker`'s request ended so.
+    pub fn ended(&self, marker: &str, outcome: Outcome) {
+        self.with(|record| {
+            Self::tell(record, &format!("{marker} ended: {outcome:?}"));
+            *record.outcomes.entry(outcome).or_default() += 1;
+        });
+    }
+
+    /// The server started `marker`'s request (under an id that is the
+    /// guard's to choose, from a random point: not part of the story).
+    pub fn server_started(&self, marker: &str) {
+        self.with(|record| {
+            Self::tell(record, &format!("{marker} started on the server"));
+            record.started += 1;
+        });
+    }
+
+    /// The server cancelled `marker`'s request.
+    pub fn server_cancelled(&self, marker: &str) {
+        self.with(|record| {
+            Self::tell(record, &format!("{marker} cancelled on the server"));
+            record.cancelled.insert(marker.to_owned());
+        });
+    }
+
+    /// Whether the server cancelled `marker`'s request.
+    pub fn was_cancelled(&self, marker: &str) -> bool {
+        self.with(|record| record.cancelled.contains(marker))
+    }
+
+    /// The hash of every event and its simulated time.
+    pub fn story(&self) -> u64 {
+        self.with(|record| record.story.finish())
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.with(|record| record.violations.clone())
+    }
+
+    pub fn outcomes(&self) -> BTreeMap<Outcome, u64> {
+        self.with(|record| record.outcomes.clone())
+    }
+
+    pub fn requests_started(&self) -> u64 {
+        self.with(|record| record.started)
+    }
+}

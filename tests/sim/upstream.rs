@@ -1,0 +1,495 @@
+//! A simulated MCP server (streamable HTTP, stateful sessions) that routes
+//! each response by `(session, id)` alone, as python-sdk and the TypeScript
+//! SDK do: a second request under an id still running replaces the first
+//! one's route, so the first one's result goes to the second one's stream
+//! (a cross-wire) and the first one hangs. Any duplicate the guard lets
+//! through shows up.
+//!
+//! It answers a `tools/call` as JSON once the tool has finished, or as SSE
+//! on the POST stream (a priming event, a progress notification, then the
+//! result), and runs each tool for as long as the call's `ms` argument
+//! says. Some SSE streams it closes early for polling (SEP-1699): every
+//! event is kept in the session's event store, and a `GET` with
+//! `Last-Event-ID` replays the stream from there, then goes on live (or is
+//! closed early again). It honours half the `notifications/cancelled` it
+//! gets, for whichever request runs under that id. On some SSE streams it
+//! sends a request of its own (sampling, ids counting from 1 like the
+//! clients'), whose answer must come back to it once and as sent.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::oracle::Oracle;
+
+pub const PORT: u16 = 8000;
+
+/// The header of the server's `404` for a session it does not know (as
+/// after a restart), which the clients answer with a new session.
+pub const UNKNOWN_SESSION: &str = "x-sim-unknown-session";
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Where the answer to a running request goes.
+enum Route {
+    /// The POST waiting to answer as JSON.
+    Json(mpsc::UnboundedSender<Bytes>),
+    /// An SSE stream of the session's event store.
+    Stream(u64),
+}
+
+/// A request running under an id, as the session's map holds it.
+struct Running {
+    route: Route,
+    /// Its payload marker, for the record.
+    marker: String,
+    /// Stops its tool (a dropped sender does not).
+    cancel: oneshot::Sender<()>,
+}
+
+/// One SSE stream of a session: every event it carried, for replays.
+#[derive(Default)]
+struct Stream {
+    /// Whole events (`id:` and `data:` lines), in order; the stream ends
+    /// after its answer.
+    events: Vec<Bytes>,
+    answered: bool,
+    /// Its request was cancelled: no answer will come.
+    ended: bool,
+    /// The connection reading it now, if any: each event and whether it is
+    /// the answer.
+    live: Option<mpsc::UnboundedSender<(Bytes, bool)>>,
+}
+
+/// One session's requests in progress, keyed as the buggy SDKs key them.
+#[derive(Default)]
+struct Session {
+    /// The request running under each id: where its answer goes.
+    routes: BTreeMap<String, Running>,
+    /// Requests running under each id (the oracle wants at most one).
+    running: BTreeMap<String, u32>,
+    streams: BTreeMap<u64, Stream>,
+    next_stream: u64,
+    /// The ids of the server's own requests to the client (sampling) not
+    /// yet answered: numbers from 1, like the clients' (another id space).
+    asked: std::collections::BTreeSet<u64>,
+    next_ask: u64,
+}
+
+impl Session {
+    /// One request under `key` fewer.
+    fn finished(&mut self, key: &str) {
+        if let Some(running) = self.running.get_mut(key) {
+            *running -= 1;
+            if *running == 0 {
+                self.running.remove(key);
+            }
+        }
+    }
+
+    /// Stream `id` will carry nothing more: its reader's body ends.
+    fn end(&mut self, id: u64) {
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.ended = true;
+            stream.live = None;
+        }
+    }
+
+    /// Appends an event to stream `id` and passes it to its reader.
+    fn push(&mut self, id: u64, data: &str, answer: bool) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let event = Bytes::from(format!(
+            "id: {id}-{}\nevent: message\ndata: {data}\n\n",
+            stream.events.len()
+        ));
+        stream.events.push(event.clone());
+        stream.answered |= answer;
+        if let Some(live) = &stream.live {
+            if live.send((event, answer)).is_err() {
+                stream.live = None;
+            }
+        }
+    }
+}
+
+struct State {
+    oracle: Oracle,
+    rng: StdRng,
+    sessions: BTreeMap<String, Session>,
+    next_session: u64,
+    /// The share of SSE streams closed early for polling (SEP-1699).
+    poll_rate: f64,
+    /// How many times the server restarted before this run of it.
+    incarnation: u32,
+}
+
+/// The server's state: kept across its connections.
+#[derive(Clone)]
+pub struct Upstream(Arc<Mutex<State>>);
+
+impl Upstream {
+    /// A server that knows no session yet: the `incarnation`th start.
+    pub fn new(seed: u64, oracle: Oracle, poll_rate: f64, incarnation: u32) -> Self {
+        Self(Arc::new(Mutex::new(State {
+            oracle,
+            incarnation,
+            rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e ^ u64::from(incarnation)),
+            sessions: BTreeMap::new(),
+            next_session: 0,
+            poll_rate,
+        })))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Serves HTTP/1.1 on the simulated host until it is stopped.
+    pub async fn serve(self) -> turmoil::Result {
+        let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let upstream = self.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let upstream = upstream.clone();
+                    async move { Ok::<_, Infallible>(upstream.handle(request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let session = request
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        if request.method() == http::Method::GET {
+            let last_event = request
+                .headers()
+                .get("last-event-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            return match (session, last_event) {
+                (Some(session), Some(last_event)) => self.resume(&session, &last_event),
+                _ => status(StatusCode::METHOD_NOT_ALLOWED),
+            };
+        }
+        let Ok(body) = request.into_body().collect().await else {
+            return status(StatusCode::BAD_REQUEST);
+        };
+        let Ok(message) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+            return status(StatusCode::BAD_REQUEST);
+        };
+        let method = message["method"].as_str().unwrap_or_default();
+        match (session, method) {
+            (None, "initialize") => self.initialize(&message),
+            (None, _) => status(StatusCode::BAD_REQUEST),
+            (Some(session), _) if !self.with(|s| s.sessions.contains_key(&session)) => {
+                unknown_session()
+            }
+            (Some(session), "notifications/cancelled") => self.cancel(&session, &message),
+            (Some(session), "") if message.get("result").is_some() => {
+                self.answered(&session, &message)
+            }
+            (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
+            (Some(session), "tools/call") => match self.tool_call(session, message) {
+                Ok(response) => response,
+                // As the SDKs do, the JSON answer's head goes with its body,
+                // once the tool has finished; a request whose route was
+                // taken hangs.
+                Err(mut answer) => match answer.recv().await {
+                    Some(answer) => json_body(answer),
+                    None => std::future::pending().await,
+                },
+            },
+            (Some(_), _) => json_response(&json!({
+                "jsonrpc": "2.0", "id": message["id"], "result": {}
+            })),
+        }
+    }
+
+    fn initialize(&self, message: &Value) -> Response<Body> {
+        let session = self.with(|state| {
+            state.next_session += 1;
+            let session = format!("session-{}-{}", state.incarnation, state.next_session);
+            state.sessions.insert(session.clone(), Session::default());
+            session
+        });
+        let mut response = json_response(&json!({
+            "jsonrpc": "2.0",
+            "id": message["id"],
+            "result": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "sim-upstream", "version": "0"}
+            }
+        }));
+        response
+            .headers_mut()
+            .insert("mcp-session-id", session.parse().expect("a valid header"));
+        response
+    }
+
+    /// The SSE response at once, or where the JSON answer will come from.
+    fn tool_call(
+        &self,
+        session: String,
+        message: Value,
+    ) -> Result<Response<Body>, mpsc::UnboundedReceiver<Bytes>> {
+        let id = message["id"].clone();
+        let key = key_of(&id);
+        let marker = message["params"]["arguments"]["marker"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
+        let (cancel, cancelled) = oneshot::channel();
+        let response = self.with(|state| {
+            state.oracle.server_started(&marker);
+            let sse = state.rng.random_bool(0.5);
+            let poll = sse && state.rng.random_bool(state.poll_rate);
+            let ask = sse && state.rng.random_bool(0.3);
+            let Some(entry) = state.sessions.get_mut(&session) else {
+                return Ok(unknown_session());
+            };
+            let running = entry.running.entry(key.clone()).or_default();
+            *running += 1;
+            if *running > 1 {
+                state.oracle.violation(format!(
+                    "the server runs {running} requests under id {key} of {session} (the latest: {marker})"
+                ));
+            }
+            let running = |route| Running {
+                route,
+                marker: marker.clone(),
+                cancel,
+            };
+            if !sse {
+                let (route, answer) = mpsc::unbounded_channel();
+                // The bug: the latest request under an id takes its route.
+                entry
+                    .routes
+                    .insert(key.clone(), running(Route::Json(route)));
+                return Err(answer);
+            }
+            entry.next_stream += 1;
+            let stream = entry.next_stream;
+            entry.streams.insert(stream, Stream::default());
+            entry
+                .routes
+                .insert(key.clone(), running(Route::Stream(stream)));
+            // The priming event (an id, no data; 2025-11-25), then progress.
+            entry.push(stream, "", false);
+            let progress = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": id, "progress": 0}
+            });
+            entry.push(stream, &progress.to_string(), false);
+            if ask {
+                // A request of the server's own, on the POST stream.
+                entry.next_ask += 1;
+                let asked = entry.next_ask;
+                entry.asked.insert(asked);
+                let request = json!({
+                    "jsonrpc": "2.0", "id": asked, "method": "sampling/createMessage",
+                    "params": {"messages": [], "maxTokens": 1, "_meta": {"for": marker}}
+                });
+                entry.push(stream, &request.to_string(), false);
+            }
+            state.oracle.note(&format!(
+                "server: {marker} on stream {stream} (closing early: {poll})"
+            ));
+            Ok(sse_stream(entry, stream, 0, poll))
+        });
+        let upstream = self.clone();
+        let result = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "result": {"content": [{"type": "text", "text": marker}]}
+        })
+        .to_string();
+        tokio::spawn(async move {
+            tokio::select! {
+                // In order: tokio's branch choice is random (unseeded).
+                biased;
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                // Cancelled (its route replaced by a duplicate drops the
+                // sender instead, and the tool runs on).
+                Ok(()) = cancelled => return,
+            }
+            upstream.with(|state| {
+                let Some(entry) = state.sessions.get_mut(&session) else {
+                    return;
+                };
+                entry.finished(&key);
+                // Whoever holds the route under this id now gets it.
+                match entry.routes.remove(&key).map(|running| running.route) {
+                    Some(Route::Json(route)) => {
+                        let _ = route.send(Bytes::from(result));
+                    }
+                    Some(Route::Stream(stream)) => entry.push(stream, &result, true),
+                    None => {}
+                }
+            });
+        });
+        response
+    }
+
+    /// A client's response to one of the server's requests: it must answer
+    /// one the server sent in this session, once.
+    fn answered(&self, session: &str, message: &Value) -> Response<Body> {
+        self.with(|state| {
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return unknown_session();
+            };
+            let known = message["id"]
+                .as_u64()
+                .is_some_and(|id| entry.asked.remove(&id));
+            if !known {
+                state.oracle.violation(format!(
+                    "the server got a response to a request it did not send (or twice): {message}"
+                ));
+            }
+            status(StatusCode::ACCEPTED)
+        })
+    }
+
+    /// `notifications/cancelled`: half the time honoured, for the request
+    /// running under `requestId` now (by key, like the rest); it gets no
+    /// answer, its SSE stream ends and its JSON answer never comes.
+    fn cancel(&self, session: &str, message: &Value) -> Response<Body> {
+        let key = key_of(&message["params"]["requestId"]);
+        self.with(|state| {
+            if !state.rng.random_bool(0.5) {
+                return;
+            }
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return;
+            };
+            let Some(running) = entry.routes.remove(&key) else {
+                return;
+            };
+            entry.finished(&key);
+            let _ = running.cancel.send(());
+            if let Route::Stream(stream) = running.route {
+                entry.end(stream);
+            }
+            state.oracle.server_cancelled(&running.marker);
+        });
+        status(StatusCode::ACCEPTED)
+    }
+
+    /// `GET` with `Last-Event-ID`: the stream's events after that one, then
+    /// the rest as they come (or closed early again, for the next poll).
+    fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
+        self.with(|state| {
+            let poll = state.rng.random_bool(state.poll_rate);
+            state.oracle.note(&format!(
+                "server: GET after {last_event} (closing early: {poll})"
+            ));
+            let Some(entry) = state.sessions.get_mut(session) else {
+                return unknown_session();
+            };
+            let parsed = last_event.split_once('-').and_then(|(stream, index)| {
+                Some((stream.parse::<u64>().ok()?, index.parse::<usize>().ok()?))
+            });
+            match parsed {
+                // A cancelled request's stream is forgotten.
+                Some((stream, index))
+                    if entry
+                        .streams
+                        .get(&stream)
+                        .is_some_and(|stream| !stream.ended) =>
+                {
+                    sse_stream(entry, stream, index + 1, poll)
+                }
+                _ => status(StatusCode::NOT_FOUND),
+            }
+        })
+    }
+}
+
+/// An SSE response for `stream` from its event `from` on: what is stored,
+/// then (unless `poll`, or the answer is among them) what comes next, to
+/// the end of the stream.
+fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Response<Body> {
+    let Some(state) = entry.streams.get_mut(&stream) else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    let stored: Vec<Bytes> = state.events.get(from..).unwrap_or_default().to_vec();
+    let live = if state.answered || state.ended || poll {
+        None
+    } else {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        // A newer reader takes the stream over.
+        state.live = Some(sender);
+        Some(receiver)
+    };
+    let stored = futures::stream::iter(stored.into_iter().map(|event| Ok(Frame::data(event))));
+    let live = futures::stream::unfold(live, |live| async move {
+        let mut live = live?;
+        let (event, answer) = live.recv().await?;
+        Some((Ok(Frame::data(event)), (!answer).then_some(live)))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(StreamBody::new(stored.chain(live)).boxed_unsync())
+        .expect("a valid response")
+}
+
+/// How python-sdk keys a request: `str(id)`, so `1` and `"1"` are one key.
+fn key_of(id: &Value) -> String {
+    match id {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn unknown_session() -> Response<Body> {
+    let mut response = status(StatusCode::NOT_FOUND);
+    response
+        .headers_mut()
+        .insert(UNKNOWN_SESSION, http::HeaderValue::from_static("1"));
+    response
+}
+
+fn status(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+fn json_response(message: &Value) -> Response<Body> {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(message.to_string())).boxed_unsync())
+        .expect("a valid response")
+}
+
+fn json_body(answer: Bytes) -> Response<Body> {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Full::new(answer).boxed_unsync())
+        .expect("a valid response")
+}

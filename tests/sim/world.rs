@@ -1,0 +1,408 @@
+//! One run: the simulated hosts (the upstream MCP server, the guard with
+//! the binary's composition, the clients, a checker), built from a seed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt;
+use mcp_id_guard::protect::buffer::{BodyBudget, BodyBufferLayer};
+use mcp_id_guard::protect::head::HeadLimitLayer;
+use mcp_id_guard::protect::host::{HostLayer, HostPolicy};
+use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
+use mcp_id_guard::protect::pace::BodyPaceLayer;
+use mcp_id_guard::proxy::Proxy;
+use mcp_id_guard::server::{ClientBody, Server};
+use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tower::util::BoxCloneService;
+use tower::BoxError;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use crate::net::{SimConnector, SimListener};
+use crate::oracle::{Oracle, Outcome};
+use crate::{client, upstream};
+
+pub const GUARD_HOST: &str = "guard";
+pub const GUARD_PORT: u16 = 8080;
+const UPSTREAM_HOST: &str = "upstream";
+
+/// What a run is made of; the seed picks everything else.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// `false`: the control, the same stack without the guard.
+    pub guard: bool,
+    /// The guard's policy for duplicates; `None`: the seed's choice.
+    pub policy: Option<OnDuplicate>,
+    pub clients: usize,
+    pub conversations: usize,
+    pub turns: usize,
+    pub max_tool_ms: u64,
+    pub max_think_ms: u64,
+    /// The share of calls whose client disconnects before the answer.
+    pub disconnect_rate: f64,
+    /// The share of calls whose client cancels them before the answer.
+    pub cancel_rate: f64,
+    /// The share of SSE streams the server closes early for polling.
+    pub poll_rate: f64,
+    /// How many times a client resumes one call's stream.
+    pub max_polls: u32,
+    /// Faults: links held (every message waits) for up to `max_hold`
+    /// between the guard and the upstream or a client and the guard,
+    /// upstream restarts (which forget every session) and guard restarts
+    /// (an empty table, the same id secret).
+    pub faults: bool,
+    pub max_hold: Duration,
+    /// The guard's abandoned-id TTL (and restart window, as in the binary):
+    /// above the longest tool call, as the docs ask.
+    pub ttl: Duration,
+    /// The proxy's upstream response and idle timeouts.
+    pub upstream_timeout: Duration,
+    /// How long a client waits for any one exchange: past it, the request
+    /// did not end in time.
+    pub client_bound: Duration,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        let upstream_timeout = Duration::from_secs(30);
+        Self {
+            guard: true,
+            policy: None,
+            clients: 3,
+            conversations: 4,
+            turns: 4,
+            max_tool_ms: 8_000,
+            max_think_ms: 3_000,
+            disconnect_rate: 0.1,
+            cancel_rate: 0.1,
+            poll_rate: 0.3,
+            max_polls: 20,
+            faults: true,
+            max_hold: Duration::from_secs(20),
+            ttl: Duration::from_secs(30),
+            upstream_timeout,
+            // A JSON answer's head, or an SSE stream's silence, each at most
+            // the upstream timeout; a held link; the network's slack.
+            client_bound: upstream_timeout * 2 + Duration::from_secs(30),
+        }
+    }
+}
+
+/// A fault, at its simulated time.
+#[derive(Debug, Clone)]
+enum Fault {
+    Hold(String, String),
+    Release(String, String),
+    RestartUpstream,
+    RestartGuard,
+}
+
+/// The faults of a run, in time order.
+fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
+    let mut faults = Vec::new();
+    if !setup.faults {
+        return faults;
+    }
+    let window = Duration::from_secs(60);
+    for _ in 0..rng.random_range(0..=3) {
+        let at = window.mul_f64(rng.random());
+        let held = setup.max_hold.mul_f64(rng.random());
+        let pick = rng.random_range(0..=setup.clients);
+        let (a, b) = if pick == setup.clients {
+            (GUARD_HOST.to_owned(), UPSTREAM_HOST.to_owned())
+        } else {
+            (format!("client-{pick}"), GUARD_HOST.to_owned())
+        };
+        faults.push((at, Fault::Hold(a.clone(), b.clone())));
+        faults.push((at + held, Fault::Release(a, b)));
+    }
+    if rng.random_bool(0.5) {
+        faults.push((window.mul_f64(rng.random()), Fault::RestartUpstream));
+    }
+    if rng.random_bool(0.3) {
+        faults.push((window.mul_f64(rng.random()), Fault::RestartGuard));
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    faults
+}
+
+/// What one run did.
+#[derive(Debug)]
+pub struct Report {
+    pub seed: u64,
+    pub policy: Option<OnDuplicate>,
+    pub violations: Vec<String>,
+    pub outcomes: std::collections::BTreeMap<Outcome, u64>,
+    pub server_requests: u64,
+    pub simulated: Duration,
+    pub wall: Duration,
+    pub stats: Option<Stats>,
+    /// The run's story, hashed (see [`Oracle::story`]).
+    pub story: u64,
+}
+
+/// The body every composition answers with (the control's and the
+/// guard's differ in type).
+type SimBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The per-request stack of the binary (`src/bin/mcp-id-guard/main.rs`),
+/// traces aside: metrics, head limit, Host check, body pace, body buffer
+/// (the binary's default budgets), the guard, the proxy.
+fn stack(
+    proxy: Proxy,
+    guard: Option<IdGuardLayer>,
+    metrics: &Metrics,
+) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible> {
+    let hosts = HostPolicy::loopback()
+        .allowed_hosts([GUARD_HOST])
+        .expect("a valid host pattern");
+    let outer = ServiceBuilder::new()
+        .layer(MetricsLayer::new(metrics.clone()))
+        .layer(HeadLimitLayer::new(32 * 1024))
+        .layer(HostLayer::new(hosts))
+        .layer(BodyPaceLayer::new().idle_timeout(Some(Duration::from_secs(10))))
+        .layer(
+            BodyBufferLayer::new(BodyBudget::new(64 * 1024 * 1024))
+                .max_body_bytes(4 * 1024 * 1024)
+                .per_connection(4 * 1024 * 1024),
+        );
+    match guard {
+        Some(guard) => boxed(outer.layer(guard).service(proxy)),
+        None => boxed(outer.service(proxy)),
+    }
+}
+
+fn boxed<S, B>(service: S) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible>
+where
+    S: Service<Request<ClientBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    service
+        .map_response(|response: Response<B>| {
+            response.map(|body| body.map_err(Into::into).boxed_unsync())
+        })
+        .boxed_clone()
+}
+
+/// Runs the world of `seed`.
+pub fn run(seed: u64, setup: &Setup) -> Report {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let oracle = Oracle::new();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(rng.random())
+        .simulation_duration(Duration::from_secs(3600))
+        .tick_duration(Duration::from_millis(5))
+        .min_message_latency(Duration::from_millis(0))
+        .max_message_latency(Duration::from_millis(50))
+        .build();
+
+    // Each start of the upstream host (a restart too) is a new server that
+    // knows no session.
+    let upstream_seed: u64 = rng.random();
+    let incarnations = std::cell::Cell::new(0);
+    let (upstream_oracle, poll_rate) = (oracle.clone(), setup.poll_rate);
+    sim.host(UPSTREAM_HOST, move || {
+        let incarnation = incarnations.get();
+        incarnations.set(incarnation + 1);
+        upstream_oracle.note(&format!("upstream: start {incarnation}"));
+        upstream::Upstream::new(
+            upstream_seed,
+            upstream_oracle.clone(),
+            poll_rate,
+            incarnation,
+        )
+        .serve()
+    });
+
+    let mut secret = [0u8; 16];
+    rng.fill(&mut secret);
+    // Each start of the guard host (a restart too) is a new process with an
+    // empty table, which shares the id secret of the one before (as with
+    // `--id-secret-file`) and remaps unseen sessions for its restart window.
+    let current_guard: Arc<std::sync::Mutex<Option<IdGuardLayer>>> = Arc::default();
+    let stats_of = Arc::clone(&current_guard);
+    let (use_guard, ttl, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    // From an RNG of its own, so that the other choices of a seed stay as
+    // they were before the policy was one.
+    let policy = setup.policy.unwrap_or_else(|| {
+        let policies = [OnDuplicate::Remap, OnDuplicate::Queue, OnDuplicate::Reject];
+        policies[StdRng::seed_from_u64(seed ^ 0x9011_c1e5).random_range(0..policies.len())]
+    });
+    oracle.note(&format!("guard policy: {policy:?}"));
+    let upstream_timeout = setup.upstream_timeout;
+    let guard_starts = std::cell::Cell::new(0u32);
+    sim.host(GUARD_HOST, move || {
+        let layer = IdGuardLayer::with_secret(secret)
+            .on_duplicate(policy)
+            .abandoned_id_ttl(ttl)
+            .restart_window(ttl);
+        *current_guard.lock().unwrap() = Some(layer.clone());
+        guard_oracle.note(&format!("guard: start {}", guard_starts.get()));
+        guard_starts.set(guard_starts.get() + 1);
+        let guard = use_guard.then_some(layer);
+        async move {
+            let proxy = Proxy::builder()
+                .connector(SimConnector)
+                .connect_timeout(Duration::from_secs(5))
+                .response_timeout(Some(upstream_timeout))
+                .idle_timeout(Some(upstream_timeout))
+                .max_connections(Some(256))
+                .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
+            let metrics = Metrics::new();
+            let service = stack(proxy, guard, &metrics);
+            let server = Server::builder()
+                .header_read_timeout(Some(Duration::from_secs(10)))
+                .keep_alive_timeout(Some(Duration::from_secs(20)))
+                .send_timeout(Some(Duration::from_secs(30)))
+                .max_connections(512)
+                .metrics(metrics)
+                .build();
+            let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GUARD_PORT)).await?;
+            server
+                .serve(
+                    SimListener(listener),
+                    move |_client| service.clone(),
+                    std::future::pending(),
+                )
+                .await;
+            Ok(())
+        }
+    });
+
+    // One permit per client that has finished, and its session.
+    let done = Arc::new(tokio::sync::Semaphore::new(0));
+    let sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for index in 0..setup.clients {
+        let name = format!("client-{index}");
+        let client_seed = rng.random();
+        let (setup, oracle, done, sessions) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&sessions),
+        );
+        sim.client(name.clone(), async move {
+            let result = client::run(name, setup, client_seed, oracle).await;
+            if let Ok(used) = &result {
+                sessions.lock().unwrap().extend(used.iter().cloned());
+            }
+            done.add_permits(1);
+            result.map(drop)
+        });
+    }
+
+    // Once every client is done: nothing in flight; once the TTL has
+    // passed, nothing left at all.
+    let final_stats = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (setup, oracle, done, final_stats) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&final_stats),
+        );
+        let sessions = Arc::clone(&sessions);
+        sim.client("checker", async move {
+            let clients = u32::try_from(setup.clients).expect("a few clients");
+            let _all = done.acquire_many(clients).await?;
+            // The last bodies' ends reach the guard.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The guard running now (a restarted one's table starts empty).
+            let guard = stats_of.lock().unwrap().clone().filter(|_| setup.guard);
+            if let Some(guard) = guard {
+                let stats = guard.stats();
+                if stats.in_flight_requests != 0 {
+                    oracle.violation(format!(
+                        "{} requests still in flight after the traffic stopped",
+                        stats.in_flight_requests
+                    ));
+                }
+                // Every tool has ended by now (the longest is shorter
+                // than the TTL), so every abandoned id is past its time;
+                // the table drops them as each session is next used.
+                tokio::time::sleep(setup.ttl + Duration::from_secs(1)).await;
+                let sessions = sessions.lock().unwrap().clone();
+                for session in &sessions {
+                    // Any answer will do (a 404 from a restarted server, a
+                    // 502 across a held link): the guard has looked at the
+                    // session's ids on the way.
+                    // A connection the guard's restart broke: again.
+                    for _ in 0..5 {
+                        match client::ping(session).await {
+                            Ok(status) => {
+                                oracle.note(&format!("last ping: {status}"));
+                                break;
+                            }
+                            Err(error) => oracle.note(&format!("last ping failed: {error}")),
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+                // The guard running now: one restarted meanwhile has a
+                // table of its own (the old one went with its process).
+                let guard = stats_of.lock().unwrap().clone().unwrap_or(guard);
+                let stats = guard.stats();
+                if stats.abandoned_ids != 0
+                    || stats.in_flight_requests != 0
+                    || stats.table_bytes != 0
+                {
+                    oracle.violation(format!(
+                        "the table is not empty a TTL after the traffic stopped: {stats:?}"
+                    ));
+                }
+                *final_stats.lock().unwrap() = Some(stats);
+            }
+            Ok(())
+        });
+    }
+
+    let faults = faults(&mut rng, setup);
+    let mut next = 0;
+    loop {
+        while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
+            // Told from outside the simulation: its time in the text.
+            oracle.note(&format!(
+                "fault at {:.3} s: {fault:?}",
+                sim.elapsed().as_secs_f64()
+            ));
+            match fault {
+                Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
+                Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
+                Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
+                Fault::RestartGuard => sim.bounce(GUARD_HOST),
+            }
+            next += 1;
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => {
+                oracle.violation(format!("the simulation failed: {error}"));
+                break;
+            }
+        }
+    }
+    let report = Report {
+        seed,
+        policy: setup.guard.then_some(policy),
+        violations: oracle.violations(),
+        outcomes: oracle.outcomes(),
+        server_requests: oracle.requests_started(),
+        simulated: sim.elapsed(),
+        wall: started.elapsed(),
+        stats: final_stats.lock().unwrap().take(),
+        story: oracle.story(),
+    };
+    report
+}
