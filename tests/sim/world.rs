@@ -333,18 +333,22 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 // the table drops them as each session is next used.
                 tokio::time::sleep(setup.ttl + Duration::from_secs(1)).await;
                 let sessions = sessions.lock().unwrap().clone();
+                match client::touch_window().await {
+                    Ok(status) => oracle.note(&format!("last touch of the window: {status}")),
+                    Err(error) => oracle.note(&format!("last touch of the window failed: {error}")),
+                }
                 for session in &sessions {
                     // Any answer will do (a 404 from a restarted server, a
                     // 502 across a held link): the guard has looked at the
                     // session's ids on the way.
                     // A connection the guard's restart broke: again.
                     for _ in 0..5 {
-                        match client::ping(session).await {
+                        match client::touch(session).await {
                             Ok(status) => {
-                                oracle.note(&format!("last ping: {status}"));
+                                oracle.note(&format!("last touch: {status}"));
                                 break;
                             }
-                            Err(error) => oracle.note(&format!("last ping failed: {error}")),
+                            Err(error) => oracle.note(&format!("last touch failed: {error}")),
                         }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
