@@ -109,6 +109,7 @@ fn regression_inputs_pass() {
         "restored-response-followed-by-garbage",
         "restored-response-with-invalid-utf8-inside",
         "restored-response-with-invalid-utf8-key",
+        "restored-response-with-a-broken-value",
     ];
     for (path, data) in inputs("fuzz/regressions/sse_rewriter") {
         assert!(names.iter().any(|name| path.ends_with(name)));

@@ -62,8 +62,10 @@ pub async fn run(
                     x if x < setup.disconnect_rate + setup.cancel_rate => Plan::Cancel(after),
                     _ => Plan::Wait,
                 };
+                let replay = rng.random_bool(setup.replay_rate);
                 let session = sessions.lock().await.current.clone();
-                if call(&setup, &session, &marker, ms, plan, &oracle).await {
+                let called = call(&setup, &session, &marker, ms, plan, &oracle).await;
+                if called.session_lost {
                     // The server forgot the session: the first conversation
                     // to find out starts another, as clients do on 404.
                     let mut sessions = sessions.lock().await;
@@ -78,6 +80,8 @@ pub async fn run(
                             }
                         }
                     }
+                } else if let Some(from) = called.replay_from.filter(|_| replay) {
+                    replay_answer(&setup, &session, &marker, &from, &oracle).await;
                 }
                 let think = rng.random_range(0..setup.max_think_ms);
                 tokio::time::sleep(Duration::from_millis(think)).await;
@@ -175,8 +179,16 @@ pub enum Plan {
     Cancel(Duration),
 }
 
-/// One `tools/call` with `id: 1` on a new connection, judged: `true` when
-/// the server no longer knows the session.
+/// How a call ended, for what its conversation does next.
+struct Called {
+    /// The server no longer knows the session.
+    session_lost: bool,
+    /// Answered on the POST's own stream after an event with this id: where
+    /// a client resumes to have the answer replayed.
+    replay_from: Option<String>,
+}
+
+/// One `tools/call` with `id: 1` on a new connection, judged.
 async fn call(
     setup: &Setup,
     session: &str,
@@ -184,7 +196,11 @@ async fn call(
     ms: u64,
     plan: Plan,
     oracle: &Oracle,
-) -> bool {
+) -> Called {
+    let mut called = Called {
+        session_lost: false,
+        replay_from: None,
+    };
     let message = json!({
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
@@ -240,7 +256,8 @@ async fn call(
         (Err(_), Plan::Disconnect(_)) => oracle.ended(marker, Outcome::Disconnected),
         (Ok(Ok((_, read, _))), _) if read.unknown_session => {
             oracle.ended(marker, Outcome::SessionLost);
-            return true;
+            called.session_lost = true;
+            return called;
         }
         (Err(_), Plan::Cancel(_)) => {
             let cancel = json!({
@@ -256,7 +273,8 @@ async fn call(
                         && response.headers().contains_key(UNKNOWN_SESSION) =>
                 {
                     oracle.ended(marker, Outcome::SessionLost);
-                    return true;
+                    called.session_lost = true;
+                    return called;
                 }
                 // The guard or the proxy answered in the upstream's place
                 // (unreachable, held): the cancellation may not have
@@ -285,9 +303,42 @@ async fn call(
             oracle.ended(marker, Outcome::Broken);
         }
         (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
-        (Ok(Ok((status, read, polls))), _) => judge(marker, status, &read, polls, oracle),
+        (Ok(Ok((status, read, polls))), _) => {
+            judge(marker, status, &read, polls, oracle);
+            if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
+                called.replay_from = read.first_event;
+            }
+        }
     }
-    false
+    called
+}
+
+/// Resumes a call's stream, answered already, from `from` (before its
+/// answer): the server replays the answer, which must be the call's own. The
+/// guard must not take it for the answer to another request that reused
+/// `id: 1` and still runs (that one's stream was closed early).
+async fn replay_answer(setup: &Setup, session: &str, marker: &str, from: &str, oracle: &Oracle) {
+    match tokio::time::timeout(setup.client_bound, read(resume(session, from))).await {
+        Ok(Ok((status, more))) => {
+            oracle.note(&format!(
+                "{marker}: replayed from {from}: {status}, answer {}",
+                more.answer.is_some()
+            ));
+            if let Some(answer) = more.answer {
+                let got = answer["result"]["content"][0]["text"]
+                    .as_str()
+                    .unwrap_or("");
+                if answer["id"] != json!(1) || (answer.get("result").is_some() && got != marker) {
+                    oracle.violation(format!(
+                        "{marker}: a replay of its stream carried another answer: {answer}"
+                    ));
+                }
+            }
+        }
+        Ok(Err(error)) => oracle.note(&format!("{marker}: replay failed: {error}")),
+        Err(_) if setup.faults => oracle.note(&format!("{marker}: replay did not end")),
+        Err(_) => oracle.violation(format!("{marker}: its replay did not end")),
+    }
 }
 
 /// What a response carried.
@@ -297,6 +348,8 @@ struct Read {
     answer: Option<Value>,
     /// The last SSE event id it carried.
     last_event: Option<String>,
+    /// The first SSE event id it carried.
+    first_event: Option<String>,
     /// The start of the body, for the record.
     text: String,
     /// The server said it does not know the session.
@@ -344,6 +397,9 @@ async fn read(
     if sse {
         for (id, message) in sse_events(&bytes) {
             if id.is_some() {
+                if read.first_event.is_none() {
+                    read.first_event.clone_from(&id);
+                }
                 read.last_event = id;
             }
             if message.get("method").is_some() && message.get("id").is_some() {

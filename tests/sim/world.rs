@@ -47,6 +47,11 @@ pub struct Setup {
     pub disconnect_rate: f64,
     /// The share of calls whose client cancels them before the answer.
     pub cancel_rate: f64,
+    /// How often a client that got its answer on the POST's own stream
+    /// resumes that stream again from before the answer (`GET` +
+    /// `Last-Event-ID` of the priming event): the server replays the answer
+    /// it already delivered.
+    pub replay_rate: f64,
     /// The share of SSE streams the server closes early for polling.
     pub poll_rate: f64,
     /// How many times a client resumes one call's stream.
@@ -80,6 +85,7 @@ impl Default for Setup {
             max_think_ms: 3_000,
             disconnect_rate: 0.1,
             cancel_rate: 0.1,
+            replay_rate: 0.2,
             poll_rate: 0.3,
             max_polls: 20,
             faults: true,
