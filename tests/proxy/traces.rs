@@ -946,7 +946,8 @@ async fn a_collector_that_is_down_loses_spans_not_requests() -> anyhow::Result<(
         guard.wait_exit(Duration::from_secs(5)).await?;
         let took = asked.elapsed();
         println!("{endpoint}: stopped {took:?} after SIGTERM");
-        let stopped = guard.lines_with("trace exporter stopped");
+        // The last lines reach the test through a pipe and a reader task.
+        let stopped = guard.wait_for_lines("trace exporter stopped").await?;
         assert_eq!(stopped.len(), 1, "{endpoint}: {:#?}", guard.log());
         assert!(
             stopped[0].contains("exported=0")
