@@ -24,7 +24,7 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body::Body;
@@ -120,32 +120,26 @@ fn response_json(id: &str, size: usize) -> String {
     body
 }
 
-/// The fixed answer of the inner service: small, and carrying a server-side
-/// id, so a remapped request's response goes through the JSON restore path.
-fn fixed_response() -> Bytes {
-    Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":{SERVER_ID},"result":{{"content":[{{"type":"text","text":"ECHO:bench"}}],"isError":false}}}}"#
-    ))
-}
+/// The inner service's answer around its id: small, and under the request's
+/// own id, as a real server answers (an answer under another id would leave
+/// the request unanswered, and its id abandoned, to the guard).
+const ANSWER_HEAD: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
+const ANSWER_TAIL: &[u8] =
+    br#","result":{"content":[{"type":"text","text":"ECHO:bench"}],"isError":false}}"#;
 
 // ---------------------------------------------------------------------------
 // The inner service
 // ---------------------------------------------------------------------------
 
 /// A trivial server: reads the request body to its end, as a real server
-/// does, then answers a fixed `application/json` JSON-RPC response; a request
-/// that came with a server-side id is answered under that id (a guard
-/// restores only the ids it issued for the session).
+/// does, then answers a small `application/json` JSON-RPC response under
+/// the request's id (a server-side id when the guard remapped it).
 #[derive(Clone)]
-struct Fixed {
-    response: Bytes,
-}
+struct Fixed;
 
 impl Fixed {
     fn new() -> Self {
-        Self {
-            response: fixed_response(),
-        }
+        Self
     }
 }
 
@@ -164,9 +158,8 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         Drain {
             body: request.into_body(),
-            response: self.response.clone(),
+            answer: Vec::with_capacity(ANSWER_HEAD.len() + 64 + ANSWER_TAIL.len()),
             read: 0,
-            echoed: false,
         }
     }
 }
@@ -174,22 +167,22 @@ where
 /// [`Fixed`]'s response future: drains the body, then answers.
 struct Drain<B> {
     body: B,
-    response: Bytes,
+    /// The answer, its id copied from the body's first frame.
+    answer: Vec<u8>,
     read: usize,
-    /// The first frame was looked at for a server-side id.
-    echoed: bool,
 }
 
-/// The server-side id a request body starts with
-/// (`{"jsonrpc":"2.0","id":"mcp-id-guard:…"`), if any.
-fn server_id_in(head: &[u8]) -> Option<&[u8]> {
-    let rest = head.strip_prefix(br#"{"jsonrpc":"2.0","id":"#)?;
-    if !rest.starts_with(br#""mcp-id-guard:"#) {
-        return None;
-    }
-    // Through the closing quote (the bench's originals hold no quote).
-    let end = rest[1..].iter().position(|&byte| byte == b'"')? + 2;
-    Some(&rest[..end])
+/// The id token a request body starts with (`{"jsonrpc":"2.0","id":…,`):
+/// the bench's bodies all start so, and their ids hold no comma.
+fn id_in(head: &[u8]) -> &[u8] {
+    let rest = head
+        .strip_prefix(ANSWER_HEAD)
+        .expect("the bench's bodies start with their id");
+    let end = rest
+        .iter()
+        .position(|&byte| byte == b',')
+        .expect("a member after the id");
+    &rest[..end]
 }
 
 impl<B: Body + Unpin> Future for Drain<B> {
@@ -201,24 +194,20 @@ impl<B: Body + Unpin> Future for Drain<B> {
             match frame {
                 Ok(frame) => {
                     if let Some(data) = frame.data_ref() {
-                        this.read += data.remaining();
-                        if !std::mem::replace(&mut this.echoed, true) {
-                            if let Some(id) = server_id_in(data.chunk()) {
-                                let id = std::str::from_utf8(id).expect("JSON text");
-                                this.response = Bytes::from(
-                                    std::str::from_utf8(&this.response)
-                                        .expect("JSON text")
-                                        .replacen(SERVER_ID, id, 1),
-                                );
-                            }
+                        if this.answer.is_empty() {
+                            this.answer.extend_from_slice(ANSWER_HEAD);
+                            this.answer.extend_from_slice(id_in(data.chunk()));
+                            this.answer.extend_from_slice(ANSWER_TAIL);
                         }
+                        this.read += data.remaining();
                     }
                 }
                 Err(_) => break,
             }
         }
         black_box(this.read);
-        let mut response = Response::new(Full::new(this.response.clone()));
+        let answer = Bytes::from(std::mem::take(&mut this.answer));
+        let mut response = Response::new(Full::new(answer));
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -844,5 +833,72 @@ fn batches(c: &mut Criterion) {
     group.finish();
 }
 
+// ---------------------------------------------------------------------------
+// 6. Instruction counts (callgrind), for the cost model
+// ---------------------------------------------------------------------------
+
+/// `COUNT=<case>:<size>:<bare|guarded>:<requests>` runs that many
+/// exchanges of one overhead case and nothing else, for
+/// `valgrind --tool=callgrind`: instructions do not drift with the machine's
+/// load as times do, so two counts (say 100 and 1100 requests) give the
+/// instructions of one request exactly (`benches/cost_model.sh`).
+fn count(spec: &str) {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [case, size, side, requests] = parts[..] else {
+        panic!("COUNT=<case>:<size>:<bare|guarded>:<requests>, not {spec}");
+    };
+    let case = Case::ALL
+        .into_iter()
+        .find(|known| known.name() == case)
+        .unwrap_or_else(|| panic!("no case {case}"));
+    let size: usize = size.parse().expect("a size in bytes");
+    let requests: u64 = requests.parse().expect("a number of requests");
+    let rt = runtime();
+    let session = session_id(0);
+    let body = match case {
+        Case::PassThroughString => request_json_string("1", size),
+        _ => request_json("1", size),
+    };
+    let session = match case {
+        Case::Untracked => None,
+        _ => Some(session.as_str()),
+    };
+    let templates = [Template::new(body, session)];
+    let layer = match case {
+        Case::Rejected => IdGuardLayer::new().on_duplicate(OnDuplicate::Reject),
+        _ => IdGuardLayer::new(),
+    };
+    let mut guarded = layer.layer(Fixed::new());
+    let _held = match case {
+        Case::Remapped | Case::Rejected => {
+            let holder = Template::new(request_json("1", 256), session);
+            Some(rt.block_on(hold(&mut guarded, holder.build())))
+        }
+        _ => None,
+    };
+    rt.block_on(check(case, &layer, &mut guarded, &templates[0]));
+    let before = layer.stats();
+    let elapsed = match side {
+        "bare" => rt.block_on(timed_owned(Fixed::new(), &templates, requests)),
+        "guarded" => rt.block_on(timed_owned(guarded, &templates, requests)),
+        other => panic!("bare or guarded, not {other}"),
+    };
+    let after = layer.stats();
+    println!(
+        "{requests} requests in {elapsed:?}: {} passed, {} remapped, {} restored",
+        after.passed_total - before.passed_total,
+        after.remapped_total - before.remapped_total,
+        after.restored_total - before.restored_total
+    );
+}
+
 criterion_group!(benches, overhead, naive_vs_splice, sse, sessions, batches);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

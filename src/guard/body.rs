@@ -456,10 +456,10 @@ impl Framing {
         }
     }
 
-    fn take_answered(&mut self) -> Vec<Delivered> {
+    fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
         match self {
-            Framing::Json { restorer, .. } => restorer.take_answered().collect(),
-            Framing::Sse(rewriter) => rewriter.take_answered().collect(),
+            Framing::Json { restorer, .. } => restorer.take_answered(),
+            Framing::Sse(rewriter) => rewriter.take_answered(),
         }
     }
 }

@@ -2,7 +2,8 @@
 //! (one per test binary, so these tests share this one): the bookkeeping per
 //! in-flight request and its release (`bound`), that responses are restored
 //! in bounded memory whatever their size (`bound`), and what a hostile client
-//! can make the session table hold (`fail_closed`).
+//! can make the session table hold (`fail_closed`), and how many times a
+//! tracked request calls the allocator (`allocations`).
 //!
 //! The allocator tracks the bytes each thread has requested and not yet
 //! freed (`Layout::size`, allocator overhead excluded), and the peak of that
@@ -18,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 
 use tower::Service;
 
+mod allocations;
 mod bound;
 mod fail_closed;
 
@@ -35,6 +37,18 @@ thread_local! {
     static LIVE: Cell<isize> = const { Cell::new(0) };
     /// The highest `LIVE` since the last [`reset_peak`].
     static PEAK: Cell<isize> = const { Cell::new(0) };
+    /// Calls to `alloc`, `alloc_zeroed` and `realloc` by this thread.
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times this thread has asked the allocator for memory (a
+/// `realloc` counts: it is a call to the allocator as costly as the rest).
+pub(crate) fn allocations() -> u64 {
+    CALLS.with(Cell::get)
+}
+
+fn count_call() {
+    let _ = CALLS.try_with(|calls| calls.set(calls.get() + 1));
 }
 
 fn track(delta: isize) {
@@ -61,6 +75,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
         let pointer = unsafe { System.alloc(layout) };
+        count_call();
         if !pointer.is_null() {
             track(layout.size() as isize);
         }
@@ -70,6 +85,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `alloc_zeroed`'s contract.
         let pointer = unsafe { System.alloc_zeroed(layout) };
+        count_call();
         if !pointer.is_null() {
             track(layout.size() as isize);
         }
@@ -85,6 +101,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `realloc`'s contract.
         let moved = unsafe { System.realloc(pointer, layout, new_size) };
+        count_call();
         if !moved.is_null() {
             track(new_size as isize - layout.size() as isize);
         }

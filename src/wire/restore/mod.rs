@@ -235,9 +235,11 @@ impl Restorer {
         } else if self.held.is_some() {
             self.absorb(end, &at);
             // Past these bounds `restore` would refuse anyway: let the bytes go.
+            // By position: a restorer that only watches keeps only the id.
             let over = self.held.as_ref().is_some_and(|held| {
-                let id_len = held.id_len.unwrap_or(held.bytes.len());
-                id_len > self.max_id || held.bytes.len() - id_len > WINDOW
+                let held_len = end - held.start;
+                let id_len = held.id_len.unwrap_or(held_len);
+                id_len > self.max_id || held_len - id_len > WINDOW
             });
             if over {
                 self.release(None, end, &at, out);
@@ -250,7 +252,7 @@ impl Restorer {
     /// The stream ended: whatever is held goes on as it is.
     pub(crate) fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         if let Some(held) = self.held.take() {
-            if !held.bytes.is_empty() {
+            if self.restoring && !held.bytes.is_empty() {
                 out.push_back(held.bytes.freeze());
             }
         }
@@ -412,22 +414,19 @@ impl Restorer {
 
     /// The held id token, if it ended within the bounds.
     fn held_id(&self) -> Option<&str> {
-        let held = self.held.as_ref()?;
-        let id_len = held.id_len?;
-        if id_len > self.max_id {
-            return None;
-        }
-        std::str::from_utf8(&held.bytes[..id_len]).ok()
+        held_id(self.held.as_ref()?, self.max_id)
     }
 
     /// The held response goes on with its id restored (if it is a
     /// server-side id), with what followed it up to `position`.
     fn conclude(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
         self.absorb(position, at);
-        let id = self.held_id().map(str::to_owned);
+        // Read in place: the held id is not copied again to be looked at.
+        let held = self.held.take();
+        let id = held.as_ref().and_then(|held| held_id(held, self.max_id));
         // A foreign id is counted even where nothing is restored: it is the
         // sign of an upstream that mixes sessions up.
-        let verdict = id.as_deref().map(|id| match &self.binding {
+        let verdict = id.map(|id| match &self.binding {
             None => restore(id).map_or(Restored::Not, Restored::Original),
             Some(binding) => binding.minter.restore_in(binding.session, id),
         });
@@ -440,13 +439,14 @@ impl Restorer {
             _ => None,
         };
         if self.watch && self.answering.len() < self.max_answering {
-            if let Some(id) = &id {
+            if let Some(id) = id {
                 self.answering.push((
                     id_key(original.as_deref().unwrap_or(id)),
                     original.is_some(),
                 ));
             }
         }
+        self.held = held;
         if original.is_some() {
             self.restored += 1;
         }
@@ -467,6 +467,11 @@ impl Restorer {
         let Some(mut held) = self.held.take() else {
             return;
         };
+        self.current.settled = true;
+        if !self.restoring {
+            // Only watched: nothing is handed on (see `absorb`).
+            return;
+        }
         match (original, held.id_len) {
             (Some(original), Some(id_len)) => {
                 out.push_back(Bytes::from(original));
@@ -481,7 +486,6 @@ impl Restorer {
                 }
             }
         }
-        self.current.settled = true;
     }
 
     /// The current text ends at `position`: a scalar being read ends, a
@@ -501,7 +505,12 @@ impl Restorer {
         if self.held.is_some() {
             self.release(None, position, at, out);
         }
-        self.answered.append(&mut self.answering);
+        if self.answered.is_empty() {
+            // The usual case (one text per exchange): no second vector.
+            std::mem::swap(&mut self.answered, &mut self.answering);
+        } else {
+            self.answered.append(&mut self.answering);
+        }
         self.scanner = Scanner::default();
         self.current = Current::default();
         self.passing = false;
@@ -515,8 +524,17 @@ impl Restorer {
         if position <= self.emitted {
             return;
         }
-        held.bytes
-            .extend_from_slice(&at.chunk[self.emitted - at.base..position - at.base]);
+        // A restorer that only watches hands nothing on (its caller sends the
+        // chunks as they came), so of the held bytes it keeps only the id,
+        // the one thing it reads again.
+        let kept = match held.id_len {
+            Some(id_len) if !self.restoring => position.min(held.start + id_len),
+            _ => position,
+        };
+        if kept > self.emitted {
+            held.bytes
+                .extend_from_slice(&at.chunk[self.emitted - at.base..kept - at.base]);
+        }
         self.emitted = position;
     }
 
@@ -525,7 +543,9 @@ impl Restorer {
         if position <= self.emitted {
             return;
         }
-        out.push_back(at.chunk.slice(self.emitted - at.base..position - at.base));
+        if self.restoring {
+            out.push_back(at.chunk.slice(self.emitted - at.base..position - at.base));
+        }
         self.emitted = position;
     }
 }
@@ -540,6 +560,15 @@ fn longest_server_id(original: usize) -> usize {
     original
         .saturating_mul(6)
         .saturating_add(2 + RESERVED_PREFIX.len() + 16 + 20 + 2)
+}
+
+/// `held`'s id token, if it ended within `max_id` bytes.
+fn held_id(held: &Held, max_id: usize) -> Option<&str> {
+    let id_len = held.id_len?;
+    if id_len > max_id {
+        return None;
+    }
+    std::str::from_utf8(&held.bytes[..id_len]).ok()
 }
 
 /// The chunk being pushed and where it starts in the stream.
