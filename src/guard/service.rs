@@ -144,9 +144,10 @@ impl<S> IdGuard<S> {
         match handling {
             // During the restart window the guard reads `initialize`
             // requests, to learn from their answers which sessions start.
+            // The window's flag first: it is off for nearly every request.
             Handling::Untouched
-                if may_start_session(&request, &headers)
-                    && self.table.watches_starts(&self.config)
+                if self.table.watches_starts(&self.config)
+                    && may_start_session(&request, &headers)
                     && !declared_length_over(&headers, self.config.max_body_bytes) =>
             {
                 self.read_first(request, headers, true)
