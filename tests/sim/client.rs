@@ -1,7 +1,8 @@
 //! Simulated Claude-style clients: one session per client, pooled across
 //! many concurrent conversations, every `tools/call` with `id: 1`, each on
 //! a connection of its own; each call carries a payload marker naming its
-//! client, conversation and turn, which the server's tool echoes.
+//! client, conversation and turn, which the server's tool echoes. They read
+//! SSE and JSON as WHATWG clients do (a leading byte order mark skipped).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -16,8 +17,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::oracle::{Oracle, Outcome};
-use crate::upstream::UNKNOWN_SESSION;
-use crate::world::{Setup, GUARD_HOST, GUARD_PORT};
+use crate::upstream::{BOM, UNKNOWN_SESSION};
+use crate::world::{Quirks, Setup, GUARD_HOST, GUARD_PORT};
 
 /// The client's session, shared by its conversations, and every session it
 /// had (a restarted server forgets them: the client starts another).
@@ -31,6 +32,7 @@ struct Sessions {
 pub async fn run(
     name: String,
     setup: Setup,
+    quirks: Quirks,
     seed: u64,
     oracle: Oracle,
 ) -> turmoil::Result<Vec<String>> {
@@ -64,7 +66,7 @@ pub async fn run(
                 };
                 let replay = rng.random_bool(setup.replay_rate);
                 let session = sessions.lock().await.current.clone();
-                let called = call(&setup, &session, &marker, ms, plan, &oracle).await;
+                let called = call(&setup, &quirks, &session, &marker, ms, plan, &oracle).await;
                 if called.session_lost {
                     // The server forgot the session: the first conversation
                     // to find out starts another, as clients do on 404.
@@ -188,9 +190,17 @@ struct Called {
     replay_from: Option<String>,
 }
 
+/// Whether `status` is the empty `408` of the timeout inside the guard
+/// (tower-http's), which answers in the server's place while the server
+/// runs on: an ending the stack's owner chose, not the guard's failure.
+fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
+    quirks.inner_timeout.is_some() && status == StatusCode::REQUEST_TIMEOUT
+}
+
 /// One `tools/call` with `id: 1` on a new connection, judged.
 async fn call(
     setup: &Setup,
+    quirks: &Quirks,
     session: &str,
     marker: &str,
     ms: u64,
@@ -207,7 +217,7 @@ async fn call(
     });
     let exchange = async {
         let (status, mut got) = read(post(Some(session), &message)).await?;
-        answer_server(session, &got.asked, oracle).await;
+        answer_server(session, &got.asked, quirks, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
             got.last_event,
@@ -223,14 +233,15 @@ async fn call(
             polls += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
             let (status, more) = read(resume(session, &last)).await?;
-            answer_server(session, &more.asked, oracle).await;
+            answer_server(session, &more.asked, quirks, oracle).await;
             oracle.note(&format!(
                 "{marker}: GET after {last}: {status}, last event {:?}, answer {}",
                 more.last_event,
                 more.answer.is_some()
             ));
-            if status.is_server_error() {
-                // The upstream is unreachable for now (a fault): poll again.
+            if status.is_server_error() || timed_out_inside(quirks, status) {
+                // The upstream is unreachable for now (a fault), or slower
+                // than the timeout inside the guard: poll again.
                 got.cut = true;
                 continue;
             }
@@ -277,9 +288,13 @@ async fn call(
                     return called;
                 }
                 // The guard or the proxy answered in the upstream's place
-                // (unreachable, held): the cancellation may not have
-                // reached it; the client has stopped waiting all the same.
-                Ok(Ok(response)) if response.status().is_server_error() && setup.faults => {
+                // (unreachable, held), or the timeout inside the guard did:
+                // the cancellation may not have reached it; the client has
+                // stopped waiting all the same.
+                Ok(Ok(response))
+                    if (response.status().is_server_error() && setup.faults)
+                        || timed_out_inside(quirks, response.status()) =>
+                {
                     oracle.ended(marker, Outcome::Cancelled);
                 }
                 Ok(Ok(response)) => oracle.violation(format!(
@@ -303,6 +318,11 @@ async fn call(
             oracle.ended(marker, Outcome::Broken);
         }
         (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
+        (Ok(Ok((status, read, _))), _)
+            if read.answer.is_none() && timed_out_inside(quirks, status) =>
+        {
+            oracle.ended(marker, Outcome::TimedOut);
+        }
         (Ok(Ok((status, read, polls))), _) => {
             judge(marker, status, &read, polls, oracle);
             if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
@@ -409,7 +429,8 @@ async fn read(
             }
         }
     } else {
-        read.answer = serde_json::from_slice(&bytes).ok();
+        // As `fetch`'s `json()` does, a leading byte order mark is skipped.
+        read.answer = serde_json::from_slice(bytes.strip_prefix(BOM).unwrap_or(&bytes)).ok();
     }
     Ok((status, read))
 }
@@ -450,9 +471,11 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
 }
 
 /// Each SSE event's id and the JSON message of its data (events without
-/// data, such as the priming event, count for their id).
+/// data, such as the priming event, count for their id). A byte order mark
+/// leading the stream is no part of the first field (the SSE standard's
+/// decoder drops it).
 fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
-    String::from_utf8_lossy(body)
+    String::from_utf8_lossy(body.strip_prefix(BOM).unwrap_or(body))
         .split("\n\n")
         .map(|event| {
             let id = event
@@ -472,7 +495,7 @@ fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
 
 /// Answers the server's requests (in its id space, where `1` is not the
 /// client's `1`): each answer must reach the server as sent, `202`.
-async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
+async fn answer_server(session: &str, asked: &[Value], quirks: &Quirks, oracle: &Oracle) {
     for id in asked {
         let answer = json!({
             "jsonrpc": "2.0", "id": id,
@@ -483,7 +506,11 @@ async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
                 let status = response.status();
                 oracle.note(&format!("answered the server's request {id}: {status}"));
                 let unknown = response.headers().contains_key(UNKNOWN_SESSION);
-                if status != StatusCode::ACCEPTED && !unknown && !status.is_server_error() {
+                if status != StatusCode::ACCEPTED
+                    && !unknown
+                    && !status.is_server_error()
+                    && !timed_out_inside(quirks, status)
+                {
                     oracle.violation(format!(
                         "an answer to the server's request {id} got {status}"
                     ));

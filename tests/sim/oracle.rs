@@ -32,6 +32,9 @@ pub enum Outcome {
     SessionLost,
     /// The connection broke under a fault (a held link, a restart).
     Broken,
+    /// The timeout inside the guard answered `408` in the server's place
+    /// (the server runs on: the guard must keep its id).
+    TimedOut,
     /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
     /// whose replay carried its own result.
     Resumed,

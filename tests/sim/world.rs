@@ -14,7 +14,7 @@ use mcp_id_guard::protect::head::HeadLimitLayer;
 use mcp_id_guard::protect::host::{HostLayer, HostPolicy};
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::protect::pace::BodyPaceLayer;
-use mcp_id_guard::proxy::Proxy;
+use mcp_id_guard::proxy::{Proxy, ProxyBody};
 use mcp_id_guard::server::{ClientBody, Server};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
 use rand::rngs::StdRng;
@@ -70,6 +70,23 @@ pub struct Setup {
     /// How long a client waits for any one exchange: past it, the request
     /// did not end in time.
     pub client_bound: Duration,
+    /// The share of seeds whose stack has a timeout inside the guard
+    /// (tower-http's `TimeoutLayer`, between the guard and the proxy),
+    /// shorter than the slow tools: it answers `408` while the server runs
+    /// on (#28 item 1).
+    pub inner_timeout_rate: f64,
+    /// The share of seeds whose server labels answers `Content-Encoding:
+    /// identity`, `identity, identity` or an empty list: no coding, to be
+    /// read and restored (#28 item 3).
+    pub codings_rate: f64,
+    /// The share of seeds whose server leads bodies with a UTF-8 byte order
+    /// mark (which SSE and `fetch` clients skip) and writes an event's
+    /// `data:` before its `id:` (#28 item 4).
+    pub bom_rate: f64,
+    /// The share of seeds whose guard is given an abandoned-id TTL too
+    /// large for the clock (`u64::MAX` s, which the binary takes): abandoned
+    /// ids are remembered, never forgotten at once (#28 item 5).
+    pub huge_ttl_rate: f64,
 }
 
 impl Default for Setup {
@@ -95,6 +112,41 @@ impl Default for Setup {
             // A JSON answer's head, or an SSE stream's silence, each at most
             // the upstream timeout; a held link; the network's slack.
             client_bound: upstream_timeout * 2 + Duration::from_secs(30),
+            inner_timeout_rate: 0.3,
+            codings_rate: 0.3,
+            bom_rate: 0.3,
+            huge_ttl_rate: 0.2,
+        }
+    }
+}
+
+/// The parts of the stack and of the server a seed may vary, drawn from an
+/// RNG of their own so that the other choices of a seed stay as they were
+/// before these were choices.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quirks {
+    /// A timeout inside the guard, answering `408` in the server's place.
+    pub inner_timeout: Option<Duration>,
+    /// The server labels some answers with an identity `Content-Encoding`.
+    pub codings: bool,
+    /// The server leads some bodies with a byte order mark, `data:` first.
+    pub bom: bool,
+    /// The guard's abandoned-id TTL is `u64::MAX` seconds.
+    pub huge_ttl: bool,
+}
+
+impl Quirks {
+    fn of(seed: u64, setup: &Setup) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0dd_c0de5);
+        let inner_timeout = rng.random_bool(setup.inner_timeout_rate).then(|| {
+            // Shorter than the slow tools (up to `max_tool_ms`).
+            Duration::from_millis(rng.random_range(500..=setup.max_tool_ms.max(1_000) * 3 / 4))
+        });
+        Self {
+            inner_timeout,
+            codings: rng.random_bool(setup.codings_rate),
+            bom: rng.random_bool(setup.bom_rate),
+            huge_ttl: rng.random_bool(setup.huge_ttl_rate),
         }
     }
 }
@@ -142,6 +194,7 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
 pub struct Report {
     pub seed: u64,
     pub policy: Option<OnDuplicate>,
+    pub quirks: Quirks,
     pub violations: Vec<String>,
     pub outcomes: std::collections::BTreeMap<Outcome, u64>,
     pub server_requests: u64,
@@ -158,10 +211,12 @@ type SimBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The per-request stack of the binary (`src/bin/mcp-id-guard/main.rs`),
 /// traces aside: metrics, head limit, Host check, body pace, body buffer
-/// (the binary's default budgets), the guard, the proxy.
+/// (the binary's default budgets), the guard, the proxy; in some seeds a
+/// timeout between the guard and the proxy, as a user's stack may have.
 fn stack(
     proxy: Proxy,
     guard: Option<IdGuardLayer>,
+    inner_timeout: Option<Duration>,
     metrics: &Metrics,
 ) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible> {
     let hosts = HostPolicy::loopback()
@@ -177,9 +232,23 @@ fn stack(
                 .max_body_bytes(4 * 1024 * 1024)
                 .per_connection(4 * 1024 * 1024),
         );
+    // tower-http's timeout answers an empty `408` once the proxy's head
+    // takes longer (a JSON answer's head waits for the tool); the request
+    // has reached the server, which runs on. Its body must be `Default`.
+    let inner = ServiceBuilder::new()
+        .option_layer(inner_timeout.map(|timeout| {
+            tower_http::timeout::TimeoutLayer::with_status_code(
+                http::StatusCode::REQUEST_TIMEOUT,
+                timeout,
+            )
+        }))
+        .map_response(|response: Response<ProxyBody>| {
+            response.map(|body| body.map_err(Into::<BoxError>::into).boxed_unsync())
+        })
+        .service(proxy);
     match guard {
-        Some(guard) => boxed(outer.layer(guard).service(proxy)),
-        None => boxed(outer.service(proxy)),
+        Some(guard) => boxed(outer.layer(guard).service(inner)),
+        None => boxed(outer.service(inner)),
     }
 }
 
@@ -205,6 +274,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let oracle = Oracle::new();
+    let quirks = Quirks::of(seed, setup);
+    oracle.note(&format!("quirks: {quirks:?}"));
     let mut sim = turmoil::Builder::new()
         .rng_seed(rng.random())
         .simulation_duration(Duration::from_secs(3600))
@@ -227,6 +298,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             upstream_oracle.clone(),
             poll_rate,
             incarnation,
+            quirks,
         )
         .serve()
     });
@@ -238,7 +310,15 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     // `--id-secret-file`) and remaps unseen sessions for its restart window.
     let current_guard: Arc<std::sync::Mutex<Option<IdGuardLayer>>> = Arc::default();
     let stats_of = Arc::clone(&current_guard);
-    let (use_guard, ttl, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    let (use_guard, window, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    // The binary takes `--abandoned-id-ttl` up to `u64::MAX` seconds; the
+    // restart window stays as set (`--restart-window`), so that it ends
+    // within the run.
+    let ttl = if quirks.huge_ttl {
+        Duration::from_secs(u64::MAX)
+    } else {
+        setup.ttl
+    };
     // From an RNG of its own, so that the other choices of a seed stay as
     // they were before the policy was one.
     let policy = setup.policy.unwrap_or_else(|| {
@@ -252,7 +332,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         let layer = IdGuardLayer::with_secret(secret)
             .on_duplicate(policy)
             .abandoned_id_ttl(ttl)
-            .restart_window(ttl);
+            .restart_window(window);
         *current_guard.lock().unwrap() = Some(layer.clone());
         guard_oracle.note(&format!("guard: start {}", guard_starts.get()));
         guard_starts.set(guard_starts.get() + 1);
@@ -266,7 +346,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 .max_connections(Some(256))
                 .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
             let metrics = Metrics::new();
-            let service = stack(proxy, guard, &metrics);
+            let service = stack(proxy, guard, quirks.inner_timeout, &metrics);
             let server = Server::builder()
                 .header_read_timeout(Some(Duration::from_secs(10)))
                 .keep_alive_timeout(Some(Duration::from_secs(20)))
@@ -299,7 +379,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             Arc::clone(&sessions),
         );
         sim.client(name.clone(), async move {
-            let result = client::run(name, setup, client_seed, oracle).await;
+            let result = client::run(name, setup, quirks, client_seed, oracle).await;
             if let Ok(used) = &result {
                 sessions.lock().unwrap().extend(used.iter().cloned());
             }
@@ -363,9 +443,14 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 // table of its own (the old one went with its process).
                 let guard = stats_of.lock().unwrap().clone().unwrap_or(guard);
                 let stats = guard.stats();
-                if stats.abandoned_ids != 0
-                    || stats.in_flight_requests != 0
-                    || stats.table_bytes != 0
+                // Under a TTL of `u64::MAX` s an abandoned id is remembered
+                // for the process's life (a century): what was abandoned
+                // stays, and only the in-flight count must be back to zero.
+                // The early freeing such a TTL once caused shows as the
+                // server running a duplicate instead.
+                let remembered = quirks.huge_ttl;
+                if stats.in_flight_requests != 0
+                    || (!remembered && (stats.abandoned_ids != 0 || stats.table_bytes != 0))
                 {
                     oracle.violation(format!(
                         "the table is not empty a TTL after the traffic stopped: {stats:?}"
@@ -406,6 +491,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let report = Report {
         seed,
         policy: setup.guard.then_some(policy),
+        quirks,
         violations: oracle.violations(),
         outcomes: oracle.outcomes(),
         server_requests: oracle.requests_started(),
