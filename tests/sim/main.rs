@@ -26,10 +26,22 @@ use world::{Report, Setup};
 
 /// The seeds `cargo test` runs (10: a guard restart among its faults).
 /// The short set: 0 to 3, 10 (a guard restart), and the regressions (each
-/// seed that found a bug keeps it): 1013 found an old answer replayed on a
-/// resumed stream freeing another request's abandoned id (#28 item 2, with
-/// its fix reverted: the server ran two requests under `id: 1`).
-const SHORT_SEEDS: [u64; 6] = [0, 1, 2, 3, 10, 1013];
+/// seed that found a bug keeps it), each the first a long run from 1000
+/// found with one of #28's fixes reverted:
+/// - 1000 (a timeout inside the guard, identity codings): a `408` from the
+///   timeout freed the id while the server ran on, and the next `id: 1`
+///   reached it as `1` (item 1); answers labelled `identity` (or `identity,
+///   identity`, or empty) went unread, and clients got server-side ids
+///   (item 3, the list reading too);
+/// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
+///   resumed stream went unread, and its client got a server-side id (item
+///   4; a BOM-led JSON answer, the review's fix, the same);
+/// - 1008 (a TTL of `u64::MAX` s, codings and marks too): abandoned ids
+///   were forgotten at once, and the server ran two requests under `id: 1`
+///   (item 5);
+/// - 1013: an old answer replayed on a resumed stream freed another
+///   request's abandoned id, and the server ran two under `id: 1` (item 2).
+const SHORT_SEEDS: [u64; 9] = [0, 1, 2, 3, 10, 1000, 1007, 1008, 1013];
 
 fn replay_command(seed: u64, setup: &Setup) -> String {
     let control = if setup.guard { "" } else { "CONTROL=1 " };
@@ -155,6 +167,9 @@ short_seeds! {
     seed_2_is_clean: 2,
     seed_3_is_clean: 3,
     seed_10_is_clean: 10,
+    seed_1000_is_clean: 1000,
+    seed_1007_is_clean: 1007,
+    seed_1008_is_clean: 1008,
     seed_1013_is_clean: 1013,
 }
 
