@@ -344,7 +344,11 @@ async fn replay_answer(setup: &Setup, session: &str, marker: &str, from: &str, o
                 "{marker}: replayed from {from}: {status}, answer {}",
                 more.answer.is_some()
             ));
-            if let Some(answer) = more.answer {
+            // A gateway's stand-in (the proxy's `502` when the upstream is
+            // unreachable: a JSON-RPC error with `id: null`, a `GET` having
+            // none) carries no answer of the server's.
+            let stand_in = status.is_server_error() && setup.faults;
+            if let Some(answer) = more.answer.filter(|_| !stand_in) {
                 let got = answer["result"]["content"][0]["text"]
                     .as_str()
                     .unwrap_or("");
