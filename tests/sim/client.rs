@@ -477,10 +477,16 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
 /// Each SSE event's id and the JSON message of its data (events without
 /// data, such as the priming event, count for their id). A byte order mark
 /// leading the stream is no part of the first field (the SSE standard's
-/// decoder drops it).
+/// decoder drops it). As in a WHATWG client, an event counts once its blank
+/// line has come: the tail of a stream cut inside an event sets no last
+/// event id (resuming from it would skip the event).
 fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
-    String::from_utf8_lossy(body.strip_prefix(BOM).unwrap_or(body))
-        .split("\n\n")
+    let text = String::from_utf8_lossy(body.strip_prefix(BOM).unwrap_or(body));
+    let mut events: Vec<&str> = text.split("\n\n").collect();
+    // What follows the last blank line: an event not dispatched (or "").
+    events.pop();
+    events
+        .into_iter()
         .map(|event| {
             let id = event
                 .lines()
