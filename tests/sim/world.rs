@@ -87,6 +87,15 @@ pub struct Setup {
     /// large for the clock (`u64::MAX` s, which the binary takes): abandoned
     /// ids are remembered, never forgotten at once (#28 item 5).
     pub huge_ttl_rate: f64,
+    /// Under faults, the share of seeds that partition the guard from the
+    /// upstream for up to `max_hold`: turmoil drops what is sent meanwhile,
+    /// so the connections open then stall for good (the proxy's timeouts
+    /// end them) and new ones are not accepted in time.
+    pub partition_rate: f64,
+    /// Under faults, the share of seeds in which the proxy sees a tenth of
+    /// its upstream connections reset part way through a response, while
+    /// the server runs on.
+    pub reset_rate: f64,
 }
 
 impl Default for Setup {
@@ -116,6 +125,8 @@ impl Default for Setup {
             codings_rate: 0.3,
             bom_rate: 0.3,
             huge_ttl_rate: 0.2,
+            partition_rate: 0.3,
+            reset_rate: 0.3,
         }
     }
 }
@@ -156,12 +167,15 @@ impl Quirks {
 enum Fault {
     Hold(String, String),
     Release(String, String),
+    Partition,
+    Repair,
     RestartUpstream,
     RestartGuard,
 }
 
-/// The faults of a run, in time order.
-fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
+/// The faults of a run, in time order; the partitions from an RNG of their
+/// own (`cuts`), so that the other faults of a seed stay as they were.
+fn faults(rng: &mut StdRng, cuts: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
     let mut faults = Vec::new();
     if !setup.faults {
         return faults;
@@ -184,6 +198,13 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
     }
     if rng.random_bool(0.3) {
         faults.push((window.mul_f64(rng.random()), Fault::RestartGuard));
+    }
+    if cuts.random_bool(setup.partition_rate) {
+        // A hold on the same link meanwhile ends with whichever heals first
+        // (turmoil keeps one state per link).
+        let at = window.mul_f64(cuts.random());
+        faults.push((at, Fault::Partition));
+        faults.push((at + setup.max_hold.mul_f64(cuts.random()), Fault::Repair));
     }
     faults.sort_by_key(|(at, _)| *at);
     faults
@@ -276,6 +297,11 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let oracle = Oracle::new();
     let quirks = Quirks::of(seed, setup);
     oracle.note(&format!("quirks: {quirks:?}"));
+    // Partitions and resets, from an RNG of their own.
+    let mut cuts = StdRng::seed_from_u64(seed ^ 0xc075_c075);
+    let resets = setup.faults && cuts.random_bool(setup.reset_rate);
+    let (reset_seed, reset_rate): (u64, f64) = (cuts.random(), if resets { 0.1 } else { 0.0 });
+    oracle.note(&format!("upstream connections reset: {reset_rate}"));
     let mut sim = turmoil::Builder::new()
         .rng_seed(rng.random())
         .simulation_duration(Duration::from_secs(3600))
@@ -334,12 +360,16 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             .abandoned_id_ttl(ttl)
             .restart_window(window);
         *current_guard.lock().unwrap() = Some(layer.clone());
-        guard_oracle.note(&format!("guard: start {}", guard_starts.get()));
-        guard_starts.set(guard_starts.get() + 1);
+        let incarnation = guard_starts.get();
+        guard_oracle.note(&format!("guard: start {incarnation}"));
+        guard_starts.set(incarnation + 1);
         let guard = use_guard.then_some(layer);
         async move {
             let proxy = Proxy::builder()
-                .connector(SimConnector)
+                .connector(SimConnector::new(
+                    StdRng::seed_from_u64(reset_seed ^ u64::from(incarnation)),
+                    reset_rate,
+                ))
                 .connect_timeout(Duration::from_secs(5))
                 .response_timeout(Some(upstream_timeout))
                 .idle_timeout(Some(upstream_timeout))
@@ -462,7 +492,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
-    let faults = faults(&mut rng, setup);
+    let faults = faults(&mut rng, &mut cuts, setup);
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
@@ -473,6 +503,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             ));
             match fault {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
+                Fault::Partition => sim.partition(GUARD_HOST, UPSTREAM_HOST),
+                Fault::Repair => sim.repair(GUARD_HOST, UPSTREAM_HOST),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
                 Fault::RestartGuard => sim.bounce(GUARD_HOST),
