@@ -9,8 +9,9 @@
 //! - `cargo test --features proxy,server --test sim`: a short fixed set of
 //!   seeds, and the control (no guard: the oracle must see the cross-wire).
 //! - `SEEDS=1000` or `DURATION=600` (seconds) with `-- --ignored long_run`
-//!   (best with `--release`): many seeds, printing seeds/s and simulated
-//!   hours; `SEED=n` with `-- --ignored replay`: one seed, with its story
+//!   (best with `--release`): many seeds, printing seeds/s, simulated
+//!   hours and when each failure was found (`MAX_FAILED=n` stops after n);
+//!   `SEED=n` with `-- --ignored replay`: one seed, with its story
 //!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
 //!   process of its own, as its replay does (see [`isolated`]).
 
@@ -24,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use world::{Report, Setup};
 
-/// The seeds `cargo test` runs (10: a guard restart among its faults).
-/// The short set: 0 to 3, 10 (a guard restart), and the regressions (each
+/// The seeds `cargo test` runs.
+/// The short set: 0 to 3, 10 (a guard restart), 14 (the guard partitioned
+/// from the upstream for 16 s, upstream connections reset, a guard
+/// restart), and the regressions (each
 /// seed that found a bug keeps it), each the first a long run from 1000
 /// found with one of #28's fixes reverted:
 /// - 1000 (a timeout inside the guard, identity codings): a `408` from the
@@ -41,7 +44,7 @@ use world::{Report, Setup};
 ///   (item 5);
 /// - 1013: an old answer replayed on a resumed stream freed another
 ///   request's abandoned id, and the server ran two under `id: 1` (item 2).
-const SHORT_SEEDS: [u64; 9] = [0, 1, 2, 3, 10, 1000, 1007, 1008, 1013];
+const SHORT_SEEDS: [u64; 10] = [0, 1, 2, 3, 10, 14, 1000, 1007, 1008, 1013];
 
 fn replay_command(seed: u64, setup: &Setup) -> String {
     let control = if setup.guard { "" } else { "CONTROL=1 " };
@@ -167,6 +170,7 @@ short_seeds! {
     seed_2_is_clean: 2,
     seed_3_is_clean: 3,
     seed_10_is_clean: 10,
+    seed_14_is_clean: 14,
     seed_1000_is_clean: 1000,
     seed_1007_is_clean: 1007,
     seed_1008_is_clean: 1008,

@@ -5,9 +5,11 @@
 //!   and its own payload marker);
 //! - the server never runs two requests under one `(session, id)`;
 //! - every request ends, answered or with a clean JSON-RPC error carrying
-//!   its id, within the client's bound;
+//!   its id (or, in the seeds that have one, the `408` of the timeout inside
+//!   the guard), within the client's bound;
 //! - once traffic has stopped and the abandoned-id TTL has passed, the
-//!   guard's table holds nothing.
+//!   guard's table holds nothing (under a TTL of `u64::MAX` s: nothing in
+//!   flight).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
