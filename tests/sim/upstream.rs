@@ -211,7 +211,7 @@ impl Upstream {
             oracle,
             incarnation,
             quirks,
-            dress_rng: StdRng::seed_from_u64(seed ^ 0xd2e5_5ed ^ u64::from(incarnation)),
+            dress_rng: StdRng::seed_from_u64(seed ^ 0x0d2e_55ed ^ u64::from(incarnation)),
             rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e ^ u64::from(incarnation)),
             sessions: BTreeMap::new(),
             next_session: 0,

@@ -148,7 +148,7 @@ pub struct Quirks {
 
 impl Quirks {
     fn of(seed: u64, setup: &Setup) -> Self {
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x0dd_c0de5);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0ddc_0de5);
         let inner_timeout = rng.random_bool(setup.inner_timeout_rate).then(|| {
             // Shorter than the slow tools (up to `max_tool_ms`).
             Duration::from_millis(rng.random_range(500..=setup.max_tool_ms.max(1_000) * 3 / 4))
