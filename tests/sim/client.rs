@@ -128,9 +128,14 @@ pub async fn touch(session: &str) -> Result<StatusCode, Box<dyn std::error::Erro
 /// `initialize` and `notifications/initialized`, through the guard: the
 /// session id.
 async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
-    // Under faults (a restart, a held link) a client tries again, as real
-    // ones do; without them the first failure counts.
-    let attempts = if setup.faults { 10 } else { 1 };
+    // Under faults (a restart, a held or partitioned link) a client tries
+    // again, as real ones do, a second apart for longer than a link stays
+    // down; without them the first failure counts.
+    let attempts = if setup.faults {
+        10 + setup.max_hold.as_secs()
+    } else {
+        1
+    };
     let mut last = String::new();
     for _ in 0..attempts {
         match tokio::time::timeout(setup.client_bound, start_session(name)).await {
