@@ -90,7 +90,7 @@ pub struct Setup {
     /// Under faults, the share of seeds that partition the guard from the
     /// upstream for up to `max_hold`: turmoil drops what is sent meanwhile,
     /// so the connections open then stall for good (the proxy's timeouts
-    /// end them) and new ones are not accepted in time.
+    /// end them) and new ones fail (the proxy's `502`).
     pub partition_rate: f64,
     /// Under faults, the share of seeds in which the proxy sees a tenth of
     /// its upstream connections reset part way through a response, while
