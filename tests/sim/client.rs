@@ -1,7 +1,8 @@
 //! Simulated Claude-style clients: one session per client, pooled across
 //! many concurrent conversations, every `tools/call` with `id: 1`, each on
 //! a connection of its own; each call carries a payload marker naming its
-//! client, conversation and turn, which the server's tool echoes.
+//! client, conversation and turn, which the server's tool echoes. They read
+//! SSE and JSON as WHATWG clients do (a leading byte order mark skipped).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -16,8 +17,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::oracle::{Oracle, Outcome};
-use crate::upstream::UNKNOWN_SESSION;
-use crate::world::{Setup, GUARD_HOST, GUARD_PORT};
+use crate::upstream::{BOM, UNKNOWN_SESSION};
+use crate::world::{Quirks, Setup, GUARD_HOST, GUARD_PORT};
 
 /// The client's session, shared by its conversations, and every session it
 /// had (a restarted server forgets them: the client starts another).
@@ -31,6 +32,7 @@ struct Sessions {
 pub async fn run(
     name: String,
     setup: Setup,
+    quirks: Quirks,
     seed: u64,
     oracle: Oracle,
 ) -> turmoil::Result<Vec<String>> {
@@ -64,7 +66,7 @@ pub async fn run(
                 };
                 let replay = rng.random_bool(setup.replay_rate);
                 let session = sessions.lock().await.current.clone();
-                let called = call(&setup, &session, &marker, ms, plan, &oracle).await;
+                let called = call(&setup, &quirks, &session, &marker, ms, plan, &oracle).await;
                 if called.session_lost {
                     // The server forgot the session: the first conversation
                     // to find out starts another, as clients do on 404.
@@ -126,9 +128,14 @@ pub async fn touch(session: &str) -> Result<StatusCode, Box<dyn std::error::Erro
 /// `initialize` and `notifications/initialized`, through the guard: the
 /// session id.
 async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
-    // Under faults (a restart, a held link) a client tries again, as real
-    // ones do; without them the first failure counts.
-    let attempts = if setup.faults { 10 } else { 1 };
+    // Under faults (a restart, a held or partitioned link) a client tries
+    // again, as real ones do, a second apart for longer than a link stays
+    // down; without them the first failure counts.
+    let attempts = if setup.faults {
+        10 + setup.max_hold.as_secs()
+    } else {
+        1
+    };
     let mut last = String::new();
     for _ in 0..attempts {
         match tokio::time::timeout(setup.client_bound, start_session(name)).await {
@@ -188,9 +195,17 @@ struct Called {
     replay_from: Option<String>,
 }
 
+/// Whether `status` is the empty `408` of the timeout inside the guard
+/// (tower-http's), which answers in the server's place while the server
+/// runs on: an ending the stack's owner chose, not the guard's failure.
+fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
+    quirks.inner_timeout.is_some() && status == StatusCode::REQUEST_TIMEOUT
+}
+
 /// One `tools/call` with `id: 1` on a new connection, judged.
 async fn call(
     setup: &Setup,
+    quirks: &Quirks,
     session: &str,
     marker: &str,
     ms: u64,
@@ -207,7 +222,7 @@ async fn call(
     });
     let exchange = async {
         let (status, mut got) = read(post(Some(session), &message)).await?;
-        answer_server(session, &got.asked, oracle).await;
+        answer_server(session, &got.asked, quirks, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
             got.last_event,
@@ -223,14 +238,15 @@ async fn call(
             polls += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
             let (status, more) = read(resume(session, &last)).await?;
-            answer_server(session, &more.asked, oracle).await;
+            answer_server(session, &more.asked, quirks, oracle).await;
             oracle.note(&format!(
                 "{marker}: GET after {last}: {status}, last event {:?}, answer {}",
                 more.last_event,
                 more.answer.is_some()
             ));
-            if status.is_server_error() {
-                // The upstream is unreachable for now (a fault): poll again.
+            if status.is_server_error() || timed_out_inside(quirks, status) {
+                // The upstream is unreachable for now (a fault), or slower
+                // than the timeout inside the guard: poll again.
                 got.cut = true;
                 continue;
             }
@@ -277,9 +293,13 @@ async fn call(
                     return called;
                 }
                 // The guard or the proxy answered in the upstream's place
-                // (unreachable, held): the cancellation may not have
-                // reached it; the client has stopped waiting all the same.
-                Ok(Ok(response)) if response.status().is_server_error() && setup.faults => {
+                // (unreachable, held), or the timeout inside the guard did:
+                // the cancellation may not have reached it; the client has
+                // stopped waiting all the same.
+                Ok(Ok(response))
+                    if (response.status().is_server_error() && setup.faults)
+                        || timed_out_inside(quirks, response.status()) =>
+                {
                     oracle.ended(marker, Outcome::Cancelled);
                 }
                 Ok(Ok(response)) => oracle.violation(format!(
@@ -303,6 +323,11 @@ async fn call(
             oracle.ended(marker, Outcome::Broken);
         }
         (Ok(Err(error)), _) => oracle.violation(format!("{marker}: failed: {error}")),
+        (Ok(Ok((status, read, _))), _)
+            if read.answer.is_none() && timed_out_inside(quirks, status) =>
+        {
+            oracle.ended(marker, Outcome::TimedOut);
+        }
         (Ok(Ok((status, read, polls))), _) => {
             judge(marker, status, &read, polls, oracle);
             if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
@@ -324,7 +349,11 @@ async fn replay_answer(setup: &Setup, session: &str, marker: &str, from: &str, o
                 "{marker}: replayed from {from}: {status}, answer {}",
                 more.answer.is_some()
             ));
-            if let Some(answer) = more.answer {
+            // A gateway's stand-in (the proxy's `502` when the upstream is
+            // unreachable: a JSON-RPC error with `id: null`, a `GET` having
+            // none) carries no answer of the server's.
+            let stand_in = status.is_server_error() && setup.faults;
+            if let Some(answer) = more.answer.filter(|_| !stand_in) {
                 let got = answer["result"]["content"][0]["text"]
                     .as_str()
                     .unwrap_or("");
@@ -409,7 +438,8 @@ async fn read(
             }
         }
     } else {
-        read.answer = serde_json::from_slice(&bytes).ok();
+        // As `fetch`'s `json()` does, a leading byte order mark is skipped.
+        read.answer = serde_json::from_slice(bytes.strip_prefix(BOM).unwrap_or(&bytes)).ok();
     }
     Ok((status, read))
 }
@@ -450,10 +480,18 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
 }
 
 /// Each SSE event's id and the JSON message of its data (events without
-/// data, such as the priming event, count for their id).
+/// data, such as the priming event, count for their id). A byte order mark
+/// leading the stream is no part of the first field (the SSE standard's
+/// decoder drops it). As in a WHATWG client, an event counts once its blank
+/// line has come: the tail of a stream cut inside an event sets no last
+/// event id (resuming from it would skip the event).
 fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
-    String::from_utf8_lossy(body)
-        .split("\n\n")
+    let text = String::from_utf8_lossy(body.strip_prefix(BOM).unwrap_or(body));
+    let mut events: Vec<&str> = text.split("\n\n").collect();
+    // What follows the last blank line: an event not dispatched (or "").
+    events.pop();
+    events
+        .into_iter()
         .map(|event| {
             let id = event
                 .lines()
@@ -472,7 +510,7 @@ fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
 
 /// Answers the server's requests (in its id space, where `1` is not the
 /// client's `1`): each answer must reach the server as sent, `202`.
-async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
+async fn answer_server(session: &str, asked: &[Value], quirks: &Quirks, oracle: &Oracle) {
     for id in asked {
         let answer = json!({
             "jsonrpc": "2.0", "id": id,
@@ -483,7 +521,11 @@ async fn answer_server(session: &str, asked: &[Value], oracle: &Oracle) {
                 let status = response.status();
                 oracle.note(&format!("answered the server's request {id}: {status}"));
                 let unknown = response.headers().contains_key(UNKNOWN_SESSION);
-                if status != StatusCode::ACCEPTED && !unknown && !status.is_server_error() {
+                if status != StatusCode::ACCEPTED
+                    && !unknown
+                    && !status.is_server_error()
+                    && !timed_out_inside(quirks, status)
+                {
                     oracle.violation(format!(
                         "an answer to the server's request {id} got {status}"
                     ));

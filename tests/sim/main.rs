@@ -9,8 +9,9 @@
 //! - `cargo test --features proxy,server --test sim`: a short fixed set of
 //!   seeds, and the control (no guard: the oracle must see the cross-wire).
 //! - `SEEDS=1000` or `DURATION=600` (seconds) with `-- --ignored long_run`
-//!   (best with `--release`): many seeds, printing seeds/s and simulated
-//!   hours; `SEED=n` with `-- --ignored replay`: one seed, with its story
+//!   (best with `--release`): many seeds, printing seeds/s, simulated
+//!   hours and when each failure was found (`MAX_FAILED=n` stops after n);
+//!   `SEED=n` with `-- --ignored replay`: one seed, with its story
 //!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
 //!   process of its own, as its replay does (see [`isolated`]).
 
@@ -24,12 +25,26 @@ use std::time::{Duration, Instant};
 
 use world::{Report, Setup};
 
-/// The seeds `cargo test` runs (10: a guard restart among its faults).
-/// The short set: 0 to 3, 10 (a guard restart), and the regressions (each
-/// seed that found a bug keeps it): 1013 found an old answer replayed on a
-/// resumed stream freeing another request's abandoned id (#28 item 2, with
-/// its fix reverted: the server ran two requests under `id: 1`).
-const SHORT_SEEDS: [u64; 6] = [0, 1, 2, 3, 10, 1013];
+/// The seeds `cargo test` runs.
+/// The short set: 0 to 3, 10 (a guard restart), 14 (the guard partitioned
+/// from the upstream for 16 s, upstream connections reset, a guard
+/// restart), and the regressions (each
+/// seed that found a bug keeps it), each the first a long run from 1000
+/// found with one of #28's fixes reverted:
+/// - 1000 (a timeout inside the guard, identity codings): a `408` from the
+///   timeout freed the id while the server ran on, and the next `id: 1`
+///   reached it as `1` (item 1); answers labelled `identity` (or `identity,
+///   identity`, or empty) went unread, and clients got server-side ids
+///   (item 3, the list reading too);
+/// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
+///   resumed stream went unread, and its client got a server-side id (item
+///   4; a BOM-led JSON answer, the review's fix, the same);
+/// - 1008 (a TTL of `u64::MAX` s, codings and marks too): abandoned ids
+///   were forgotten at once, and the server ran two requests under `id: 1`
+///   (item 5);
+/// - 1013: an old answer replayed on a resumed stream freed another
+///   request's abandoned id, and the server ran two under `id: 1` (item 2).
+const SHORT_SEEDS: [u64; 10] = [0, 1, 2, 3, 10, 14, 1000, 1007, 1008, 1013];
 
 fn replay_command(seed: u64, setup: &Setup) -> String {
     let control = if setup.guard { "" } else { "CONTROL=1 " };
@@ -104,9 +119,10 @@ fn isolated(seed: u64, control: bool) -> Isolated {
 
 fn describe(report: &Report) -> String {
     format!(
-        "seed {} ({:?}): {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s, story {:016x}",
+        "seed {} ({:?}, {:?}): {} server requests, outcomes {:?}, {:.0} simulated s in {:.2} s, story {:016x}",
         report.seed,
         report.policy,
+        report.quirks,
         report.server_requests,
         report.outcomes,
         report.simulated.as_secs_f64(),
@@ -154,6 +170,10 @@ short_seeds! {
     seed_2_is_clean: 2,
     seed_3_is_clean: 3,
     seed_10_is_clean: 10,
+    seed_14_is_clean: 14,
+    seed_1000_is_clean: 1000,
+    seed_1007_is_clean: 1007,
+    seed_1008_is_clean: 1008,
     seed_1013_is_clean: 1013,
 }
 
@@ -208,6 +228,8 @@ fn control_without_the_guard_cross_wires() {
 fn control_ids_freed_early_are_caught() {
     let setup = Setup {
         ttl: Duration::ZERO,
+        // Not the seed's TTL too large for the clock: this one's.
+        huge_ttl_rate: 0.0,
         ..Setup::default()
     };
     for seed in SHORT_SEEDS {
@@ -239,7 +261,8 @@ fn setup_from_env() -> Setup {
 }
 
 /// Many seeds, by hand: `SEEDS=n` (default 100) from `FIRST=n` (default
-/// 1000), or for `DURATION=s` seconds.
+/// 1000), or for `DURATION=s` seconds; `MAX_FAILED=n` stops after n failing
+/// seeds. Each failure says how long the run took to find it.
 #[test]
 #[ignore = "a long run, by hand"]
 fn long_run() {
@@ -247,12 +270,15 @@ fn long_run() {
     let first = env_u64("FIRST").unwrap_or(1000);
     let duration = env_u64("DURATION").map(Duration::from_secs);
     let seeds = env_u64("SEEDS").unwrap_or(if duration.is_some() { u64::MAX } else { 100 });
+    let max_failed = env_u64("MAX_FAILED").unwrap_or(u64::MAX);
     let started = Instant::now();
     let mut simulated = Duration::ZERO;
     let mut failed = Vec::new();
     let mut ran = 0u64;
     for seed in first..first.saturating_add(seeds) {
-        if duration.is_some_and(|duration| started.elapsed() >= duration) {
+        if duration.is_some_and(|duration| started.elapsed() >= duration)
+            || failed.len() as u64 >= max_failed
+        {
             break;
         }
         // Each seed in a process of its own, as its replay will run it.
@@ -267,7 +293,9 @@ fn long_run() {
                 .take(6)
                 .collect();
             eprintln!(
-                "FAILED seed {seed}\n{}\n  replay: {}",
+                "FAILED seed {seed} (the {}th seed, {:.1} s into the run)\n{}\n  replay: {}",
+                ran,
+                started.elapsed().as_secs_f64(),
                 violations.join("\n"),
                 replay_command(seed, &setup)
             );

@@ -1,14 +1,20 @@
 //! The library's transport seams over turmoil's simulated TCP: a
-//! [`Listener`] for the server and a connector for the proxy.
+//! [`Listener`] for the server and a connector for the proxy, which resets
+//! some of its connections part way through a response (turmoil injects no
+//! resets of its own between running hosts).
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
 
 use hyper_util::rt::TokioIo;
 use mcp_id_guard::server::Listener;
+use rand::rngs::StdRng;
+use rand::Rng;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A simulated host's listening socket.
 pub struct SimListener(pub turmoil::net::TcpListener);
@@ -27,12 +33,81 @@ impl Listener for SimListener {
 }
 
 /// Connects the proxy to the host and port its upstream URI names, over
-/// the simulated network.
-#[derive(Clone, Copy)]
-pub struct SimConnector;
+/// the simulated network. A share of the connections (`rate`, chosen by
+/// `rng`) is reset after a number of bytes read: a cut the proxy sees while
+/// the server, which sees only the connection close, runs on.
+#[derive(Clone)]
+pub struct SimConnector {
+    resets: Arc<Mutex<(StdRng, f64)>>,
+}
+
+impl SimConnector {
+    pub fn new(rng: StdRng, rate: f64) -> Self {
+        Self {
+            resets: Arc::new(Mutex::new((rng, rate))),
+        }
+    }
+
+    /// After how many bytes read the next connection is reset, if it is.
+    fn reset_after(&self) -> Option<usize> {
+        let mut resets = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+        let (rng, rate) = &mut *resets;
+        let rate = *rate;
+        // Past a response head and an SSE stream's first events.
+        rng.random_bool(rate).then(|| rng.random_range(0..2_000))
+    }
+}
+
+/// A simulated TCP stream that fails with `ConnectionReset` once `left`
+/// bytes have been read from it.
+pub struct Resetting {
+    stream: turmoil::net::TcpStream,
+    left: Option<usize>,
+}
+
+impl AsyncRead for Resetting {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some(left) = this.left else {
+            return Pin::new(&mut this.stream).poll_read(cx, buf);
+        };
+        if left == 0 {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        let mut room = vec![0; left.min(buf.remaining())];
+        let mut limited = ReadBuf::new(&mut room);
+        ready!(Pin::new(&mut this.stream).poll_read(cx, &mut limited))?;
+        let read = limited.filled();
+        this.left = Some(left - read.len());
+        buf.put_slice(read);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Resetting {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
 
 impl tower_service::Service<http::Uri> for SimConnector {
-    type Response = TokioIo<turmoil::net::TcpStream>;
+    type Response = TokioIo<Resetting>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -43,9 +118,10 @@ impl tower_service::Service<http::Uri> for SimConnector {
     fn call(&mut self, upstream: http::Uri) -> Self::Future {
         let host = upstream.host().unwrap_or_default().to_owned();
         let port = upstream.port_u16().unwrap_or(80);
+        let left = self.reset_after();
         Box::pin(async move {
             let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
-            Ok(TokioIo::new(stream))
+            Ok(TokioIo::new(Resetting { stream, left }))
         })
     }
 }

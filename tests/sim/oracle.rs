@@ -5,9 +5,11 @@
 //!   and its own payload marker);
 //! - the server never runs two requests under one `(session, id)`;
 //! - every request ends, answered or with a clean JSON-RPC error carrying
-//!   its id, within the client's bound;
+//!   its id (or, in the seeds that have one, the `408` of the timeout inside
+//!   the guard), within the client's bound;
 //! - once traffic has stopped and the abandoned-id TTL has passed, the
-//!   guard's table holds nothing.
+//!   guard's table holds nothing (under a TTL of `u64::MAX` s: nothing in
+//!   flight).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -32,6 +34,9 @@ pub enum Outcome {
     SessionLost,
     /// The connection broke under a fault (a held link, a restart).
     Broken,
+    /// The timeout inside the guard answered `408` in the server's place
+    /// (the server runs on: the guard must keep its id).
+    TimedOut,
     /// A stream closed for polling, resumed with `GET` + `Last-Event-ID`,
     /// whose replay carried its own result.
     Resumed,

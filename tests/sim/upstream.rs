@@ -15,6 +15,11 @@
 //! gets, for whichever request runs under that id. On some SSE streams it
 //! sends a request of its own (sampling, ids counting from 1 like the
 //! clients'), whose answer must come back to it once and as sent.
+//!
+//! In some seeds (see [`Quirks`]) it labels answers with a `Content-Encoding`
+//! that is no coding (`identity`, `identity, identity`, empty), or leads
+//! bodies with a byte order mark and writes each event's `data:` first, so
+//! that the mark sits before the field that carries an answer.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -34,6 +39,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::oracle::Oracle;
+use crate::world::Quirks;
 
 pub const PORT: u16 = 8000;
 
@@ -77,6 +83,8 @@ struct Stream {
 /// One session's requests in progress, keyed as the buggy SDKs key them.
 #[derive(Default)]
 struct Session {
+    /// Events are written `data:` first (the fields' order is free).
+    data_first: bool,
     /// The request running under each id: where its answer goes.
     routes: BTreeMap<String, Running>,
     /// Requests running under each id (the oracle wants at most one).
@@ -113,10 +121,12 @@ impl Session {
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        let event = Bytes::from(format!(
-            "id: {id}-{}\nevent: message\ndata: {data}\n\n",
-            stream.events.len()
-        ));
+        let index = stream.events.len();
+        let event = Bytes::from(if self.data_first {
+            format!("data: {data}\nid: {id}-{index}\nevent: message\n\n")
+        } else {
+            format!("id: {id}-{index}\nevent: message\ndata: {data}\n\n")
+        });
         stream.events.push(event.clone());
         stream.answered |= answer;
         if let Some(live) = &stream.live {
@@ -136,7 +146,53 @@ struct State {
     poll_rate: f64,
     /// How many times the server restarted before this run of it.
     incarnation: u32,
+    quirks: Quirks,
+    /// Chooses how each answer is dressed (an RNG of its own: the seeds
+    /// without quirks make the choices they made before).
+    dress_rng: StdRng,
 }
+
+/// How one response is dressed, in the seeds whose server does so.
+#[derive(Clone, Copy, Default)]
+struct Dress {
+    /// A `Content-Encoding` that is no coding.
+    coding: Option<&'static str>,
+    /// A byte order mark leads the body.
+    bom: bool,
+}
+
+/// `Content-Encoding` values that name no coding (RFC 9110 §8.4: a list,
+/// `identity` is none, empty elements allowed).
+const NO_CODINGS: [&str; 4] = ["identity", "identity, identity", "", "Identity ,"];
+
+impl State {
+    fn dress(&mut self) -> Dress {
+        let coding = (self.quirks.codings && self.dress_rng.random_bool(0.5))
+            .then(|| NO_CODINGS[self.dress_rng.random_range(0..NO_CODINGS.len())]);
+        let bom = self.quirks.bom && self.dress_rng.random_bool(0.5);
+        Dress { coding, bom }
+    }
+}
+
+impl Dress {
+    fn apply(self, mut response: Response<Body>) -> Response<Body> {
+        if let Some(coding) = self.coding {
+            response.headers_mut().insert(
+                http::header::CONTENT_ENCODING,
+                http::HeaderValue::from_static(coding),
+            );
+        }
+        response
+    }
+
+    /// The mark, when the body has one.
+    fn lead(self) -> Option<Bytes> {
+        self.bom.then_some(Bytes::from_static(BOM))
+    }
+}
+
+/// A UTF-8 byte order mark.
+pub const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The server's state: kept across its connections.
 #[derive(Clone)]
@@ -144,10 +200,18 @@ pub struct Upstream(Arc<Mutex<State>>);
 
 impl Upstream {
     /// A server that knows no session yet: the `incarnation`th start.
-    pub fn new(seed: u64, oracle: Oracle, poll_rate: f64, incarnation: u32) -> Self {
+    pub fn new(
+        seed: u64,
+        oracle: Oracle,
+        poll_rate: f64,
+        incarnation: u32,
+        quirks: Quirks,
+    ) -> Self {
         Self(Arc::new(Mutex::new(State {
             oracle,
             incarnation,
+            quirks,
+            dress_rng: StdRng::seed_from_u64(seed ^ 0x0d2e_55ed ^ u64::from(incarnation)),
             rng: StdRng::seed_from_u64(seed ^ 0x5e4e_5e4e ^ u64::from(incarnation)),
             sessions: BTreeMap::new(),
             next_session: 0,
@@ -217,8 +281,8 @@ impl Upstream {
                 // As the SDKs do, the JSON answer's head goes with its body,
                 // once the tool has finished; a request whose route was
                 // taken hangs.
-                Err(mut answer) => match answer.recv().await {
-                    Some(answer) => json_body(answer),
+                Err((mut answer, dress)) => match answer.recv().await {
+                    Some(answer) => json_body(answer, dress),
                     None => std::future::pending().await,
                 },
             },
@@ -232,7 +296,14 @@ impl Upstream {
         let session = self.with(|state| {
             state.next_session += 1;
             let session = format!("session-{}-{}", state.incarnation, state.next_session);
-            state.sessions.insert(session.clone(), Session::default());
+            let data_first = state.quirks.bom;
+            state.sessions.insert(
+                session.clone(),
+                Session {
+                    data_first,
+                    ..Session::default()
+                },
+            );
             session
         });
         let mut response = json_response(&json!({
@@ -255,7 +326,7 @@ impl Upstream {
         &self,
         session: String,
         message: Value,
-    ) -> Result<Response<Body>, mpsc::UnboundedReceiver<Bytes>> {
+    ) -> Result<Response<Body>, (mpsc::UnboundedReceiver<Bytes>, Dress)> {
         let id = message["id"].clone();
         let key = key_of(&id);
         let marker = message["params"]["arguments"]["marker"]
@@ -269,6 +340,7 @@ impl Upstream {
             let sse = state.rng.random_bool(0.5);
             let poll = sse && state.rng.random_bool(state.poll_rate);
             let ask = sse && state.rng.random_bool(0.3);
+            let dress = state.dress();
             let Some(entry) = state.sessions.get_mut(&session) else {
                 return Ok(unknown_session());
             };
@@ -290,7 +362,7 @@ impl Upstream {
                 entry
                     .routes
                     .insert(key.clone(), running(Route::Json(route)));
-                return Err(answer);
+                return Err((answer, dress));
             }
             entry.next_stream += 1;
             let stream = entry.next_stream;
@@ -320,7 +392,7 @@ impl Upstream {
             state.oracle.note(&format!(
                 "server: {marker} on stream {stream} (closing early: {poll})"
             ));
-            Ok(sse_stream(entry, stream, 0, poll))
+            Ok(sse_stream(entry, stream, 0, poll, dress))
         });
         let upstream = self.clone();
         let result = json!({
@@ -405,6 +477,7 @@ impl Upstream {
     fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
         self.with(|state| {
             let poll = state.rng.random_bool(state.poll_rate);
+            let dress = state.dress();
             state.oracle.note(&format!(
                 "server: GET after {last_event} (closing early: {poll})"
             ));
@@ -422,7 +495,7 @@ impl Upstream {
                         .get(&stream)
                         .is_some_and(|stream| !stream.ended) =>
                 {
-                    sse_stream(entry, stream, index + 1, poll)
+                    sse_stream(entry, stream, index + 1, poll, dress)
                 }
                 _ => status(StatusCode::NOT_FOUND),
             }
@@ -432,12 +505,22 @@ impl Upstream {
 
 /// An SSE response for `stream` from its event `from` on: what is stored,
 /// then (unless `poll`, or the answer is among them) what comes next, to
-/// the end of the stream.
-fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Response<Body> {
+/// the end of the stream; dressed as `dress` says.
+fn sse_stream(
+    entry: &mut Session,
+    stream: u64,
+    from: usize,
+    poll: bool,
+    dress: Dress,
+) -> Response<Body> {
     let Some(state) = entry.streams.get_mut(&stream) else {
         return status(StatusCode::NOT_FOUND);
     };
-    let stored: Vec<Bytes> = state.events.get(from..).unwrap_or_default().to_vec();
+    let stored: Vec<Bytes> = dress
+        .lead()
+        .into_iter()
+        .chain(state.events.get(from..).unwrap_or_default().iter().cloned())
+        .collect();
     let live = if state.answered || state.ended || poll {
         None
     } else {
@@ -452,10 +535,12 @@ fn sse_stream(entry: &mut Session, stream: u64, from: usize, poll: bool) -> Resp
         let (event, answer) = live.recv().await?;
         Some((Ok(Frame::data(event)), (!answer).then_some(live)))
     });
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(StreamBody::new(stored.chain(live)).boxed_unsync())
-        .expect("a valid response")
+    dress.apply(
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(StreamBody::new(stored.chain(live)).boxed_unsync())
+            .expect("a valid response"),
+    )
 }
 
 /// How python-sdk keys a request: `str(id)`, so `1` and `"1"` are one key.
@@ -487,9 +572,15 @@ fn json_response(message: &Value) -> Response<Body> {
         .expect("a valid response")
 }
 
-fn json_body(answer: Bytes) -> Response<Body> {
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Full::new(answer).boxed_unsync())
-        .expect("a valid response")
+fn json_body(answer: Bytes, dress: Dress) -> Response<Body> {
+    let body = match dress.lead() {
+        Some(bom) => Bytes::from([bom, answer].concat()),
+        None => answer,
+    };
+    dress.apply(
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(body).boxed_unsync())
+            .expect("a valid response"),
+    )
 }

@@ -14,7 +14,7 @@ use mcp_id_guard::protect::head::HeadLimitLayer;
 use mcp_id_guard::protect::host::{HostLayer, HostPolicy};
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::protect::pace::BodyPaceLayer;
-use mcp_id_guard::proxy::Proxy;
+use mcp_id_guard::proxy::{Proxy, ProxyBody};
 use mcp_id_guard::server::{ClientBody, Server};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate, Stats};
 use rand::rngs::StdRng;
@@ -70,6 +70,32 @@ pub struct Setup {
     /// How long a client waits for any one exchange: past it, the request
     /// did not end in time.
     pub client_bound: Duration,
+    /// The share of seeds whose stack has a timeout inside the guard
+    /// (tower-http's `TimeoutLayer`, between the guard and the proxy),
+    /// shorter than the slow tools: it answers `408` while the server runs
+    /// on (#28 item 1).
+    pub inner_timeout_rate: f64,
+    /// The share of seeds whose server labels answers `Content-Encoding:
+    /// identity`, `identity, identity` or an empty list: no coding, to be
+    /// read and restored (#28 item 3).
+    pub codings_rate: f64,
+    /// The share of seeds whose server leads bodies with a UTF-8 byte order
+    /// mark (which SSE and `fetch` clients skip) and writes an event's
+    /// `data:` before its `id:` (#28 item 4).
+    pub bom_rate: f64,
+    /// The share of seeds whose guard is given an abandoned-id TTL too
+    /// large for the clock (`u64::MAX` s, which the binary takes): abandoned
+    /// ids are remembered, never forgotten at once (#28 item 5).
+    pub huge_ttl_rate: f64,
+    /// Under faults, the share of seeds that partition the guard from the
+    /// upstream for up to `max_hold`: turmoil drops what is sent meanwhile,
+    /// so the connections open then stall for good (the proxy's timeouts
+    /// end them) and new ones fail (the proxy's `502`).
+    pub partition_rate: f64,
+    /// Under faults, the share of seeds in which the proxy sees a tenth of
+    /// its upstream connections reset part way through a response, while
+    /// the server runs on.
+    pub reset_rate: f64,
 }
 
 impl Default for Setup {
@@ -95,6 +121,43 @@ impl Default for Setup {
             // A JSON answer's head, or an SSE stream's silence, each at most
             // the upstream timeout; a held link; the network's slack.
             client_bound: upstream_timeout * 2 + Duration::from_secs(30),
+            inner_timeout_rate: 0.3,
+            codings_rate: 0.3,
+            bom_rate: 0.3,
+            huge_ttl_rate: 0.2,
+            partition_rate: 0.3,
+            reset_rate: 0.3,
+        }
+    }
+}
+
+/// The parts of the stack and of the server a seed may vary, drawn from an
+/// RNG of their own so that the other choices of a seed stay as they were
+/// before these were choices.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quirks {
+    /// A timeout inside the guard, answering `408` in the server's place.
+    pub inner_timeout: Option<Duration>,
+    /// The server labels some answers with an identity `Content-Encoding`.
+    pub codings: bool,
+    /// The server leads some bodies with a byte order mark, `data:` first.
+    pub bom: bool,
+    /// The guard's abandoned-id TTL is `u64::MAX` seconds.
+    pub huge_ttl: bool,
+}
+
+impl Quirks {
+    fn of(seed: u64, setup: &Setup) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0ddc_0de5);
+        let inner_timeout = rng.random_bool(setup.inner_timeout_rate).then(|| {
+            // Shorter than the slow tools (up to `max_tool_ms`).
+            Duration::from_millis(rng.random_range(500..=setup.max_tool_ms.max(1_000) * 3 / 4))
+        });
+        Self {
+            inner_timeout,
+            codings: rng.random_bool(setup.codings_rate),
+            bom: rng.random_bool(setup.bom_rate),
+            huge_ttl: rng.random_bool(setup.huge_ttl_rate),
         }
     }
 }
@@ -104,12 +167,15 @@ impl Default for Setup {
 enum Fault {
     Hold(String, String),
     Release(String, String),
+    Partition,
+    Repair,
     RestartUpstream,
     RestartGuard,
 }
 
-/// The faults of a run, in time order.
-fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
+/// The faults of a run, in time order; the partitions from an RNG of their
+/// own (`cuts`), so that the other faults of a seed stay as they were.
+fn faults(rng: &mut StdRng, cuts: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
     let mut faults = Vec::new();
     if !setup.faults {
         return faults;
@@ -133,6 +199,13 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
     if rng.random_bool(0.3) {
         faults.push((window.mul_f64(rng.random()), Fault::RestartGuard));
     }
+    if cuts.random_bool(setup.partition_rate) {
+        // A hold on the same link meanwhile ends with whichever heals first
+        // (turmoil keeps one state per link).
+        let at = window.mul_f64(cuts.random());
+        faults.push((at, Fault::Partition));
+        faults.push((at + setup.max_hold.mul_f64(cuts.random()), Fault::Repair));
+    }
     faults.sort_by_key(|(at, _)| *at);
     faults
 }
@@ -142,6 +215,7 @@ fn faults(rng: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
 pub struct Report {
     pub seed: u64,
     pub policy: Option<OnDuplicate>,
+    pub quirks: Quirks,
     pub violations: Vec<String>,
     pub outcomes: std::collections::BTreeMap<Outcome, u64>,
     pub server_requests: u64,
@@ -158,10 +232,12 @@ type SimBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The per-request stack of the binary (`src/bin/mcp-id-guard/main.rs`),
 /// traces aside: metrics, head limit, Host check, body pace, body buffer
-/// (the binary's default budgets), the guard, the proxy.
+/// (the binary's default budgets), the guard, the proxy; in some seeds a
+/// timeout between the guard and the proxy, as a user's stack may have.
 fn stack(
     proxy: Proxy,
     guard: Option<IdGuardLayer>,
+    inner_timeout: Option<Duration>,
     metrics: &Metrics,
 ) -> BoxCloneService<Request<ClientBody>, Response<SimBody>, Infallible> {
     let hosts = HostPolicy::loopback()
@@ -177,9 +253,23 @@ fn stack(
                 .max_body_bytes(4 * 1024 * 1024)
                 .per_connection(4 * 1024 * 1024),
         );
+    // tower-http's timeout answers an empty `408` once the proxy's head
+    // takes longer (a JSON answer's head waits for the tool); the request
+    // has reached the server, which runs on. Its body must be `Default`.
+    let inner = ServiceBuilder::new()
+        .option_layer(inner_timeout.map(|timeout| {
+            tower_http::timeout::TimeoutLayer::with_status_code(
+                http::StatusCode::REQUEST_TIMEOUT,
+                timeout,
+            )
+        }))
+        .map_response(|response: Response<ProxyBody>| {
+            response.map(|body| body.map_err(Into::<BoxError>::into).boxed_unsync())
+        })
+        .service(proxy);
     match guard {
-        Some(guard) => boxed(outer.layer(guard).service(proxy)),
-        None => boxed(outer.service(proxy)),
+        Some(guard) => boxed(outer.layer(guard).service(inner)),
+        None => boxed(outer.service(inner)),
     }
 }
 
@@ -205,6 +295,13 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let oracle = Oracle::new();
+    let quirks = Quirks::of(seed, setup);
+    oracle.note(&format!("quirks: {quirks:?}"));
+    // Partitions and resets, from an RNG of their own.
+    let mut cuts = StdRng::seed_from_u64(seed ^ 0xc075_c075);
+    let resets = setup.faults && cuts.random_bool(setup.reset_rate);
+    let (reset_seed, reset_rate): (u64, f64) = (cuts.random(), if resets { 0.1 } else { 0.0 });
+    oracle.note(&format!("upstream connections reset: {reset_rate}"));
     let mut sim = turmoil::Builder::new()
         .rng_seed(rng.random())
         .simulation_duration(Duration::from_secs(3600))
@@ -227,6 +324,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             upstream_oracle.clone(),
             poll_rate,
             incarnation,
+            quirks,
         )
         .serve()
     });
@@ -238,7 +336,15 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     // `--id-secret-file`) and remaps unseen sessions for its restart window.
     let current_guard: Arc<std::sync::Mutex<Option<IdGuardLayer>>> = Arc::default();
     let stats_of = Arc::clone(&current_guard);
-    let (use_guard, ttl, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    let (use_guard, window, guard_oracle) = (setup.guard, setup.ttl, oracle.clone());
+    // The binary takes `--abandoned-id-ttl` up to `u64::MAX` seconds; the
+    // restart window stays as set (`--restart-window`), so that it ends
+    // within the run.
+    let ttl = if quirks.huge_ttl {
+        Duration::from_secs(u64::MAX)
+    } else {
+        setup.ttl
+    };
     // From an RNG of its own, so that the other choices of a seed stay as
     // they were before the policy was one.
     let policy = setup.policy.unwrap_or_else(|| {
@@ -252,21 +358,25 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         let layer = IdGuardLayer::with_secret(secret)
             .on_duplicate(policy)
             .abandoned_id_ttl(ttl)
-            .restart_window(ttl);
+            .restart_window(window);
         *current_guard.lock().unwrap() = Some(layer.clone());
-        guard_oracle.note(&format!("guard: start {}", guard_starts.get()));
-        guard_starts.set(guard_starts.get() + 1);
+        let incarnation = guard_starts.get();
+        guard_oracle.note(&format!("guard: start {incarnation}"));
+        guard_starts.set(incarnation + 1);
         let guard = use_guard.then_some(layer);
         async move {
             let proxy = Proxy::builder()
-                .connector(SimConnector)
+                .connector(SimConnector::new(
+                    StdRng::seed_from_u64(reset_seed ^ u64::from(incarnation)),
+                    reset_rate,
+                ))
                 .connect_timeout(Duration::from_secs(5))
                 .response_timeout(Some(upstream_timeout))
                 .idle_timeout(Some(upstream_timeout))
                 .max_connections(Some(256))
                 .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
             let metrics = Metrics::new();
-            let service = stack(proxy, guard, &metrics);
+            let service = stack(proxy, guard, quirks.inner_timeout, &metrics);
             let server = Server::builder()
                 .header_read_timeout(Some(Duration::from_secs(10)))
                 .keep_alive_timeout(Some(Duration::from_secs(20)))
@@ -299,7 +409,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             Arc::clone(&sessions),
         );
         sim.client(name.clone(), async move {
-            let result = client::run(name, setup, client_seed, oracle).await;
+            let result = client::run(name, setup, quirks, client_seed, oracle).await;
             if let Ok(used) = &result {
                 sessions.lock().unwrap().extend(used.iter().cloned());
             }
@@ -363,9 +473,14 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 // table of its own (the old one went with its process).
                 let guard = stats_of.lock().unwrap().clone().unwrap_or(guard);
                 let stats = guard.stats();
-                if stats.abandoned_ids != 0
-                    || stats.in_flight_requests != 0
-                    || stats.table_bytes != 0
+                // Under a TTL of `u64::MAX` s an abandoned id is remembered
+                // for the process's life (a century): what was abandoned
+                // stays, and only the in-flight count must be back to zero.
+                // The early freeing such a TTL once caused shows as the
+                // server running a duplicate instead.
+                let remembered = quirks.huge_ttl;
+                if stats.in_flight_requests != 0
+                    || (!remembered && (stats.abandoned_ids != 0 || stats.table_bytes != 0))
                 {
                     oracle.violation(format!(
                         "the table is not empty a TTL after the traffic stopped: {stats:?}"
@@ -377,7 +492,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
-    let faults = faults(&mut rng, setup);
+    let faults = faults(&mut rng, &mut cuts, setup);
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
@@ -388,6 +503,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             ));
             match fault {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
+                Fault::Partition => sim.partition(GUARD_HOST, UPSTREAM_HOST),
+                Fault::Repair => sim.repair(GUARD_HOST, UPSTREAM_HOST),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
                 Fault::RestartGuard => sim.bounce(GUARD_HOST),
@@ -406,6 +523,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     let report = Report {
         seed,
         policy: setup.guard.then_some(policy),
+        quirks,
         violations: oracle.violations(),
         outcomes: oracle.outcomes(),
         server_requests: oracle.requests_started(),
