@@ -14,7 +14,8 @@
 #   CASES="pass_through" SIZES="1024" STAGES=1 benches/cost_model.sh
 #
 # Environment: CASES (untracked pass_through remapped), SIZES (256 1024),
-# FEW (200), MANY (2200), STAGES (0), TOP (30).
+# FEW (200), MANY (2200), STAGES (0), TOP (30), BIN (a bench binary already
+# built with `cargo bench --features internals --bench guard --no-run`).
 set -euo pipefail
 
 CASES=${CASES:-"untracked pass_through remapped"}
@@ -29,7 +30,8 @@ cd "$repo"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 
 export CARGO_PROFILE_BENCH_DEBUG=line-tables-only
-bin=$(cargo bench --features internals --bench guard --no-run --message-format=json 2>/dev/null |
+bin=${BIN:-}
+[ -n "$bin" ] || bin=$(cargo bench --features internals --bench guard --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
