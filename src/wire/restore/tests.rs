@@ -207,3 +207,55 @@ fn whole_bodies() {
     );
     assert_eq!(restore_whole(br#"{"id":1,"result":{}}"#), None);
 }
+
+/// A restorer that only watches (its request was not remapped) learns the
+/// same answers as one that restores, in any chunking, while it copies only
+/// the id and hands nothing on: its caller sends the chunks as they came.
+#[test]
+fn watching_only_learns_the_same_answers_and_hands_nothing_on() {
+    let watched = |body: &[u8], cut: usize| {
+        let mut restorer = Restorer::new(1 << 20, true).without_restoring();
+        let mut out = VecDeque::new();
+        let mut base = 0;
+        let pieces: Vec<&[u8]> = body.chunks(cut.max(1)).collect();
+        for (index, piece) in pieces.iter().enumerate() {
+            let chunk = Bytes::copy_from_slice(piece);
+            let mut parts = vec![Part::Json(base..base + piece.len())];
+            if index + 1 == pieces.len() {
+                parts.push(Part::End(base + piece.len()));
+            }
+            restorer.push(&chunk, base, &parts, &mut out);
+            assert!(
+                restorer
+                    .held
+                    .as_ref()
+                    .is_none_or(|held| held.id_len.is_none_or(|id_len| held.bytes.len() <= id_len)),
+                "only the id is kept once it ended"
+            );
+            base += piece.len();
+        }
+        restorer.finish(&mut out);
+        assert!(out.is_empty(), "nothing handed on");
+        restorer.take_answered().collect::<Vec<_>>()
+    };
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}"#,
+        r#"{"jsonrpc":"2.0","result":{"id":2},"id":"abc"}"#,
+        r#"{"id":1,"jsonrpc":"2.0","error":{"code":-32000,"message":"x"}}"#,
+        r#"{"id":1,"result":{},"id":2}"#,
+        r#"{"id":1,"method":"ping"}"#,
+        r#"{"id":1,"result":null}"#,
+        r#"[{"id":1,"result":{}},{"id":"b","error":{"code":1}},{"id":3,"method":"x"}]"#,
+        r#"{"id":1,"result":{"#,
+    ] {
+        for cut in 1..=body.len() {
+            let (out, expected) = restored_in(body.as_bytes(), cut, true);
+            assert_eq!(
+                out,
+                body.as_bytes(),
+                "the restoring reader's output is the body"
+            );
+            assert_eq!(watched(body.as_bytes(), cut), expected, "{body} cut {cut}");
+        }
+    }
+}
