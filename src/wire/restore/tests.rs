@@ -1,9 +1,14 @@
 use super::*;
 use crate::wire::id::IdMinter;
 
-/// Restores `body` fed in pieces of `cut` bytes.
-fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
-    let mut restorer = Restorer::new(1 << 20, watch);
+/// Feeds `body` to `restorer` in pieces of `cut` bytes, calling
+/// `after_each` after every piece; returns what it handed on.
+fn fed(
+    restorer: &mut Restorer,
+    body: &[u8],
+    cut: usize,
+    mut after_each: impl FnMut(&Restorer),
+) -> VecDeque<Bytes> {
     let mut out = VecDeque::new();
     let mut base = 0;
     let pieces: Vec<&[u8]> = body.chunks(cut.max(1)).collect();
@@ -14,9 +19,17 @@ fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>
             parts.push(Part::End(base + piece.len()));
         }
         restorer.push(&chunk, base, &parts, &mut out);
+        after_each(restorer);
         base += piece.len();
     }
     restorer.finish(&mut out);
+    out
+}
+
+/// Restores `body` fed in pieces of `cut` bytes.
+fn restored_in(body: &[u8], cut: usize, watch: bool) -> (Vec<u8>, Vec<Delivered>) {
+    let mut restorer = Restorer::new(1 << 20, watch);
+    let out = fed(&mut restorer, body, cut, |_| {});
     let bytes = out.iter().flat_map(|piece| piece.iter().copied()).collect();
     let answered = restorer.take_answered().collect();
     (bytes, answered)
@@ -215,16 +228,7 @@ fn whole_bodies() {
 fn watching_only_learns_the_same_answers_and_hands_nothing_on() {
     let watched = |body: &[u8], cut: usize| {
         let mut restorer = Restorer::new(1 << 20, true).without_restoring();
-        let mut out = VecDeque::new();
-        let mut base = 0;
-        let pieces: Vec<&[u8]> = body.chunks(cut.max(1)).collect();
-        for (index, piece) in pieces.iter().enumerate() {
-            let chunk = Bytes::copy_from_slice(piece);
-            let mut parts = vec![Part::Json(base..base + piece.len())];
-            if index + 1 == pieces.len() {
-                parts.push(Part::End(base + piece.len()));
-            }
-            restorer.push(&chunk, base, &parts, &mut out);
+        let out = fed(&mut restorer, body, cut, |restorer| {
             assert!(
                 restorer
                     .held
@@ -232,9 +236,7 @@ fn watching_only_learns_the_same_answers_and_hands_nothing_on() {
                     .is_none_or(|held| held.id_len.is_none_or(|id_len| held.bytes.len() <= id_len)),
                 "only the id is kept once it ended"
             );
-            base += piece.len();
-        }
-        restorer.finish(&mut out);
+        });
         assert!(out.is_empty(), "nothing handed on");
         restorer.take_answered().collect::<Vec<_>>()
     };
