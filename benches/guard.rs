@@ -29,7 +29,8 @@ use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_id_guard::{internals, IdGuardLayer, OnDuplicate};
+use mcp_id_guard::guard::GuardResponseBody;
+use mcp_id_guard::{internals, IdGuard, IdGuardLayer, OnDuplicate};
 use serde_json::Value;
 use tower::{Layer, Service, ServiceExt};
 
@@ -371,43 +372,67 @@ impl Case {
     }
 }
 
+/// One overhead case's request template, and its guard made ready: the
+/// check exchange made and, for remapped and rejected, a request with the
+/// same id held in flight (`held`) for as long as this lives.
+struct Prepared {
+    templates: [Template; 1],
+    layer: IdGuardLayer,
+    guarded: IdGuard<Fixed>,
+    held: Option<Response<GuardResponseBody<Full<Bytes>>>>,
+}
+
+fn prepare(rt: &tokio::runtime::Runtime, case: Case, size: usize) -> Prepared {
+    let session = session_id(0);
+    let body = match case {
+        Case::PassThroughString => request_json_string("1", size),
+        _ => request_json("1", size),
+    };
+    let session = match case {
+        Case::Untracked => None,
+        _ => Some(session.as_str()),
+    };
+    let templates = [Template::new(body, session)];
+    let layer = match case {
+        Case::Rejected => IdGuardLayer::new().on_duplicate(OnDuplicate::Reject),
+        _ => IdGuardLayer::new(),
+    };
+    let mut guarded = layer.layer(Fixed::new());
+    // Remapped and rejected: a request with the same id stays in flight in
+    // the session for the whole benchmark.
+    let held = match case {
+        Case::Remapped | Case::Rejected => {
+            let holder = Template::new(request_json("1", 256), session);
+            Some(rt.block_on(hold(&mut guarded, holder.build())))
+        }
+        _ => None,
+    };
+    rt.block_on(check(case, &layer, &mut guarded, &templates[0]));
+    Prepared {
+        templates,
+        layer,
+        guarded,
+        held,
+    }
+}
+
 fn overhead(c: &mut Criterion) {
     let rt = runtime();
-    let session = session_id(0);
     for case in Case::ALL {
         let mut group = c.benchmark_group(format!("overhead/{}", case.name()));
         for size in SIZES {
-            let body = match case {
-                Case::PassThroughString => request_json_string("1", size),
-                _ => request_json("1", size),
-            };
-            let session = match case {
-                Case::Untracked => None,
-                _ => Some(session.as_str()),
-            };
-            let templates = [Template::new(body, session)];
+            let Prepared {
+                templates,
+                layer,
+                guarded,
+                held,
+            } = prepare(&rt, case, size);
 
             let bare = Fixed::new();
             group.bench_function(BenchmarkId::new("bare", label(size)), |b| {
                 b.to_async(&rt)
                     .iter_custom(|iters| timed_owned(bare.clone(), &templates, iters));
             });
-
-            let layer = match case {
-                Case::Rejected => IdGuardLayer::new().on_duplicate(OnDuplicate::Reject),
-                _ => IdGuardLayer::new(),
-            };
-            let mut guarded = layer.layer(Fixed::new());
-            // Remapped and rejected: a request with the same id stays in
-            // flight in the session for the whole benchmark.
-            let held = match case {
-                Case::Remapped | Case::Rejected => {
-                    let holder = Template::new(request_json("1", 256), session);
-                    Some(rt.block_on(hold(&mut guarded, holder.build())))
-                }
-                _ => None,
-            };
-            rt.block_on(check(case, &layer, &mut guarded, &templates[0]));
             group.bench_function(BenchmarkId::new("guarded", label(size)), |b| {
                 b.to_async(&rt)
                     .iter_custom(|iters| timed_owned(guarded.clone(), &templates, iters));
@@ -854,29 +879,12 @@ fn count(spec: &str) {
     let size: usize = size.parse().expect("a size in bytes");
     let requests: u64 = requests.parse().expect("a number of requests");
     let rt = runtime();
-    let session = session_id(0);
-    let body = match case {
-        Case::PassThroughString => request_json_string("1", size),
-        _ => request_json("1", size),
-    };
-    let session = match case {
-        Case::Untracked => None,
-        _ => Some(session.as_str()),
-    };
-    let templates = [Template::new(body, session)];
-    let layer = match case {
-        Case::Rejected => IdGuardLayer::new().on_duplicate(OnDuplicate::Reject),
-        _ => IdGuardLayer::new(),
-    };
-    let mut guarded = layer.layer(Fixed::new());
-    let _held = match case {
-        Case::Remapped | Case::Rejected => {
-            let holder = Template::new(request_json("1", 256), session);
-            Some(rt.block_on(hold(&mut guarded, holder.build())))
-        }
-        _ => None,
-    };
-    rt.block_on(check(case, &layer, &mut guarded, &templates[0]));
+    let Prepared {
+        templates,
+        layer,
+        guarded,
+        held: _held,
+    } = prepare(&rt, case, size);
     let before = layer.stats();
     let elapsed = match side {
         "bare" => rt.block_on(timed_owned(Fixed::new(), &templates, requests)),
