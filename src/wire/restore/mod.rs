@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::wire::id::IdKey;
 use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
-use crate::wire::scan::{Found, KeyName, Scanner};
+use crate::wire::scan::{Found, KeyName, Scanner, Sink};
 
 /// A response that passed to the client: the collision key of the client id
 /// it carried, and whether that id was restored from a server-side id (the
@@ -96,7 +96,8 @@ impl Held {
 #[derive(Debug)]
 pub(crate) struct Restorer {
     scanner: Scanner,
-    events: Vec<Found>,
+    /// The current text is a batch (the scanner read its `[`).
+    batch: bool,
     current: Current,
     held: Option<Held>,
     /// The current text needs no more reading (a single message whose id is
@@ -141,7 +142,7 @@ impl Restorer {
     pub(crate) fn new(max_id: usize, watch: bool) -> Self {
         Self {
             scanner: Scanner::default(),
-            events: Vec::new(),
+            batch: false,
             current: Current::default(),
             held: None,
             passing: false,
@@ -261,42 +262,39 @@ impl Restorer {
     /// Reads `text` (JSON text whose first byte sits at absolute `position`,
     /// or a virtual line break that maps there).
     fn read(&mut self, text: &[u8], position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
-        let text_base = self.scanner.offset();
-        let map = |offset: usize| position + offset.saturating_sub(text_base).min(text.len());
-        let mut events = std::mem::take(&mut self.events);
-        let mut read = 0;
-        // Event by event, so that reading stops as soon as the text needs
-        // no more (a single message whose id is settled).
-        while read < text.len() && !self.passing {
-            events.clear();
-            match self.scanner.feed_some(&text[read..], &mut events) {
-                Ok(count) => read += count,
-                Err(_) => {
-                    // Not JSON the scanner can follow: nothing more is
-                    // restored in it.
-                    self.passing = true;
-                    if self.held.is_some() {
-                        self.release(None, position, at, out);
-                    }
-                    break;
-                }
-            }
-            for event in &events {
-                self.on_event(event, &map, text, text_base, at, out);
-                if self.passing {
-                    break;
-                }
+        let place = Place {
+            text,
+            base: self.scanner.offset(),
+            position,
+        };
+        // The scanner goes out while the restorer is its sink, and stops
+        // as soon as the text needs no more reading (a single message
+        // whose id is settled).
+        let mut scanner = std::mem::take(&mut self.scanner);
+        let read = scanner.feed_until_done(
+            text,
+            &mut Reading {
+                restorer: self,
+                place,
+                at,
+                out,
+            },
+        );
+        self.scanner = scanner;
+        if read.is_err() && !self.passing {
+            // Not JSON the scanner can follow: nothing more is restored in
+            // it.
+            self.passing = true;
+            if self.held.is_some() {
+                self.release(None, position, at, out);
             }
         }
-        self.events = events;
     }
 
     fn on_event(
         &mut self,
         event: &Found,
-        map: &dyn Fn(usize) -> usize,
-        text: &[u8],
-        payload_base: usize,
+        place: &Place<'_>,
         at: &Cursor<'_>,
         out: &mut VecDeque<Bytes>,
     ) {
@@ -310,7 +308,7 @@ impl Restorer {
                     *name == KeyName::Id && std::mem::replace(&mut self.current.id_seen, true);
                 if *name == KeyName::Method || twice {
                     self.current.method |= *name == KeyName::Method;
-                    let position = map(token.start);
+                    let position = place.of(token.start);
                     let past_window = self.held.as_ref().is_some_and(|held| {
                         held.response && held.window_end().is_some_and(|end| position > end)
                     });
@@ -325,13 +323,13 @@ impl Restorer {
                 }
             }
             Found::ValueStart(offset) => {
-                let first = text.get(offset - payload_base).copied();
+                let first = place.byte(*offset);
                 match self.current.key {
                     Some(KeyName::Id) if !self.current.method && !self.current.settled => {
                         // Only a string can be a server-side id; any id is
                         // held when responses are watched for.
                         if self.watch || first == Some(b'"') {
-                            let start = map(*offset);
+                            let start = place.of(*offset);
                             self.emit(start, at, out);
                             self.held = Some(Held {
                                 start,
@@ -348,7 +346,7 @@ impl Restorer {
                         self.current.answers = true;
                         let id_ended = self.held.as_ref().is_some_and(|held| held.id_len.is_some());
                         if id_ended {
-                            self.answer(map(*offset), at, out);
+                            self.answer(place.of(*offset), at, out);
                         }
                     }
                     _ => {}
@@ -356,7 +354,7 @@ impl Restorer {
             }
             Found::ValueEnd(offset) => {
                 if self.current.key == Some(KeyName::Id) {
-                    let end = map(*offset);
+                    let end = place.of(*offset);
                     if let Some(held) = &mut self.held {
                         if held.id_len.is_none() {
                             held.id_len = Some(end - held.start);
@@ -370,9 +368,9 @@ impl Restorer {
             }
             Found::MessageEnd(offset) => {
                 if self.held.as_ref().is_some_and(|held| held.response) {
-                    self.conclude(map(*offset), at, out);
+                    self.conclude(place.of(*offset), at, out);
                 } else if self.held.is_some() {
-                    self.release(None, map(*offset), at, out);
+                    self.release(None, place.of(*offset), at, out);
                 }
                 self.settle();
             }
@@ -384,7 +382,7 @@ impl Restorer {
     /// needs no more reading at all.
     fn settle(&mut self) {
         self.current.settled = true;
-        if !self.scanner.is_batch() {
+        if !self.batch {
             self.passing = true;
         }
     }
@@ -492,15 +490,20 @@ impl Restorer {
     /// message left open goes on as it is, and the next text starts afresh.
     fn end(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
         if !self.passing {
-            let payload_base = self.scanner.offset();
-            let mut events = std::mem::take(&mut self.events);
-            events.clear();
+            // Whatever the scanner still reports sits at the text's end.
+            let place = Place {
+                text: b"",
+                base: self.scanner.offset(),
+                position,
+            };
+            let mut scanner = std::mem::take(&mut self.scanner);
             // An incomplete text only means nothing more to restore in it.
-            let _ = self.scanner.finish(&mut events);
-            for event in &events {
-                self.on_event(event, &|_| position, b"", payload_base, at, out);
-            }
-            self.events = events;
+            let _ = scanner.finish(&mut Reading {
+                restorer: self,
+                place,
+                at,
+                out,
+            });
         }
         if self.held.is_some() {
             self.release(None, position, at, out);
@@ -512,6 +515,7 @@ impl Restorer {
             self.answered.append(&mut self.answering);
         }
         self.scanner = Scanner::default();
+        self.batch = false;
         self.current = Current::default();
         self.passing = false;
     }
@@ -575,6 +579,58 @@ fn held_id(held: &Held, max_id: usize) -> Option<&str> {
 struct Cursor<'a> {
     chunk: &'a Bytes,
     base: usize,
+}
+
+/// Where a piece of text being read sits: the scanner's offsets in it map
+/// to absolute positions in the stream.
+struct Place<'a> {
+    text: &'a [u8],
+    /// The scanner's offset of the text's first byte.
+    base: usize,
+    /// The absolute position of the text's first byte (or of the virtual
+    /// line break it stands for).
+    position: usize,
+}
+
+impl Place<'_> {
+    /// The absolute position of the scanner's `offset`.
+    fn of(&self, offset: usize) -> usize {
+        self.position + offset.saturating_sub(self.base).min(self.text.len())
+    }
+
+    /// The byte at the scanner's `offset`, if it is in this text.
+    fn byte(&self, offset: usize) -> Option<u8> {
+        self.text.get(offset.checked_sub(self.base)?).copied()
+    }
+}
+
+/// The restorer as the scanner's sink while it reads one piece of text:
+/// each event is acted on as it is found, and reading stops once the text
+/// needs no more.
+struct Reading<'r, 'a> {
+    restorer: &'r mut Restorer,
+    place: Place<'a>,
+    at: &'r Cursor<'a>,
+    out: &'r mut VecDeque<Bytes>,
+}
+
+impl Sink for Reading<'_, '_> {
+    fn event(&mut self, event: Found) {
+        // A text that needs no more reading takes no more events (the
+        // scanner's end may still report some).
+        if !self.restorer.passing {
+            self.restorer
+                .on_event(&event, &self.place, self.at, self.out);
+        }
+    }
+
+    fn batch(&mut self) {
+        self.restorer.batch = true;
+    }
+
+    fn done(&self) -> bool {
+        self.restorer.passing
+    }
 }
 
 /// Restores the client ids in one whole JSON body (single or batch):

@@ -97,27 +97,21 @@ pub(crate) trait Sink {
 
     /// The next event, in input order.
     fn event(&mut self, event: Found);
+
+    /// The top-level value is an array: what follows are its elements.
+    fn batch(&mut self) {}
+
+    /// The sink needs no more of the text: [`Scanner::feed_until_done`]
+    /// stops right after the event that made it so, and never reads the
+    /// rest (the response path, once an id is settled).
+    fn done(&self) -> bool {
+        false
+    }
 }
 
 impl Sink for Vec<Found> {
     fn event(&mut self, event: Found) {
         self.push(event);
-    }
-}
-
-/// A sink that notes whether anything reached it: [`Scanner::feed_some`]
-/// stops at the first event.
-struct Noting<'s, S: ?Sized> {
-    sink: &'s mut S,
-    reported: bool,
-}
-
-impl<S: Sink + ?Sized> Sink for Noting<'_, S> {
-    const NAMES: bool = S::NAMES;
-
-    fn event(&mut self, event: Found) {
-        self.reported = true;
-        self.sink.event(event);
     }
 }
 
@@ -281,56 +275,39 @@ impl Scanner {
         chunk: &[u8],
         sink: &mut S,
     ) -> Result<(), Malformed> {
-        let mut sink = Noting {
-            sink,
-            reported: false,
-        };
-        self.feed_until(chunk, &mut sink, false).map(|_| ())
+        self.feed_until_done(chunk, sink).map(|_| ())
     }
 
-    /// Reads `chunk` until it has found at least one event; returns how many
-    /// bytes it read. A reader that may stop early (the response path, once
-    /// an id is settled) then never reads the rest.
-    pub(crate) fn feed_some(
+    /// Reads `chunk` until its end or until `sink` is [done](Sink::done);
+    /// returns how many bytes it read. The sink handles each event as it is
+    /// found (no event is queued), so stopping early costs nothing.
+    pub(crate) fn feed_until_done<S: Sink + ?Sized>(
         &mut self,
         chunk: &[u8],
-        events: &mut Vec<Found>,
-    ) -> Result<usize, Malformed> {
-        let mut sink = Noting {
-            sink: events,
-            reported: false,
-        };
-        self.feed_until(chunk, &mut sink, true)
-    }
-
-    fn feed_until<S: Sink + ?Sized>(
-        &mut self,
-        chunk: &[u8],
-        events: &mut Noting<'_, S>,
-        stop_at_event: bool,
+        sink: &mut S,
     ) -> Result<usize, Malformed> {
         let base = self.offset;
         let mut at = 0;
         while at < chunk.len() {
-            if stop_at_event && events.reported {
+            if sink.done() {
                 self.offset = base + at;
                 return Ok(at);
             }
             at = match self.token {
-                Token::None => self.structure(chunk, at, base, events).inspect_err(|_| {
+                Token::None => self.structure(chunk, at, base, sink).inspect_err(|_| {
                     self.offset = base + at;
                 })?,
-                Token::String { .. } => self.string(chunk, at, base, events),
+                Token::String { .. } => self.string(chunk, at, base, sink),
                 Token::Scalar { role } => {
                     match chunk[at..].iter().position(|byte| is_delimiter(*byte)) {
                         Some(found) => {
-                            self.end_token(role, base + at + found, events);
+                            self.end_token(role, base + at + found, sink);
                             at + found
                         }
                         None => chunk.len(),
                     }
                 }
-                Token::Nested { .. } => self.nested(chunk, at, base, events),
+                Token::Nested { .. } => self.nested(chunk, at, base, sink),
             };
         }
         self.offset = base + chunk.len();
@@ -370,6 +347,7 @@ impl Scanner {
             }
             (Step::Top, b'[') => {
                 self.batch = true;
+                events.batch();
                 self.step = Step::BatchFirst;
             }
             (Step::Top, _) => self.start_value(Role::Top, byte, here),
