@@ -499,6 +499,10 @@ impl<B: Body> ResponseBody<B> {
         mut registration: Option<Registration>,
         restoring: Option<Restoring>,
     ) -> Response<Self> {
+        if registration.is_none() && restoring.is_none() {
+            // Nothing awaited, nothing to restore: the body passes as it is.
+            return response.map(|body| Self::inner(body, None));
+        }
         let (mut parts, body) = response.into_parts();
         // An answer given in the server's place is no response from it. Only
         // a forwarder that knows says so (`Unanswered`). A status alone says

@@ -41,10 +41,10 @@ where
     record: bool,
 }
 
-// The future is allocated once per request and then stays put (servers box
-// it), so the size of the largest state costs nothing worth a second
-// allocation on the hot path.
-#[allow(clippy::large_enum_variant)]
+// Tower stacks move a future several times before a server pins it, each
+// move a copy of its largest state: the states of a tracked POST that only
+// some requests reach (reading, queued, an `initialize` in the restart
+// window) are boxed, so an untracked request's future stays small.
 #[pin_project(project = StateProj)]
 enum State<S, B>
 where
@@ -54,10 +54,10 @@ where
     Reading {
         #[pin]
         body: B,
-        read: ReadBody<S>,
+        read: Box<ReadBody<S>>,
     },
     /// Waiting for the id under `OnDuplicate::Queue`.
-    Queued { queued: Queued<S> },
+    Queued { queued: Box<Queued<S>> },
     /// Waiting for the inner service's response.
     Calling {
         #[pin]
@@ -68,7 +68,7 @@ where
         restore: Option<Restoring>,
         /// The request is an `initialize`: record the session its answer
         /// starts in this table.
-        starts: Option<(Arc<Table>, Config)>,
+        starts: Option<Box<(Arc<Table>, Config)>>,
     },
     /// A response the guard gives itself.
     Answered {
@@ -110,7 +110,14 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<RequestBody<B>>>,
 {
-    pub(crate) fn called(future: S::Future, restore: Option<Restoring>) -> Self {
+    /// Calls the inner service; `exchange` goes on the response when
+    /// `record` (a layer outside reads the [`Exchange`]).
+    pub(crate) fn called(
+        future: S::Future,
+        restore: Option<Restoring>,
+        exchange: Exchange,
+        record: bool,
+    ) -> Self {
         Self {
             state: State::Calling {
                 future,
@@ -118,32 +125,25 @@ where
                 restore,
                 starts: None,
             },
-            exchange: Exchange::default(),
-            record: false,
+            exchange,
+            record,
         }
     }
 
-    pub(crate) fn answered(response: Response<Full<Bytes>>) -> Self {
+    /// Answers in the server's place; `exchange` as for
+    /// [`called`](Self::called).
+    pub(crate) fn answered(
+        response: Response<Full<Bytes>>,
+        exchange: Exchange,
+        record: bool,
+    ) -> Self {
         Self {
             state: State::Answered {
                 response: Some(response),
             },
-            exchange: Exchange::default(),
-            record: false,
+            exchange,
+            record,
         }
-    }
-
-    /// Puts `exchange` on the response.
-    pub(crate) fn with_exchange(mut self, exchange: Exchange) -> Self {
-        self.exchange = exchange;
-        self
-    }
-
-    /// Whether a layer outside reads the [`Exchange`]: only then does the
-    /// response carry one.
-    pub(crate) fn recording(mut self, record: bool) -> Self {
-        self.record = record;
-        self
     }
 
     /// Reads a POST's body first. `watch_start`: a POST without a session
@@ -156,12 +156,13 @@ where
         config: Config,
         table: Arc<Table>,
         watch_start: bool,
+        record: bool,
     ) -> Self {
         let (parts, body) = request.into_parts();
         Self {
             state: State::Reading {
                 body,
-                read: ReadBody {
+                read: Box::new(ReadBody {
                     service: Some(service),
                     parts: Some(parts),
                     buffer: Accumulated::default(),
@@ -170,10 +171,10 @@ where
                     config,
                     table,
                     watch_start,
-                },
+                }),
             },
             exchange: Exchange::default(),
-            record: false,
+            record,
         }
     }
 }
@@ -207,8 +208,9 @@ where
                             return Poll::Ready(Err(error));
                         }
                     };
-                    if let Some((table, config)) = starts.take() {
-                        note_started(&response, &table, &config);
+                    if let Some(starts) = starts.take() {
+                        let (table, config) = &*starts;
+                        note_started(&response, table, config);
                     }
                     let response =
                         ResponseBody::wrap(response, registration.take(), restore.take());
@@ -278,7 +280,7 @@ impl<S> ReadBody<S> {
         };
         let bytes = std::mem::take(&mut self.buffer).into_bytes();
         let starts = (self.watch_start && is_initialize(&bytes))
-            .then(|| (Arc::clone(&self.table), self.config));
+            .then(|| Box::new((Arc::clone(&self.table), self.config)));
         let admission = admit(
             parts,
             &self.headers,
@@ -310,7 +312,7 @@ impl<S> ReadBody<S> {
                 registration,
                 ticket,
             } => State::Queued {
-                queued: Queued {
+                queued: Box::new(Queued {
                     service: Some(service),
                     pending: Some(pending),
                     registration: Some(registration),
@@ -319,7 +321,7 @@ impl<S> ReadBody<S> {
                     max_wait: self.config.max_queue_wait,
                     max_id: self.config.max_body_bytes,
                     session: self.headers.session.clone(),
-                },
+                }),
             },
             Admission::Answer(response) => State::Answered {
                 response: Some(response),

@@ -15,7 +15,7 @@ use crate::table::Stats;
 use crate::table::Table;
 use crate::wire::answer;
 use crate::wire::method::McpMethod;
-use crate::wire::protocol::{has_media_type, RequestHeaders};
+use crate::wire::protocol::{has_media_type, RequestHeaders, MCP_SESSION_ID};
 
 /// Middleware that keeps concurrent requests with the same JSON-RPC id in one
 /// MCP session from receiving each other's responses.
@@ -115,16 +115,37 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let record = request.extensions().get::<WantsExchange>().is_some();
-        self.respond(request).recording(record)
+        self.respond(request, record)
     }
 }
 
 impl<S> IdGuard<S> {
     /// What `call` does with a request, whatever becomes of its [`Exchange`].
-    fn respond<ReqBody, ResBody>(&mut self, request: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    /// `record`: a layer outside reads the [`Exchange`] (only then is one
+    /// built).
+    fn respond<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        record: bool,
+    ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     {
+        // Outside a session nothing is tracked; unless a layer outside wants
+        // the account of the POST or the restart window is open, none of the
+        // headers read below changes what happens, and one lookup costs a
+        // fraction of reading them all.
+        if !record
+            && !request.headers().contains_key(&MCP_SESSION_ID)
+            && !self.table.watches_starts(&self.config)
+        {
+            return ResponseFuture::called(
+                self.inner.call(request.map(RequestBody::new)),
+                None,
+                Exchange::default(),
+                false,
+            );
+        }
         let headers = RequestHeaders::read(request.headers());
         let handling = handling(request.method(), &headers);
         // A tracked POST is refused once its body is read, with its ids.
@@ -135,11 +156,11 @@ impl<S> IdGuard<S> {
                 .as_ref()
                 .is_some_and(|id| id.len() > self.config.max_session_id_bytes)
         {
-            return ResponseFuture::answered(answer::session_id_too_long(
-                &[],
-                false,
-                self.config.max_session_id_bytes,
-            ));
+            return ResponseFuture::answered(
+                answer::session_id_too_long(&[], false, self.config.max_session_id_bytes),
+                Exchange::default(),
+                record,
+            );
         }
         match handling {
             // During the restart window the guard reads `initialize`
@@ -150,18 +171,22 @@ impl<S> IdGuard<S> {
                     && may_start_session(&request, &headers)
                     && !declared_length_over(&headers, self.config.max_body_bytes) =>
             {
-                self.read_first(request, headers, true)
+                self.read_first(request, headers, true, record)
             }
             Handling::Untouched => {
                 // A POST the guard does not read counts as one message, by
                 // the method its `Mcp-Method` header names (2026-07-28).
-                let exchange = if request.method() == Method::POST {
+                let exchange = if record && request.method() == Method::POST {
                     Exchange::one(headers.method, GuardDecision::Passed)
                 } else {
                     Exchange::default()
                 };
-                ResponseFuture::called(self.inner.call(request.map(RequestBody::new)), None)
-                    .with_exchange(exchange)
+                ResponseFuture::called(
+                    self.inner.call(request.map(RequestBody::new)),
+                    None,
+                    exchange,
+                    record,
+                )
             }
             // A standalone or resumed stream may carry (or replay) responses to
             // remapped requests; restoring is stateless, by the id encoding.
@@ -190,15 +215,20 @@ impl<S> IdGuard<S> {
                         session,
                         resumes,
                     }),
+                    Exchange::default(),
+                    record,
                 )
             }
             Handling::Read => {
                 let limit = self.config.max_body_bytes;
                 if declared_length_over(&headers, limit) {
-                    return ResponseFuture::answered(answer::body_too_large(limit))
-                        .with_exchange(Exchange::one(McpMethod::Other, GuardDecision::Refused));
+                    return ResponseFuture::answered(
+                        answer::body_too_large(limit),
+                        Exchange::one(McpMethod::Other, GuardDecision::Refused),
+                        record,
+                    );
                 }
-                self.read_first(request, headers, false)
+                self.read_first(request, headers, false, record)
             }
         }
     }
@@ -211,6 +241,7 @@ impl<S> IdGuard<S> {
         request: Request<ReqBody>,
         headers: RequestHeaders,
         watch_start: bool,
+        record: bool,
     ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<RequestBody<ReqBody>>> + Clone,
@@ -227,6 +258,7 @@ impl<S> IdGuard<S> {
             self.config,
             Arc::clone(&self.table),
             watch_start,
+            record,
         )
     }
 }

@@ -2,19 +2,21 @@
 //! both read off requests and responses: header names, protocol revisions,
 //! media types.
 
-use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 use http::HeaderMap;
 
 use crate::wire::method::McpMethod;
 
 /// The session header of the legacy streamable-HTTP revisions (2025-03-26 to
 /// 2025-11-25). Header names are case-insensitive.
-pub(crate) static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
-pub(crate) static MCP_PROTOCOL_VERSION: HeaderName =
-    HeaderName::from_static("mcp-protocol-version");
+pub(crate) static MCP_SESSION_ID: HeaderName = HeaderName::from_static(SESSION_ID);
+
+// The names as text, for matching a name read off a request.
+const SESSION_ID: &str = "mcp-session-id";
+const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 /// The method of a POST's message, in revision 2026-07-28 (servers answer
 /// 400 when it differs from the body's).
-static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const METHOD: &str = "mcp-method";
 
 /// The first protocol revision without sessions (2026-07-28): each response
 /// comes back on its own POST there, so ids cannot cross-wire.
@@ -72,31 +74,49 @@ pub(crate) fn is_encoded(headers: &HeaderMap) -> bool {
     headers.get_all(CONTENT_ENCODING).iter().any(encodes)
 }
 
+/// A `Content-Length` value as `u64::from_str` reads its text (an optional
+/// `+`, then digits, no overflow), without first checking the whole value is
+/// text: only digits get through either way.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let digits = value.strip_prefix(b"+").unwrap_or(value);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |length, &byte| {
+        let digit = byte.checked_sub(b'0').filter(|digit| *digit < 10)?;
+        length.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 impl RequestHeaders {
     pub(crate) fn read(headers: &HeaderMap) -> Self {
         let mut read = Self::default();
         let (mut version_seen, mut length_seen, mut method_seen) = (false, false, false);
         for (name, value) in headers {
-            // Standard names compare by their tag, custom ones by bytes.
-            if name == CONTENT_LENGTH {
-                if !length_seen {
+            // One match on the name's text: the compiler sorts the arms by
+            // length, so most names are passed over after one compare.
+            match name.as_str() {
+                "content-length" if !length_seen => {
                     length_seen = true;
-                    read.content_length = value.to_str().ok().and_then(|value| value.parse().ok());
+                    read.content_length = content_length(value.as_bytes());
                 }
-            } else if name == CONTENT_ENCODING {
-                read.encoded |= encodes(value);
-            } else if name == MCP_SESSION_ID {
-                if read.session.is_some() {
-                    read.several_sessions = true;
-                } else {
-                    read.session = Some(value.clone());
+                "content-encoding" => read.encoded |= encodes(value),
+                SESSION_ID => {
+                    if read.session.is_some() {
+                        read.several_sessions = true;
+                    } else {
+                        read.session = Some(value.clone());
+                    }
                 }
-            } else if name == MCP_METHOD && !method_seen {
-                method_seen = true;
-                read.method = McpMethod::from_name(value.as_bytes());
-            } else if name == MCP_PROTOCOL_VERSION && !version_seen {
-                version_seen = true;
-                read.sessionless = is_sessionless_revision(value.as_bytes());
+                METHOD if !method_seen => {
+                    method_seen = true;
+                    read.method = McpMethod::from_name(value.as_bytes());
+                }
+                PROTOCOL_VERSION if !version_seen => {
+                    version_seen = true;
+                    read.sessionless = is_sessionless_revision(value.as_bytes());
+                }
+                _ => {}
             }
         }
         read
@@ -153,6 +173,7 @@ fn is_media_type(value: &[u8], media: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use http::header::CONTENT_LENGTH;
     use http::HeaderValue;
     use proptest::prelude::*;
 
@@ -213,7 +234,7 @@ mod tests {
             session: sessions.next().cloned(),
             several_sessions: sessions.next().is_some(),
             sessionless: headers
-                .get(&MCP_PROTOCOL_VERSION)
+                .get(PROTOCOL_VERSION)
                 .is_some_and(|version| is_sessionless_revision(version.as_bytes())),
             content_length: headers
                 .get(CONTENT_LENGTH)
@@ -229,7 +250,7 @@ mod tests {
                         })
                 })
             }),
-            method: headers.get(&MCP_METHOD).map_or(McpMethod::Other, |method| {
+            method: headers.get(METHOD).map_or(McpMethod::Other, |method| {
                 McpMethod::from_name(method.as_bytes())
             }),
         }
