@@ -96,7 +96,8 @@ impl PendingForward {
 
 /// Peeks at a tracked POST's body, asks the session table, and builds the
 /// request to forward (with remapped ids spliced in) or the guard's answer;
-/// what became of each message goes into `exchange`.
+/// what became of each message goes into `exchange` (message by message
+/// only when `record`: a layer outside reads it).
 pub(crate) fn admit<B>(
     parts: http::request::Parts,
     headers: &RequestHeaders,
@@ -105,6 +106,7 @@ pub(crate) fn admit<B>(
     config: &Config,
     table: &Arc<Table>,
     exchange: &mut Exchange,
+    record: bool,
 ) -> Admission<B> {
     let mut pending = PendingForward {
         parts,
@@ -216,25 +218,27 @@ pub(crate) fn admit<B>(
         }
     };
     let cancelled = cancel(&mut pending, &peeked, &body, table, session);
-    *exchange = handled(
-        &peeked,
-        &body,
-        &wants,
-        |request| {
-            let decision = decisions
-                .get(request)
-                .copied()
-                .unwrap_or(GuardDecision::Passed);
-            (decision, server_ids.get(request).cloned().flatten())
-        },
-        |message| {
-            if cancelled.contains(&message) {
-                GuardDecision::Cancelled
-            } else {
-                GuardDecision::Passed
-            }
-        },
-    );
+    if record {
+        *exchange = handled(
+            &peeked,
+            &body,
+            &wants,
+            |request| {
+                let decision = decisions
+                    .get(request)
+                    .copied()
+                    .unwrap_or(GuardDecision::Passed);
+                (decision, server_ids.get(request).cloned().flatten())
+            },
+            |message| {
+                if cancelled.contains(&message) {
+                    GuardDecision::Cancelled
+                } else {
+                    GuardDecision::Passed
+                }
+            },
+        );
+    }
 
     match (registration, queued) {
         (Some(registration), Some(ticket)) => {

@@ -192,7 +192,7 @@ where
             let this = self.as_mut().project();
             let next = match this.state.project() {
                 StateProj::Reading { body, read } => {
-                    ready!(read.poll_read(body, cx, this.exchange))
+                    ready!(read.poll_read(body, cx, this.exchange, *this.record))
                 }
                 StateProj::Queued { queued } => ready!(queued.poll_turn(cx)),
                 StateProj::Calling {
@@ -236,6 +236,7 @@ impl<S> ReadBody<S> {
         mut body: Pin<&mut B>,
         cx: &mut Context<'_>,
         exchange: &mut Exchange,
+        record: bool,
     ) -> Poll<State<S, B>>
     where
         S: Service<Request<RequestBody<B>>>,
@@ -258,7 +259,7 @@ impl<S> ReadBody<S> {
             }
         };
         Poll::Ready(match finished {
-            Ok(()) => self.decide(exchange),
+            Ok(()) => self.decide(exchange, record),
             Err(response) => {
                 *exchange = Exchange::one(McpMethod::Other, GuardDecision::Refused);
                 State::Answered {
@@ -269,7 +270,7 @@ impl<S> ReadBody<S> {
     }
 
     /// Asks the table about the read body: the state the future goes on in.
-    fn decide<B>(&mut self, exchange: &mut Exchange) -> State<S, B>
+    fn decide<B>(&mut self, exchange: &mut Exchange, record: bool) -> State<S, B>
     where
         S: Service<Request<RequestBody<B>>>,
     {
@@ -289,6 +290,7 @@ impl<S> ReadBody<S> {
             &self.config,
             &self.table,
             exchange,
+            record,
         );
         match admission {
             Admission::Forward {
