@@ -181,8 +181,8 @@ pub(crate) struct Restoring {
 #[derive(Debug)]
 struct Reader {
     table: Arc<Table>,
-    /// The session whose ids are restored.
-    session: Option<HeaderValue>,
+    /// The digest of the session whose ids are restored.
+    session: u64,
     /// The session and the stream whose abandoned request answers free (a
     /// resumed `GET`).
     resumes: Option<(HeaderValue, StreamTag)>,
@@ -212,9 +212,12 @@ impl Reader {
     fn streaming(&mut self) -> &mut Streaming {
         let (max_id, watch, restores, json) = (self.max_id, self.watch, self.restores, self.json);
         let requests = self.requests;
-        let (table, session) = (&self.table, &self.session);
+        let (table, session) = (&self.table, self.session);
         self.streaming.get_or_insert_with(|| {
-            let binding = Binding::new(Arc::clone(table.minter()), session.clone());
+            let binding = Binding {
+                minter: Arc::clone(table.minter()),
+                session,
+            };
             let stream = if json {
                 let restorer = Restorer::new(max_id, watch)
                     .bound(binding)
@@ -555,8 +558,14 @@ impl<B: Body> ResponseBody<B> {
         if restores {
             parts.headers.remove(CONTENT_LENGTH);
         }
+        // A tracked request always has a session; an empty one matches no id
+        // issued for a real session.
+        let session = restoring
+            .session
+            .as_ref()
+            .map_or(&[][..], HeaderValue::as_bytes);
         let reading = Reader {
-            session: restoring.session.clone(),
+            session: restoring.table.minter().session_digest(session),
             resumes: restoring.session.zip(resumes),
             event_ids: 0,
             table: restoring.table,

@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderValue;
 
 use crate::wire::id::IdKey;
 use crate::wire::id::{
@@ -130,41 +129,23 @@ pub(crate) struct Restorer {
 }
 
 /// The ids a response may have restored: those `minter` issued for the
-/// session the response belongs to.
+/// session the response belongs to (by its digest: the session id itself
+/// can be kilobytes long, and a clone of its header value would hold the
+/// whole buffer it was read into for as long as the response is open).
 #[derive(Debug, Clone)]
 pub(crate) struct Binding {
-    minter: Arc<IdMinter>,
-    /// The session's id (empty: no session, which matches no id issued for
-    /// a real one).
-    session: Option<HeaderValue>,
-    /// Its keyed digest, made at the first id written like a server-side
-    /// one: most responses carry only the client's own ids.
-    digest: Option<u64>,
+    pub(crate) minter: Arc<IdMinter>,
+    pub(crate) session: u64,
 }
 
 impl Binding {
-    pub(crate) fn new(minter: Arc<IdMinter>, session: Option<HeaderValue>) -> Self {
-        Self {
-            minter,
-            session,
-            digest: None,
-        }
-    }
-
     /// What `raw` (an id's JSON text) restores to in this session.
-    fn restore(&mut self, raw: &str) -> Restored {
+    fn restore(&self, raw: &str) -> Restored {
+        // Most answers carry the client's own id: no MAC to compute.
         if !is_written_as_server_id(raw) {
             return Restored::Not;
         }
-        let Self {
-            minter,
-            session,
-            digest,
-        } = self;
-        let digest = *digest.get_or_insert_with(|| {
-            minter.session_digest(session.as_ref().map_or(&[][..], HeaderValue::as_bytes))
-        });
-        minter.restore_in(digest, raw)
+        self.minter.restore_in(self.session, raw)
     }
 }
 
@@ -458,7 +439,7 @@ impl Restorer {
         let id = held.as_ref().and_then(|held| held_id(held, self.max_id));
         // A foreign id is counted even where nothing is restored: it is the
         // sign of an upstream that mixes sessions up.
-        let verdict = id.map(|id| match &mut self.binding {
+        let verdict = id.map(|id| match &self.binding {
             None => restore(id).map_or(Restored::Not, Restored::Original),
             Some(binding) => binding.restore(id),
         });
