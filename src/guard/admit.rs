@@ -56,6 +56,22 @@ pub(crate) struct PendingForward {
 }
 
 impl PendingForward {
+    /// A read request, as it would go on untouched.
+    pub(crate) fn new(
+        parts: http::request::Parts,
+        body: Bytes,
+        trailers: Option<HeaderMap>,
+    ) -> Self {
+        Self {
+            parts,
+            body,
+            trailers,
+            edits: Vec::new(),
+            resized: false,
+            queued_id: None,
+        }
+    }
+
     /// The response will be read (for the responses that free the ids, and
     /// to restore server-side ids): ask for it uncompressed, so it can be.
     fn reads_response(&mut self) {
@@ -99,23 +115,13 @@ impl PendingForward {
 /// what became of each message goes into `exchange` (message by message
 /// only when `record`: a layer outside reads it).
 pub(crate) fn admit<B>(
-    parts: http::request::Parts,
+    mut pending: PendingForward,
     headers: &RequestHeaders,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
     config: &Config,
     table: &Arc<Table>,
     exchange: &mut Exchange,
     record: bool,
 ) -> Admission<B> {
-    let mut pending = PendingForward {
-        parts,
-        body,
-        trailers,
-        edits: Vec::new(),
-        resized: false,
-        queued_id: None,
-    };
     let Some(session) = &headers.session else {
         *exchange = Exchange::one(headers.method, GuardDecision::Passed);
         return untracked(pending);

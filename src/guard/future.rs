@@ -283,10 +283,8 @@ impl<S> ReadBody<S> {
         let starts = (self.watch_start && is_initialize(&bytes))
             .then(|| Box::new((Arc::clone(&self.table), self.config)));
         let admission = admit(
-            parts,
+            PendingForward::new(parts, bytes, self.trailers.take()),
             &self.headers,
-            bytes,
-            self.trailers.take(),
             &self.config,
             &self.table,
             exchange,
