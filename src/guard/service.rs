@@ -139,12 +139,7 @@ impl<S> IdGuard<S> {
             && !request.headers().contains_key(&MCP_SESSION_ID)
             && !self.table.watches_starts(&self.config)
         {
-            return ResponseFuture::called(
-                self.inner.call(request.map(RequestBody::new)),
-                None,
-                Exchange::default(),
-                false,
-            );
+            return self.untouched(request, Exchange::default(), false);
         }
         let headers = RequestHeaders::read(request.headers());
         let handling = handling(request.method(), &headers);
@@ -181,12 +176,7 @@ impl<S> IdGuard<S> {
                 } else {
                     Exchange::default()
                 };
-                ResponseFuture::called(
-                    self.inner.call(request.map(RequestBody::new)),
-                    None,
-                    exchange,
-                    record,
-                )
+                self.untouched(request, exchange, record)
             }
             // A standalone or resumed stream may carry (or replay) responses to
             // remapped requests; restoring is stateless, by the id encoding.
@@ -235,6 +225,25 @@ impl<S> IdGuard<S> {
 }
 
 impl<S> IdGuard<S> {
+    /// Calls the inner service with the request as it came: the guard reads
+    /// neither it nor its response.
+    fn untouched<ReqBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        exchange: Exchange,
+        record: bool,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<RequestBody<ReqBody>>>,
+    {
+        ResponseFuture::called(
+            self.inner.call(request.map(RequestBody::new)),
+            None,
+            exchange,
+            record,
+        )
+    }
+
     /// A future that reads the body before it calls the inner service.
     fn read_first<ReqBody>(
         &mut self,

@@ -371,17 +371,13 @@ pub(crate) fn restore(raw: &str) -> Option<String> {
     parse(raw).map(|parts| parts.original)
 }
 
-/// Whether `raw` (an id's JSON text) starts as a server-side id is written:
-/// no other can be one, and telling costs a compare.
-pub(crate) fn is_written_as_server_id(raw: &str) -> bool {
-    raw.strip_prefix('"')
-        .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
-}
-
 /// The parts of `raw` (an id's JSON text) if it is written like a
 /// server-side id; the MAC is read, not checked.
 pub(crate) fn parse(raw: &str) -> Option<Parts> {
-    if !is_written_as_server_id(raw) {
+    if !raw
+        .strip_prefix('"')
+        .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
+    {
         return None;
     }
     let decoded = serde_json::from_str::<Cow<'_, str>>(raw).ok()?;

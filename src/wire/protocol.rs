@@ -256,6 +256,39 @@ mod tests {
         }
     }
 
+    /// `content_length` reads the bytes as `u64::from_str` reads the text,
+    /// on the edges the proptest below seldom reaches (its values are ASCII).
+    #[test]
+    fn content_length_reads_as_the_standard_parser() {
+        let max = u64::MAX.to_string();
+        let over = format!("{max}0");
+        let cases: [&[u8]; 17] = [
+            b"",
+            b"+",
+            b"++1",
+            b"+-1",
+            b"-0",
+            b"-1",
+            b"0",
+            b"007",
+            b"+12",
+            b"1 ",
+            b" 1",
+            b"1\xff",
+            b"\xe91",
+            b"1e3",
+            b"0x10",
+            max.as_bytes(),
+            over.as_bytes(),
+        ];
+        for bytes in cases {
+            let standard = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok());
+            assert_eq!(content_length(bytes), standard, "{bytes:?}");
+        }
+    }
+
     proptest! {
         #[test]
         fn one_pass_reads_what_lookups_read(

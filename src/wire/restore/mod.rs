@@ -22,9 +22,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::wire::id::IdKey;
-use crate::wire::id::{
-    id_key, is_written_as_server_id, restore, IdMinter, Restored, RESERVED_PREFIX,
-};
+use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
 use crate::wire::scan::{Found, KeyName, Scanner, Sink};
 
 /// A response that passed to the client: the collision key of the client id
@@ -136,17 +134,6 @@ pub(crate) struct Restorer {
 pub(crate) struct Binding {
     pub(crate) minter: Arc<IdMinter>,
     pub(crate) session: u64,
-}
-
-impl Binding {
-    /// What `raw` (an id's JSON text) restores to in this session.
-    fn restore(&self, raw: &str) -> Restored {
-        // Most answers carry the client's own id: no MAC to compute.
-        if !is_written_as_server_id(raw) {
-            return Restored::Not;
-        }
-        self.minter.restore_in(self.session, raw)
-    }
 }
 
 impl Restorer {
@@ -441,7 +428,7 @@ impl Restorer {
         // sign of an upstream that mixes sessions up.
         let verdict = id.map(|id| match &self.binding {
             None => restore(id).map_or(Restored::Not, Restored::Original),
-            Some(binding) => binding.restore(id),
+            Some(binding) => binding.minter.restore_in(binding.session, id),
         });
         let original = match verdict {
             Some(Restored::Original(original)) if self.restoring => Some(original),
