@@ -17,6 +17,8 @@ use super::activity::{ActiveRequest, Activity, NONE};
 /// (sent whole, or abandoned with the connection), and that gives up on a
 /// client that takes nothing for the send limit.
 ///
+/// The server gives it a send limit only on HTTP/2 (on HTTP/1.1 a client that
+/// reads nothing blocks the socket's writes, which the watchdog times out).
 /// The blocked-write rule of the watchdog does not see an HTTP/2 stream
 /// whose flow-control window the client never opens: the socket stays
 /// writable, hyper just stops asking the body for data (and with it stop

@@ -103,7 +103,12 @@ where
 {
     let http2 = request.version() == Version::HTTP_2;
     let (mut active, admission) = activity.request_started(http2);
-    let send = shared.limits.send;
+    // Only an HTTP/2 stream needs its response watched for a client that
+    // stops taking it: on HTTP/1.1 hyper stops polling a body only when its
+    // write buffer is full, that is, when the socket write blocked, which
+    // the watchdog's blocked-write rule already times out. Watching there
+    // too would cost every streamed response a task and a timer.
+    let send = shared.limits.send.filter(|_| http2);
     let metrics = shared.metrics.clone();
     let activity = Arc::clone(activity);
     let started = Instant::now();
