@@ -16,15 +16,24 @@
 # not counted. User-space instructions only: the kernel's share (about half
 # of the proxy's CPU time) is not in the count.
 #
+# FRONTS adds other fronts, each counted the same way in turn: `nginx` (the
+# configuration of benches/proxy_vs_nginx.sh with NGINX_FORWARDED=1, in one
+# process so callgrind follows its worker), `hyper` (a bare hyper-util
+# reverse proxy, `loadtest --bare-proxy`: the floor of any proxy built on
+# hyper) and `upstream` (the echo server asked directly: what a request
+# costs the server the fronts protect).
+#
 #   benches/proxy_instructions.sh
+#   FRONTS="proxy hyper nginx upstream" benches/proxy_instructions.sh
 #   PROXY_ARGS="--on-duplicate reject" TOP=40 benches/proxy_instructions.sh
 #
-# Environment: MEASURE_SECONDS (6), PROXY_ARGS (extra flags for
-# mcp-id-guard), TOP (how many of the proxy's own functions to list, by
+# Environment: FRONTS (proxy), MEASURE_SECONDS (6), PROXY_ARGS (extra flags
+# for mcp-id-guard), TOP (how many of the proxy's own functions to list, by
 # inclusive cost per request; 25). Installs valgrind and wrk from Debian when
-# missing (needs root). Loopback only.
+# missing (needs root), and needs nginx for the nginx front. Loopback only.
 set -euo pipefail
 
+FRONTS=${FRONTS:-proxy}
 MEASURE_SECONDS=${MEASURE_SECONDS:-6}
 PROXY_ARGS=${PROXY_ARGS:-}
 TOP=${TOP:-25}
@@ -46,50 +55,88 @@ export CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
 build
 
 upstream_port=$(free_port)
-proxy_port=$(free_port)
 "$echo_bin" --serve "127.0.0.1:$upstream_port" >"$work/upstream.log" 2>&1 &
 pids+=($!)
 wait_for_port "$upstream_port" "the echo server"
 
-# shellcheck disable=SC2086 # PROXY_ARGS is a word list
-valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
-    "$proxy_bin" --listen "127.0.0.1:$proxy_port" \
-    --upstream "http://127.0.0.1:$upstream_port" \
-    --max-requests-per-connection 1000000 $PROXY_ARGS >"$work/proxy.log" 2>&1 &
-proxy_pid=$!
-pids+=("$proxy_pid")
-wait_for_port "$proxy_port" "mcp-id-guard under callgrind" 60
-
-url="http://127.0.0.1:$proxy_port/mcp"
-session=$(open_session "$url")
-
-load() {
-    MCP_SESSION_ID="$session" wrk -t1 -c8 -d"$1s" --timeout 10s \
-        -s benches/nginx/echo_call.lua "$url" | grep '^RESULT'
+# start FRONT PORT: the front under callgrind, in the background.
+start() {
+    local front=$1 port=$2
+    local out="--callgrind-out-file=$work/$front.out"
+    case $front in
+        proxy)
+            # shellcheck disable=SC2086 # PROXY_ARGS is a word list
+            valgrind --tool=callgrind "$out" \
+                "$proxy_bin" --listen "127.0.0.1:$port" \
+                --upstream "http://127.0.0.1:$upstream_port" \
+                --max-requests-per-connection 1000000 $PROXY_ARGS >"$work/$front.log" 2>&1 &
+            ;;
+        hyper)
+            valgrind --tool=callgrind "$out" \
+                "$echo_bin" --bare-proxy "127.0.0.1:$port" \
+                --upstream "127.0.0.1:$upstream_port" >"$work/$front.log" 2>&1 &
+            ;;
+        nginx)
+            mkdir -p "$work/nginx"
+            local forwarded='proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Host $http_host;'
+            sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@NGINX_PORT@|$port|g" \
+                -e "s|@UPSTREAM_PORT@|$upstream_port|g" -e "s|@FORWARDED@|$forwarded|" \
+                -e "s|^master_process on;|master_process off;|" \
+                benches/nginx/proxy_vs_nginx.conf >"$work/nginx/nginx.conf"
+            valgrind --tool=callgrind "$out" \
+                nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" >"$work/$front.log" 2>&1 &
+            ;;
+        upstream)
+            valgrind --tool=callgrind "$out" \
+                "$echo_bin" --serve "127.0.0.1:$port" >"$work/$front.log" 2>&1 &
+            ;;
+        *)
+            echo "unknown front: $front" >&2
+            exit 2
+            ;;
+    esac
 }
-load 2 >/dev/null
-callgrind_control --zero "$proxy_pid" >/dev/null 2>&1
-result=$(load "$MEASURE_SECONDS")
-callgrind_control --dump "$proxy_pid" >/dev/null 2>&1
-kill "$proxy_pid"
-wait "$proxy_pid" 2>/dev/null || true
 
-requests=$(printf '%s\n' "$result" | sed 's/.*requests=\([0-9]*\).*/\1/')
-bad=$(printf '%s\n' "$result" | sed 's/.* bad=\([0-9]*\).*/\1/')
-if [ "$bad" != 0 ] || [ "$requests" = 0 ]; then
-    echo "the load run failed: $result" >&2
-    exit 1
-fi
-# The dump taken after the warm-up is part 1.
-annotated=$(callgrind_annotate --threshold=100 --inclusive=yes "$work/callgrind.out.1" 2>/dev/null)
-total=$(printf '%s\n' "$annotated" | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
-echo "requests: $requests, instructions per request: $((total / requests))"
-echo
-echo "the proxy's own functions, instructions per request (inclusive):"
-printf '%s\n' "$annotated" \
-    | awk -v n="$requests" -v top="$TOP" '
-        /\/src\/.*mcp_id_guard::/ && $1 ~ /^[0-9,]+$/ && shown < top {
-            cost = $1; gsub(",", "", cost)
-            name = $0; sub(/^.*mcp_id_guard::/, "mcp_id_guard::", name); sub(/ \[.*$/, "", name)
-            if (!(name in seen)) { seen[name] = 1; shown++; printf "%8d  %s\n", cost / n, name }
-        }'
+for front in $FRONTS; do
+    port=$(free_port)
+    start "$front" "$port"
+    front_pid=$!
+    pids+=("$front_pid")
+    wait_for_port "$port" "$front under callgrind" 60
+
+    url="http://127.0.0.1:$port/mcp"
+    session=$(open_session "$url")
+
+    load() {
+        MCP_SESSION_ID="$session" wrk -t1 -c8 -d"$1s" --timeout 10s \
+            -s benches/nginx/echo_call.lua "$url" | grep '^RESULT'
+    }
+    load 2 >/dev/null
+    callgrind_control --zero "$front_pid" >/dev/null 2>&1
+    result=$(load "$MEASURE_SECONDS")
+    callgrind_control --dump "$front_pid" >/dev/null 2>&1
+    kill "$front_pid"
+    wait "$front_pid" 2>/dev/null || true
+
+    requests=$(printf '%s\n' "$result" | sed 's/.*requests=\([0-9]*\).*/\1/')
+    bad=$(printf '%s\n' "$result" | sed 's/.* bad=\([0-9]*\).*/\1/')
+    if [ "$bad" != 0 ] || [ "$requests" = 0 ]; then
+        echo "the load run through $front failed: $result" >&2
+        exit 1
+    fi
+    # The dump taken after the warm-up is part 1.
+    annotated=$(callgrind_annotate --threshold=100 --inclusive=yes "$work/$front.out.1" 2>/dev/null)
+    total=$(printf '%s\n' "$annotated" | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }')
+    echo "$front: requests: $requests, instructions per request: $((total / requests))"
+    [ "$front" = proxy ] || continue
+    echo
+    echo "the proxy's own functions, instructions per request (inclusive):"
+    printf '%s\n' "$annotated" \
+        | awk -v n="$requests" -v top="$TOP" '
+            /\/src\/.*mcp_id_guard::/ && $1 ~ /^[0-9,]+$/ && shown < top {
+                cost = $1; gsub(",", "", cost)
+                name = $0; sub(/^.*mcp_id_guard::/, "mcp_id_guard::", name); sub(/ \[.*$/, "", name)
+                if (!(name in seen)) { seen[name] = 1; shown++; printf "%8d  %s\n", cost / n, name }
+            }'
+    echo
+done
