@@ -17,8 +17,10 @@
 # CONNECTIONS (32), PROXY_ARGS (extra flags for mcp-id-guard), PROXY_ENV
 # (extra environment for it, e.g. TOKIO_WORKER_THREADS=1), NGINX_FORWARDED
 # (1: nginx also sends X-Forwarded-For, -Proto and -Host, as mcp-id-guard
-# does, so the upstream gets the same request from both). Installs nginx and
-# wrk from Debian when missing (needs root). Loopback only.
+# does, so the upstream gets the same request from both), HYPER (1: a bare
+# hyper-util reverse proxy, `loadtest --bare-proxy`, runs as a third front:
+# the floor of any proxy built on hyper, against the same nginx). Installs
+# nginx and wrk from Debian when missing (needs root). Loopback only.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-6}
@@ -28,6 +30,7 @@ CONNECTIONS=${CONNECTIONS:-32}
 PROXY_ARGS=${PROXY_ARGS:-}
 PROXY_ENV=${PROXY_ENV:-}
 NGINX_FORWARDED=${NGINX_FORWARDED:-0}
+HYPER=${HYPER:-0}
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -76,8 +79,19 @@ wait_for_port "$proxy_port" "mcp-id-guard"
 declare -A url session
 url[nginx]="http://127.0.0.1:$nginx_port/mcp"
 url[proxy]="http://127.0.0.1:$proxy_port/mcp"
-session[nginx]=$(open_session "${url[nginx]}")
-session[proxy]=$(open_session "${url[proxy]}")
+fronts="nginx proxy"
+if [ "$HYPER" = 1 ]; then
+    hyper_port=$(free_port)
+    "$echo_bin" --bare-proxy "127.0.0.1:$hyper_port" \
+        --upstream "127.0.0.1:$upstream_port" >"$work/hyper.log" 2>&1 &
+    pids+=($!)
+    wait_for_port "$hyper_port" "the bare hyper proxy"
+    url[hyper]="http://127.0.0.1:$hyper_port/mcp"
+    fronts="nginx proxy hyper"
+fi
+for front in $fronts; do
+    session[$front]=$(open_session "${url[$front]}")
+done
 
 # One wrk run against a front; prints its RESULT line.
 drive() {
@@ -91,9 +105,10 @@ field() { # field NAME LINE
     printf '%s\n' "$2" | tr ' ' '\n' | awk -F= -v name="$1" '$1 == name { print $2 }'
 }
 
-echo "warming up both fronts (${WARMUP_SECONDS} s each)" >&2
-drive nginx "$WARMUP_SECONDS" >/dev/null
-drive proxy "$WARMUP_SECONDS" >/dev/null
+echo "warming up the fronts (${WARMUP_SECONDS} s each)" >&2
+for front in $fronts; do
+    drive "$front" "$WARMUP_SECONDS" >/dev/null
+done
 
 echo "nginx $(nginx -v 2>&1 | sed 's|.*/||'), $("$proxy_bin" --version), wrk -t1 -c$CONNECTIONS, ${SECONDS_PER_RUN} s per run, $ROUNDS rounds${PROXY_ARGS:+, proxy args: $PROXY_ARGS}${PROXY_ENV:+, proxy env: $PROXY_ENV}$([ "$NGINX_FORWARDED" = 1 ] && echo ', nginx sends X-Forwarded-*')"
 printf '%-6s %-6s %10s %9s %9s %6s %7s\n' round front req/s p50_ms p99_ms bad errors
@@ -101,7 +116,9 @@ results="$work/results"
 : >"$results"
 failed=0
 for round in $(seq "$ROUNDS"); do
-    if [ $((round % 2)) -eq 1 ]; then order="nginx proxy"; else order="proxy nginx"; fi
+    # Each round starts with the next front, so drift falls on all alike.
+    # shellcheck disable=SC2086 # fronts is a word list
+    order=$(printf '%s\n' $fronts | awk -v r="$round" '{ f[NR - 1] = $0 } END { for (i = 0; i < NR; i++) print f[(i + r - 1) % NR] }' | tr '\n' ' ')
     for front in $order; do
         line=$(drive "$front" "$SECONDS_PER_RUN")
         rps=$(field rps "$line"); p50=$(field p50_ms "$line"); p99=$(field p99_ms "$line")
@@ -131,10 +148,14 @@ for round_, fronts in sorted(runs.items()):
     rps_ratios.append(rps_ratio)
     p99_ratios.append(p99_ratio)
     print(f"{round_:<6} {rps_ratio:>18.3f} {p99_ratio:>16.3f}")
-for front in ("nginx", "proxy"):
+for front in sorted(next(iter(runs.values()))):
     rps = statistics.median(r[front][0] for r in runs.values())
     p99 = statistics.median(r[front][1] for r in runs.values())
     print(f"median {front}: {rps:.0f} req/s, p99 {p99:.2f} ms")
+if all("hyper" in fronts for fronts in runs.values()):
+    hyper_rps = statistics.median(f["hyper"][0] / f["nginx"][0] for f in runs.values())
+    hyper_p99 = statistics.median(f["hyper"][1] / f["nginx"][1] for f in runs.values())
+    print(f"median ratio hyper/nginx (the floor): throughput {hyper_rps:.3f}, p99 {hyper_p99:.3f}")
 rps_median = statistics.median(rps_ratios)
 p99_median = statistics.median(p99_ratios)
 print(f"median ratio proxy/nginx: throughput {rps_median:.3f}, p99 {p99_median:.3f}")

@@ -2,7 +2,10 @@
 //! the `mcp-id-guard` binary serves) in front of hyper-util's pooled client,
 //! forwarding every request as it comes, with nothing of the guard. The
 //! floor that hyper itself sets, measured beside nginx and mcp-id-guard by
-//! `benches/held_vs_nginx.sh`; not a proxy to run.
+//! `benches/held_vs_nginx.sh`, `benches/proxy_vs_nginx.sh` (`HYPER=1`) and
+//! `benches/proxy_instructions.sh`; not a proxy to run. Both of its sides set
+//! TCP_NODELAY, as the binary's do: with Nagle on, each small answer waits
+//! out the peer's delayed ACK (about 40 ms here).
 
 use std::net::SocketAddr;
 
@@ -18,12 +21,15 @@ use tokio::net::TcpListener;
 /// Serves on `listen`, forwarding to `upstream`, until the process is killed.
 pub(crate) async fn serve(listen: SocketAddr, upstream: SocketAddr) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen).await?;
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
     let client: Client<HttpConnector, Incoming> =
-        Client::builder(TokioExecutor::new()).build_http();
+        Client::builder(TokioExecutor::new()).build(connector);
     let host = HeaderValue::from_str(&upstream.to_string())?;
     println!("proxying {listen} to {upstream}");
     loop {
         let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
         let (client, host) = (client.clone(), host.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
