@@ -107,7 +107,10 @@ where
     // stops taking it: on HTTP/1.1 hyper stops polling a body only when its
     // write buffer is full, that is, when the socket write blocked, which
     // the watchdog's blocked-write rule already times out. Watching there
-    // too would cost every streamed response a task and a timer.
+    // too would cost every streamed response a task and a timer, and see
+    // no more: both fire only once the kernel's send buffer (up to a few
+    // MiB) is full, so a slow stream to a client that reads nothing runs
+    // until it has filled it, as behind nginx's send_timeout.
     let send = shared.limits.send.filter(|_| http2);
     let metrics = shared.metrics.clone();
     let activity = Arc::clone(activity);

@@ -1288,9 +1288,12 @@ impl Drop for DropSignal {
     }
 }
 
-/// An upstream whose every response streams 64 KiB chunks for ever; reports
-/// each response's start and its end (the proxy dropped it).
-async fn flood_upstream() -> anyhow::Result<(
+/// An upstream whose every response streams 64 KiB chunks for ever (plain
+/// text, or with `sse` SSE events of a progress notification); reports each
+/// response's start and its end (the proxy dropped it).
+async fn flood_upstream(
+    sse: bool,
+) -> anyhow::Result<(
     Served,
     mpsc::UnboundedReceiver<()>,
     mpsc::UnboundedReceiver<()>,
@@ -1301,7 +1304,13 @@ async fn flood_upstream() -> anyhow::Result<(
     let service = tower::service_fn(move |_request: http::Request<hyper::body::Incoming>| {
         let _ = started_tx.send(());
         let signal = DropSignal(dropped_tx.clone());
-        let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let chunk = if sse {
+            let note = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": 1, "progress": 1, "message": "x".repeat(64 * 1024)}});
+            bytes::Bytes::from(format!("data: {note}\n\n"))
+        } else {
+            bytes::Bytes::from(vec![b'x'; 64 * 1024])
+        };
         let frames = futures::stream::unfold((signal, chunk), |(signal, chunk)| async move {
             let frame = http_body::Frame::data(chunk.clone());
             Some((Ok::<_, std::convert::Infallible>(frame), (signal, chunk)))
@@ -1311,7 +1320,14 @@ async fn flood_upstream() -> anyhow::Result<(
         async move {
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder()
-                    .header("content-type", "text/plain")
+                    .header(
+                        "content-type",
+                        if sse {
+                            "text/event-stream"
+                        } else {
+                            "text/plain"
+                        },
+                    )
                     .body(body)
                     .unwrap(),
             )
@@ -1326,11 +1342,28 @@ async fn flood_upstream() -> anyhow::Result<(
 /// dropped once writes stay blocked that long, and the upstream stream with it.
 /// The other client limits are long (30 s), so the drop within 3 s shows the
 /// watchdog acts on the blocked write itself, not at its next look after the
-/// shortest of those limits.
+/// shortest of those limits. The same holds for a tracked POST answered with
+/// an SSE stream: on HTTP/1.1 no per-response watcher runs, the watchdog's
+/// blocked-write rule alone cuts it.
 #[tokio::test]
 async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
-    for (limit, dropped_expected) in [("0", false), ("300ms", true)] {
-        let (upstream, mut started, mut dropped) = flood_upstream().await?;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "t"}})
+    .to_string();
+    let tracked_sse = format!(
+        "POST /flood HTTP/1.1\r\nHost: localhost\r\nAccept: {ACCEPT}\r\n\
+         Content-Type: application/json\r\nMcp-Session-Id: s\r\n\
+         Mcp-Protocol-Version: {PROTOCOL_VERSION}\r\nContent-Length: {}\r\n\r\n{call}",
+        call.len()
+    );
+    let plain = "GET /flood HTTP/1.1\r\nHost: localhost\r\n\r\n".to_owned();
+    for (sse, limit, dropped_expected) in [
+        (false, "0", false),
+        (false, "300ms", true),
+        (true, "0", false),
+        (true, "300ms", true),
+    ] {
+        let (upstream, mut started, mut dropped) = flood_upstream(sse).await?;
         let guard = Guard::start(&[
             "--upstream",
             &format!("http://{}", upstream.addr),
@@ -1344,9 +1377,8 @@ async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
         .await?;
         let mut client =
             tokio::time::timeout(OK_TIMEOUT, TcpStream::connect(&guard.addr)).await??;
-        client
-            .write_all(b"GET /flood HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .await?;
+        let request = if sse { &tracked_sse } else { &plain };
+        client.write_all(request.as_bytes()).await?;
         tokio::time::timeout(OK_TIMEOUT, started.recv())
             .await
             .context("the upstream stream did not start")?;
@@ -1358,11 +1390,11 @@ async fn clients_that_do_not_read_are_dropped() -> anyhow::Result<()> {
         };
         let ended = tokio::time::timeout(within, dropped.recv()).await.is_ok();
         println!(
-            "--send-timeout {limit}: upstream stream {} after {:?}",
+            "sse {sse}, --send-timeout {limit}: upstream stream {} after {:?}",
             if ended { "dropped" } else { "still open" },
             since.elapsed()
         );
-        assert_eq!(ended, dropped_expected, "--send-timeout {limit}");
+        assert_eq!(ended, dropped_expected, "sse {sse}, --send-timeout {limit}");
         if dropped_expected {
             assert!(
                 since.elapsed() < Duration::from_secs(3),
@@ -1463,7 +1495,7 @@ async fn wait_client_connections(admin: &str, expected: &str) -> anyhow::Result<
 /// dropped, and the next request gets the connection (not 503).
 #[tokio::test]
 async fn stalled_http2_streams_free_their_upstream_connection() -> anyhow::Result<()> {
-    let (upstream, mut started, mut dropped) = flood_upstream().await?;
+    let (upstream, mut started, mut dropped) = flood_upstream(false).await?;
     let guard = Guard::start(&[
         "--upstream",
         &format!("http://{}", upstream.addr),
@@ -1621,7 +1653,7 @@ async fn raw_status(addr: &str, raw: &str) -> anyhow::Result<u16> {
 /// target's or HTTP/2 `:authority`.
 #[tokio::test]
 async fn escaping_and_mismatched_targets_get_400() -> anyhow::Result<()> {
-    let (upstream, mut started, _dropped) = flood_upstream().await?;
+    let (upstream, mut started, _dropped) = flood_upstream(false).await?;
     let guard = Guard::start(&[
         "--upstream",
         &format!("http://{}/mcp", upstream.addr),

@@ -266,7 +266,9 @@ pub(crate) struct Args {
     /// How long a write to a client may stay blocked because the client does
     /// not read (nginx's send_timeout); then the connection is dropped,
     /// with the upstream request it holds. A slow-reading client would
-    /// otherwise keep an upstream connection busy for ever. 0: off.
+    /// otherwise keep an upstream connection busy for ever. As for nginx, a
+    /// write blocks only once the kernel's send buffer for the client (up
+    /// to a few MiB) is full: a slow stream fills it first. 0: off.
     #[arg(
         long,
         env = "MCP_ID_GUARD_SEND_TIMEOUT",
