@@ -43,6 +43,7 @@ pub(crate) mod body;
 pub(crate) mod exchange;
 mod future;
 pub(crate) mod layer;
+mod reader;
 pub(crate) mod service;
 pub(crate) mod unanswered;
 
