@@ -150,7 +150,7 @@ impl Reader {
                 // abandoned; a restored one was unique.
                 if !restored {
                     self.table
-                        .answered_on_resume(session.as_bytes(), &key, *resumed);
+                        .answered_on_resume(session.as_bytes(), key.as_bytes(), *resumed);
                 }
             }
             return false;
@@ -296,7 +296,7 @@ impl Framing {
         }
     }
 
-    fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
+    fn take_answered(&mut self) -> smallvec::Drain<'_, [Delivered; 1]> {
         match self {
             Framing::Json { restorer, .. } => restorer.take_answered(),
             Framing::Sse(rewriter) => rewriter.take_answered(),

@@ -237,9 +237,9 @@ impl Table {
     /// again). While an id is abandoned every new request with it goes with
     /// a server-side id, so the server runs at most one request under the
     /// client's own id.
-    pub(crate) fn answered_on_resume(&self, session: &[u8], key: &str, resumed: StreamTag) {
+    pub(crate) fn answered_on_resume(&self, session: &[u8], key: &[u8], resumed: StreamTag) {
         let session_hash = self.hasher.hash_one(session);
-        let key_hash = self.hasher.hash_one(key.as_bytes());
+        let key_hash = self.hasher.hash_one(key);
         let mut locked = self.shard(session_hash);
         let shard = &mut *locked;
         let Ok(mut slot) = shard
@@ -250,7 +250,7 @@ impl Table {
         };
         let session = slot.get_mut();
         let Ok(mut key_slot) = session.keys.find_entry(key_hash, |state| {
-            state.hash == key_hash && state.key.as_bytes() == key.as_bytes()
+            state.hash == key_hash && state.key.as_bytes() == key
         }) else {
             return;
         };

@@ -37,17 +37,39 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 /// The reserved prefix of server-side ids. Client ids that start with it are
 /// always rewritten, so restoring unwraps exactly one level.
 pub(crate) const RESERVED_PREFIX: &str = "mcp-id-guard:";
 
-/// The collision key of an id; see the module docs for the equivalence.
-pub(crate) type IdKey = Box<str>;
+/// The collision key of an id, as UTF-8 bytes; see the module docs for the
+/// equivalence. Kept inline up to [`INLINE_ID_KEY`] bytes: the response path
+/// makes one for every answer it sees, and most ids are short integers, so
+/// the usual answer costs no allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IdKey(SmallVec<[u8; INLINE_ID_KEY]>);
+
+/// The longest collision key kept without an allocation: every integer id
+/// every server reads exactly (at most 16 digits and a sign), and short
+/// string ids.
+pub(crate) const INLINE_ID_KEY: usize = 24;
+
+impl IdKey {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&str> for IdKey {
+    fn from(key: &str) -> Self {
+        Self(SmallVec::from_slice(key.as_bytes()))
+    }
+}
 
 /// Computes the collision key of an id's JSON text.
 pub(crate) fn id_key(raw: &str) -> IdKey {
-    id_key_text(raw).into()
+    IdKey::from(&*id_key_text(raw))
 }
 
 /// The collision key of an id's JSON text, borrowed from it whenever it can
@@ -420,7 +442,7 @@ mod tests {
         // Not JSON: the request path refuses it (no key).
         assert_eq!(key_of("-00"), None);
         assert_ne!(id_key("1"), id_key("2"));
-        assert_eq!(&*id_key("1e3"), "1000");
+        assert_eq!(id_key("1e3").as_bytes(), b"1000");
     }
 
     /// The plain-integer shortcut gives the key the general reading gives.

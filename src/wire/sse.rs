@@ -187,7 +187,7 @@ impl Rewriter {
 
     /// The responses whose events passed whole since the last call (only
     /// when watching).
-    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
+    pub(crate) fn take_answered(&mut self) -> smallvec::Drain<'_, [Delivered; 1]> {
         self.restorer.take_answered()
     }
 

@@ -260,9 +260,9 @@ fn an_answer_on_its_resumed_stream_frees_an_abandoned_id() {
     drop(registration);
     assert_eq!(table.stats().abandoned_ids, 1);
     let resumed = table.stream_tag(b"7");
-    table.answered_on_resume(b"session-b", "1", resumed);
-    table.answered_on_resume(b"session-a", "2", resumed);
-    table.answered_on_resume(b"session-a", "1", table.stream_tag(b"6"));
+    table.answered_on_resume(b"session-b", b"1", resumed);
+    table.answered_on_resume(b"session-a", b"2", resumed);
+    table.answered_on_resume(b"session-a", b"1", table.stream_tag(b"6"));
     assert_eq!(
         table.stats().abandoned_ids,
         1,
@@ -270,7 +270,7 @@ fn an_answer_on_its_resumed_stream_frees_an_abandoned_id() {
     );
     // A request whose stream showed no event id cannot be resumed.
     drop(admit(&table, &["2"], OnDuplicate::Remap));
-    table.answered_on_resume(b"session-a", "2", resumed);
+    table.answered_on_resume(b"session-a", b"2", resumed);
     assert_eq!(table.stats().abandoned_ids, 2);
     // While abandoned, a new 1 goes remapped: the server runs one request
     // under 1 at most.
@@ -279,7 +279,7 @@ fn an_answer_on_its_resumed_stream_frees_an_abandoned_id() {
         panic!("admitted expected")
     };
     assert!(matches!(routes[0], Route::Remapped { .. }));
-    table.answered_on_resume(b"session-a", "1", resumed);
+    table.answered_on_resume(b"session-a", b"1", resumed);
     assert_eq!(table.stats().abandoned_ids, 1, "2 stays abandoned");
     end(second);
     assert!(
@@ -461,7 +461,7 @@ fn an_answer_on_a_resume_before_the_exchange_ends_frees_it_at_the_end() {
             panic!("admitted expected")
         };
         registration.note_stream(b"7");
-        table.answered_on_resume(b"session-a", "1", table.stream_tag(b"7"));
+        table.answered_on_resume(b"session-a", b"1", table.stream_tag(b"7"));
         registration.note_stream(ends_at);
         drop(registration);
         assert_eq!(

@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::wire::id::IdKey;
 use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
@@ -29,6 +30,10 @@ use crate::wire::scan::{Found, KeyName, Scanner, Sink};
 /// it carried, and whether that id was restored from a server-side id (the
 /// answer to a remapped request) or went to the server as it is.
 pub(crate) type Delivered = (IdKey, bool);
+
+/// The answers of one text: inline for the usual one (a single response),
+/// which then costs no allocation.
+type Answers = SmallVec<[Delivered; 1]>;
 
 /// How much the restorer holds after an id while it waits to learn whether
 /// the message is a response (the keys and scalars between the id and the
@@ -120,8 +125,8 @@ pub(crate) struct Restorer {
     restored: usize,
     /// Responses of the current text, counted as answered once it ends (the
     /// client has the whole response then).
-    answering: Vec<Delivered>,
-    answered: Vec<Delivered>,
+    answering: Answers,
+    answered: Answers,
     /// Absolute offset of the first byte not yet emitted or held.
     emitted: usize,
 }
@@ -155,8 +160,8 @@ impl Restorer {
             refused: 0,
             max_answering: MAX_ANSWERING,
             restored: 0,
-            answering: Vec::new(),
-            answered: Vec::new(),
+            answering: Answers::new(),
+            answered: Answers::new(),
             emitted: 0,
         }
     }
@@ -193,7 +198,7 @@ impl Restorer {
 
     /// The responses that passed since the last call (only when watching):
     /// the collision keys of their client ids, and whether each was restored.
-    pub(crate) fn take_answered(&mut self) -> std::vec::Drain<'_, Delivered> {
+    pub(crate) fn take_answered(&mut self) -> smallvec::Drain<'_, [Delivered; 1]> {
         self.answered.drain(..)
     }
 
