@@ -8,13 +8,16 @@
 # difference of the two counts divided by MANY - FEW is one request's
 # instructions, start-up and the check exchange cancelling out. With
 # STAGES=1, also lists the guard's functions by inclusive instructions per
-# request (from the MANY run), for the per-stage table of BENCHMARKS.md.
+# request (from the MANY run), for the per-stage table of BENCHMARKS.md. With
+# FLOOR=1, also counts the floor (benches/guard.rs `Floor`: the body read
+# whole and the request rebuilt, nothing scanned or tracked): what any layer
+# that sees the whole body before the server pays, in the same units.
 #
 #   benches/cost_model.sh
 #   CASES="pass_through" SIZES="1024" STAGES=1 benches/cost_model.sh
 #
 # Environment: CASES (untracked pass_through remapped), SIZES (256 1024),
-# FEW (200), MANY (2200), STAGES (0), TOP (30), BIN (a bench binary already
+# FEW (200), MANY (2200), STAGES (0), FLOOR (0), TOP (30), BIN (a bench binary already
 # built with `cargo bench --features internals --bench guard --no-run`).
 set -euo pipefail
 
@@ -23,6 +26,7 @@ SIZES=${SIZES:-"256 1024"}
 FEW=${FEW:-200}
 MANY=${MANY:-2200}
 STAGES=${STAGES:-0}
+FLOOR=${FLOOR:-0}
 TOP=${TOP:-30}
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,19 +54,25 @@ run() { # case size side requests -> callgrind output file
     echo "$out"
 }
 
-printf '%-14s %6s %10s %10s %8s %10s\n' case size bare guarded ratio added
+sides="bare guarded"
+[ "$FLOOR" = 1 ] && sides="$sides floor"
+printf '%-14s %6s %10s %10s %8s %10s' case size bare guarded ratio added
+[ "$FLOOR" = 1 ] && printf ' %10s %8s' floor ratio
+printf '\n'
 for case in $CASES; do
     for size in $SIZES; do
         declare -A per=()
-        for side in bare guarded; do
+        for side in $sides; do
             few=$(total "$(run "$case" "$size" "$side" "$FEW")")
             many_out=$(run "$case" "$size" "$side" "$MANY")
             many=$(total "$many_out")
             per[$side]=$(( (many - few) / (MANY - FEW) ))
             [ "$side" = guarded ] && guarded_out=$many_out
         done
-        printf '%-14s %6s %10d %10d %7.2fx %10d\n' "$case" "$size" "${per[bare]}" "${per[guarded]}" \
+        printf '%-14s %6s %10d %10d %7.2fx %10d' "$case" "$size" "${per[bare]}" "${per[guarded]}" \
             "$(echo "${per[guarded]} / ${per[bare]}" | bc -l)" $(( per[guarded] - per[bare] ))
+        [ "$FLOOR" = 1 ] && printf ' %10d %7.2fx' "${per[floor]}" "$(echo "${per[floor]} / ${per[bare]}" | bc -l)"
+        printf '\n'
         if [ "$STAGES" = 1 ]; then
             callgrind_annotate --inclusive=yes "$guarded_out" 2>/dev/null |
                 awk -v n="$MANY" -v top="$TOP" '

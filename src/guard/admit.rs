@@ -47,7 +47,7 @@ pub(crate) enum Admission<B> {
 pub(crate) struct PendingForward {
     parts: http::request::Parts,
     body: Bytes,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     edits: Vec<Edit>,
     /// The body is shorter than the client sent (a byte order mark dropped).
     resized: bool,
@@ -60,7 +60,7 @@ impl PendingForward {
     pub(crate) fn new(
         parts: http::request::Parts,
         body: Bytes,
-        trailers: Option<HeaderMap>,
+        trailers: Option<Box<HeaderMap>>,
     ) -> Self {
         Self {
             parts,

@@ -33,7 +33,9 @@ enum RequestKind<B> {
     Original(#[pin] B),
     Buffered {
         data: Option<Bytes>,
-        trailers: Option<HeaderMap>,
+        /// Boxed: rare, and every request body carries the variant's size
+        /// (the inner service's future holds it, and tower stacks move it).
+        trailers: Option<Box<HeaderMap>>,
     },
 }
 
@@ -45,7 +47,7 @@ impl<B> RequestBody<B> {
         }
     }
 
-    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+    pub(crate) fn buffered(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         Self {
             kind: RequestKind::Buffered {
                 data: (!data.is_empty()).then_some(data),
@@ -77,7 +79,7 @@ where
                 Poll::Ready(
                     trailers
                         .take()
-                        .map(|trailers| Ok(Frame::trailers(trailers))),
+                        .map(|trailers| Ok(Frame::trailers(*trailers))),
                 )
             }
         }

@@ -81,7 +81,7 @@ struct ReadBody<S> {
     service: Option<S>,
     parts: Option<http::request::Parts>,
     buffer: Accumulated,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     /// The request's headers as the service read them.
     headers: RequestHeaders,
     config: Config,
@@ -252,7 +252,7 @@ impl<S> ReadBody<S> {
                         }
                         self.buffer.push(data.copy_to_bytes(data.remaining()));
                     }
-                    Err(frame) => self.trailers = frame.into_trailers().ok(),
+                    Err(frame) => self.trailers = frame.into_trailers().ok().map(Box::new),
                 },
                 Some(Err(_)) => break Err(body_unreadable()),
                 None => break Ok(()),
