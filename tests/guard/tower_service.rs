@@ -667,3 +667,52 @@ async fn cancellation_names_the_live_request_before_an_abandoned_one() {
     assert!(is_server_side(&third_id), "still shadowed: {third_id}");
     assert_eq!(layer.stats().rejected_total, 0);
 }
+
+/// A tracked POST's trailers reach the inner service after the body the
+/// guard read, as the client sent them, whether its id went as it is or
+/// remapped.
+#[tokio::test]
+async fn a_read_requests_trailers_reach_the_inner_service() {
+    let (layer, mut service, mut handle) = spawn(OnDuplicate::Remap);
+    handle.allow(2);
+    let with_trailers = |id: &str| {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", "abc".parse().unwrap());
+        let frames = vec![
+            Ok::<_, Infallible>(Frame::data(Bytes::from(request_text(id)))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        post(StreamBody::new(futures::stream::iter(frames)).boxed_unsync())
+    };
+    // The first stays in flight, so the second is remapped.
+    let mut pending = Vec::new();
+    for _ in 0..2 {
+        assert!(service.poll_ready().is_ready());
+        let mut future = Box::pin(service.call(with_trailers("1")));
+        assert!(poll!(future.as_mut()).is_pending());
+        let (request, send) = within(handle.next_request()).await.unwrap();
+        let collected = within(request.into_body().collect()).await.unwrap();
+        let trailers = collected.trailers().cloned();
+        let body = collected.to_bytes();
+        assert_eq!(
+            trailers
+                .as_ref()
+                .and_then(|trailers| trailers.get("x-checksum")),
+            Some(&http::HeaderValue::from_static("abc")),
+            "trailers of {body:?}"
+        );
+        pending.push((future, send, body));
+    }
+    assert!(
+        is_server_side(&id_text(&pending[1].2)),
+        "the second is remapped"
+    );
+    for (future, send, body) in pending {
+        send.send_response(json_response(format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+            id_text(&body)
+        )));
+        read_response(within(future).await.unwrap()).await;
+    }
+    assert_drained(&layer);
+}
