@@ -1,6 +1,5 @@
 //! Request and response bodies of [`IdGuard`](crate::IdGuard).
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -137,8 +136,8 @@ enum ResponseKind<B> {
         body: B,
         registration: Option<Registration>,
         reading: Reader,
-        /// Restored pieces ready to go on.
-        out: VecDeque<Bytes>,
+        /// What goes on next, as one piece.
+        next: Option<Bytes>,
         /// Boxed: rare, and every response carries the variant's size.
         trailers: Option<Box<HeaderMap>>,
         finished: bool,
@@ -284,7 +283,7 @@ impl<B: Body> ResponseBody<B> {
             body,
             registration,
             reading,
-            out: VecDeque::new(),
+            next: None,
             trailers: None,
             finished: false,
         };
@@ -322,11 +321,11 @@ where
                 mut body,
                 registration,
                 reading,
-                out,
+                next,
                 trailers,
                 finished,
             } => loop {
-                if let Some(piece) = coalesce(out) {
+                if let Some(piece) = next.take() {
                     return Poll::Ready(Some(Ok(Frame::data(piece))));
                 }
                 if *finished {
@@ -339,7 +338,7 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            reading.push(data.copy_to_bytes(data.remaining()), out);
+                            *next = reading.push(data.copy_to_bytes(data.remaining()));
                             // Every awaited response passed: the ids are
                             // free before the answer's last bytes go on,
                             // even if the server keeps the stream open.
@@ -355,7 +354,7 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        reading.finish(out);
+                        *next = reading.finish();
                         reading.settle(registration);
                         // Released before the last pieces go on; what did
                         // not pass stays abandoned.
@@ -374,10 +373,10 @@ where
             ResponseKind::Inner { body, .. } => body.is_end_stream(),
             ResponseKind::Read {
                 finished,
-                out,
+                next,
                 trailers,
                 ..
-            } => *finished && out.is_empty() && trailers.is_none(),
+            } => *finished && next.is_none() && trailers.is_none(),
             ResponseKind::Answer { body } => body.is_end_stream(),
         }
     }
@@ -392,24 +391,6 @@ where
             ResponseKind::Answer { body } => body.size_hint(),
         }
     }
-}
-
-/// Everything ready to go on, as one frame. Restoring splices a chunk into
-/// pieces (the bytes around each id it rewrites), and each frame becomes an
-/// HTTP/1 chunk or an HTTP/2 DATA frame of its own: a batch answer of 8 MiB
-/// with an id every few dozen bytes left as 381 323 chunks (+27 % on the
-/// wire). Joined, an answer leaves in no more frames than it came in. The one
-/// copy is paid only where a chunk was spliced; a chunk that passes whole
-/// goes on as it is.
-fn coalesce(out: &mut VecDeque<Bytes>) -> Option<Bytes> {
-    if out.len() <= 1 {
-        return out.pop_front();
-    }
-    let mut joined = BytesMut::with_capacity(out.iter().map(Bytes::len).sum());
-    for piece in out.drain(..) {
-        joined.extend_from_slice(&piece);
-    }
-    Some(joined.freeze())
 }
 
 /// A tracked request's body read so far.

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 
 use crate::table::{Registration, StreamTag, Table};
@@ -43,7 +43,8 @@ pub(super) struct Reader {
 #[derive(Debug)]
 pub(super) struct Streaming {
     stream: Framing,
-    /// What a body only watched would have sent on, dropped.
+    /// What the restorer hands on: joined into one piece when the body is
+    /// restored, dropped when it is only watched.
     scratch: VecDeque<Bytes>,
 }
 
@@ -88,35 +89,39 @@ impl Reader {
         })
     }
 
-    /// Reads a chunk; appends what can go on to `out`. A body that is only
-    /// watched goes on as it came (the restorer would hand back the same
-    /// bytes, in more pieces and later).
-    pub(super) fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+    /// Reads a chunk; returns what can go on, as one piece. A body that is
+    /// only watched goes on as it came (the restorer would hand back the
+    /// same bytes, in more pieces and later), and costs no queue.
+    pub(super) fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
         let restores = self.restores;
         let Streaming { stream, scratch } = self.streaming();
         if restores {
-            return stream.push(chunk, out);
+            stream.push(chunk, scratch);
+            return coalesce(scratch);
         }
         stream.read(chunk.clone(), scratch);
         scratch.clear();
         match stream {
-            Framing::Json { last, .. } => out.extend(last.replace(chunk)),
-            Framing::Sse(_) => out.push_back(chunk),
+            Framing::Json { last, .. } => last.replace(chunk),
+            Framing::Sse(_) => Some(chunk),
         }
     }
 
-    /// The body ended: whatever is held goes to `out`.
-    pub(super) fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+    /// The body ended: whatever was held, as one piece.
+    pub(super) fn finish(&mut self) -> Option<Bytes> {
         let restores = self.restores;
         let Streaming { stream, scratch } = self.streaming();
         if restores {
-            return stream.finish(out);
+            stream.finish(scratch);
+            return coalesce(scratch);
         }
-        if let Framing::Json { last, .. } = stream {
-            out.extend(last.take());
-        }
+        let last = match stream {
+            Framing::Json { last, .. } => last.take(),
+            Framing::Sse(_) => None,
+        };
         stream.finish(scratch);
         scratch.clear();
+        last
     }
 
     /// Hands what passed to whoever waits for it: the registration, or the
@@ -242,20 +247,19 @@ impl Framing {
         }
     }
 
-    /// Reads a chunk; appends what can go on to `out` (a JSON body's last
-    /// piece is held back).
+    /// Reads a chunk; appends what can go on to `out`, which is empty (a
+    /// JSON body's last piece is held back).
     fn push(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
-        match self {
-            Framing::Json { .. } => {
-                let mut pieces = VecDeque::new();
-                self.read(chunk, &mut pieces);
-                if let Framing::Json { last, .. } = self {
-                    for piece in pieces {
-                        out.extend(last.replace(piece));
-                    }
+        debug_assert!(out.is_empty(), "the caller took what went on before");
+        self.read(chunk, out);
+        if let Framing::Json { last, .. } = self {
+            // The new last piece is held back; the one held before goes
+            // first.
+            if let Some(newest) = out.pop_back() {
+                if let Some(held) = last.replace(newest) {
+                    out.push_front(held);
                 }
             }
-            Framing::Sse(_) => self.read(chunk, out),
         }
     }
 
@@ -309,4 +313,22 @@ fn note_restored(table: &Table, count: usize) {
         table.note_restored(count);
         tracing::debug!(count, "restored client ids in a response");
     }
+}
+
+/// Everything ready to go on, as one frame. Restoring splices a chunk into
+/// pieces (the bytes around each id it rewrites), and each frame becomes an
+/// HTTP/1 chunk or an HTTP/2 DATA frame of its own: a batch answer of 8 MiB
+/// with an id every few dozen bytes left as 381 323 chunks (+27 % on the
+/// wire). Joined, an answer leaves in no more frames than it came in. The one
+/// copy is paid only where a chunk was spliced; a chunk that passes whole
+/// goes on as it is.
+fn coalesce(pieces: &mut VecDeque<Bytes>) -> Option<Bytes> {
+    if pieces.len() <= 1 {
+        return pieces.pop_front();
+    }
+    let mut joined = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+    for piece in pieces.drain(..) {
+        joined.extend_from_slice(&piece);
+    }
+    Some(joined.freeze())
 }

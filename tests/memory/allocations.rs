@@ -19,9 +19,9 @@ use crate::{allocations, call};
 
 /// Allocator calls the guard adds to a tracked request whose id is not in
 /// flight (read, admitted, forwarded as is, its JSON answer read, released).
-const PASS_THROUGH: u64 = 5;
+const PASS_THROUGH: u64 = 4;
 /// The same when the id is in flight: remapped, and its answer restored.
-const REMAPPED: u64 = 22;
+const REMAPPED: u64 = 21;
 /// A request the guard does not track (no session).
 const UNTRACKED: u64 = 0;
 
