@@ -19,7 +19,7 @@ use crate::{allocations, call};
 
 /// Allocator calls the guard adds to a tracked request whose id is not in
 /// flight (read, admitted, forwarded as is, its JSON answer read, released).
-const PASS_THROUGH: u64 = 4;
+const PASS_THROUGH: u64 = 3;
 /// The same when the id is in flight: remapped, and its answer restored.
 const REMAPPED: u64 = 21;
 /// A request the guard does not track (no session).

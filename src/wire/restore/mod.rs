@@ -86,7 +86,41 @@ struct Held {
     /// The message is a response, to restore at its end unless a second
     /// `id` or a `method` key shows up within the window.
     response: bool,
-    bytes: BytesMut,
+    bytes: Kept,
+}
+
+/// What is held from the id on: every byte when the restorer restores (they
+/// go on split around the id, without a copy), only the id when it watches
+/// (nothing goes on from it), inline when short: a watched answer then costs
+/// no allocation.
+#[derive(Debug)]
+enum Kept {
+    All(BytesMut),
+    Id(SmallVec<[u8; 24]>),
+}
+
+impl Kept {
+    fn new(restoring: bool) -> Self {
+        if restoring {
+            Self::All(BytesMut::new())
+        } else {
+            Self::Id(SmallVec::new())
+        }
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        match self {
+            Self::All(all) => all.extend_from_slice(bytes),
+            Self::Id(id) => id.extend_from_slice(bytes),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::All(all) => all,
+            Self::Id(id) => id,
+        }
+    }
 }
 
 impl Held {
@@ -259,9 +293,14 @@ impl Restorer {
 
     /// The stream ended: whatever is held goes on as it is.
     pub(crate) fn finish(&mut self, out: &mut VecDeque<Bytes>) {
-        if let Some(held) = self.held.take() {
-            if self.restoring && !held.bytes.is_empty() {
-                out.push_back(held.bytes.freeze());
+        // Only a restorer that restores holds what goes on.
+        if let Some(Held {
+            bytes: Kept::All(bytes),
+            ..
+        }) = self.held.take()
+        {
+            if !bytes.is_empty() {
+                out.push_back(bytes.freeze());
             }
         }
     }
@@ -342,7 +381,7 @@ impl Restorer {
                                 start,
                                 id_len: None,
                                 response: false,
-                                bytes: BytesMut::new(),
+                                bytes: Kept::new(self.restoring),
                             });
                         } else {
                             self.settle();
@@ -469,25 +508,25 @@ impl Restorer {
         out: &mut VecDeque<Bytes>,
     ) {
         self.absorb(position, at);
-        let Some(mut held) = self.held.take() else {
+        let Some(held) = self.held.take() else {
             return;
         };
         self.current.settled = true;
-        if !self.restoring {
+        let Kept::All(mut bytes) = held.bytes else {
             // Only watched: nothing is handed on (see `absorb`).
             return;
-        }
+        };
         match (original, held.id_len) {
             (Some(original), Some(id_len)) => {
                 out.push_back(Bytes::from(original));
-                let rest = held.bytes.split_off(id_len);
+                let rest = bytes.split_off(id_len);
                 if !rest.is_empty() {
                     out.push_back(rest.freeze());
                 }
             }
             _ => {
-                if !held.bytes.is_empty() {
-                    out.push_back(held.bytes.freeze());
+                if !bytes.is_empty() {
+                    out.push_back(bytes.freeze());
                 }
             }
         }
@@ -579,7 +618,7 @@ fn held_id(held: &Held, max_id: usize) -> Option<&str> {
     if id_len > max_id {
         return None;
     }
-    std::str::from_utf8(&held.bytes[..id_len]).ok()
+    std::str::from_utf8(&held.bytes.as_bytes()[..id_len]).ok()
 }
 
 /// The chunk being pushed and where it starts in the stream.

@@ -226,20 +226,21 @@ fn whole_bodies() {
 /// the id and hands nothing on: its caller sends the chunks as they came.
 #[test]
 fn watching_only_learns_the_same_answers_and_hands_nothing_on() {
-    let watched = |body: &[u8], cut: usize| {
-        let mut restorer = Restorer::new(1 << 20, true).without_restoring();
-        let out = fed(&mut restorer, body, cut, |restorer| {
-            assert!(
-                restorer
-                    .held
-                    .as_ref()
-                    .is_none_or(|held| held.id_len.is_none_or(|id_len| held.bytes.len() <= id_len)),
-                "only the id is kept once it ended"
-            );
-        });
-        assert!(out.is_empty(), "nothing handed on");
-        restorer.take_answered().collect::<Vec<_>>()
-    };
+    let watched =
+        |body: &[u8], cut: usize| {
+            let mut restorer = Restorer::new(1 << 20, true).without_restoring();
+            let out =
+                fed(&mut restorer, body, cut, |restorer| {
+                    assert!(
+                        restorer.held.as_ref().is_none_or(|held| held
+                            .id_len
+                            .is_none_or(|id_len| held.bytes.as_bytes().len() <= id_len)),
+                        "only the id is kept once it ended"
+                    );
+                });
+            assert!(out.is_empty(), "nothing handed on");
+            restorer.take_answered().collect::<Vec<_>>()
+        };
     for body in [
         r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}"#,
         r#"{"jsonrpc":"2.0","result":{"id":2},"id":"abc"}"#,
