@@ -384,9 +384,24 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.size_hint(),
-            // A body only watched goes on byte for byte; a restored one's
-            // length is known only once rewritten.
-            ResponseKind::Read { body, reading, .. } if !reading.restores => body.size_hint(),
+            // A body only watched goes on byte for byte, what the guard
+            // holds back of it included; a restored one's length is known
+            // only once rewritten.
+            ResponseKind::Read {
+                body,
+                reading,
+                next,
+                ..
+            } if !reading.restores => {
+                let held = next.as_ref().map_or(0, |next| next.len() as u64) + reading.held();
+                let inner = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower().saturating_add(held));
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper.saturating_add(held));
+                }
+                hint
+            }
             ResponseKind::Read { .. } => SizeHint::default(),
             ResponseKind::Answer { body } => body.size_hint(),
         }

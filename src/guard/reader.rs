@@ -107,6 +107,20 @@ impl Reader {
         }
     }
 
+    /// How many bytes of a body only watched are held back (a JSON body's
+    /// last piece), for the size the client is still to get.
+    pub(super) fn held(&self) -> u64 {
+        match self.streaming.as_deref() {
+            Some(Streaming {
+                stream: Framing::Json {
+                    last: Some(last), ..
+                },
+                ..
+            }) => last.len() as u64,
+            _ => 0,
+        }
+    }
+
     /// The body ended: whatever was held, as one piece.
     pub(super) fn finish(&mut self) -> Option<Bytes> {
         let restores = self.restores;

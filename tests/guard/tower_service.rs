@@ -716,3 +716,93 @@ async fn a_read_requests_trailers_reach_the_inner_service() {
     }
     assert_drained(&layer);
 }
+
+/// A response body of known length that arrives in two pieces, the second
+/// when the test sends it, and whose size hint is what is left of it, as
+/// hyper's body of a response with a `Content-Length`.
+struct TwoPieces {
+    first: Option<Bytes>,
+    rest: Option<futures::channel::oneshot::Receiver<Bytes>>,
+    left: u64,
+}
+
+impl http_body::Body for TwoPieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let piece = match self.first.take() {
+            Some(first) => first,
+            None => match self.rest.as_mut() {
+                Some(rest) => {
+                    let piece = std::task::ready!(std::pin::Pin::new(rest).poll(cx))
+                        .expect("the test sends the rest");
+                    self.rest = None;
+                    piece
+                }
+                None => return std::task::Poll::Ready(None),
+            },
+        };
+        self.left -= piece.len() as u64;
+        std::task::Poll::Ready(Some(Ok(Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left)
+    }
+}
+
+/// While the guard holds back the first piece of a watched JSON answer
+/// (until the body ends), the response's size hint still counts it: the
+/// client is still to get every byte.
+#[tokio::test]
+async fn a_watched_answers_size_hint_counts_what_the_guard_holds_back() {
+    const HEAD: &str = r#"{"jsonrpc":"2.0","id":1,"#;
+    const TAIL: &str = r#""result":{}}"#;
+    let layer = IdGuardLayer::new();
+    let (send_rest, rest) = futures::channel::oneshot::channel();
+    let rest = std::sync::Arc::new(std::sync::Mutex::new(Some(rest)));
+    let service = layer.layer(tower::service_fn(
+        move |_request: Request<RequestBody<Full<Bytes>>>| {
+            let body = TwoPieces {
+                first: Some(Bytes::from_static(HEAD.as_bytes())),
+                rest: rest.lock().unwrap().take(),
+                left: (HEAD.len() + TAIL.len()) as u64,
+            };
+            let response = Response::builder()
+                .header("content-type", "application/json")
+                .body(body)
+                .unwrap();
+            std::future::ready(Ok::<_, Infallible>(response))
+        },
+    ));
+    let request = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("mcp-session-id", SESSION)
+        .body(Full::new(Bytes::from(request_text("1"))))
+        .unwrap();
+    let response = within(service.oneshot(request)).await.unwrap();
+    let mut body = Box::pin(response.into_body());
+    let whole = (HEAD.len() + TAIL.len()) as u64;
+    assert_eq!(http_body::Body::size_hint(&*body).exact(), Some(whole));
+    assert!(
+        poll!(body.frame()).is_pending(),
+        "the first piece is held back until the body ends"
+    );
+    assert_eq!(
+        http_body::Body::size_hint(&*body).exact(),
+        Some(whole),
+        "the held piece is still to come"
+    );
+    send_rest.send(Bytes::from_static(TAIL.as_bytes())).unwrap();
+    let read = within(body.collect()).await.unwrap().to_bytes();
+    assert_eq!(read, [HEAD, TAIL].concat().as_bytes());
+    assert_drained(&layer);
+}
