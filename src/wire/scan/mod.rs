@@ -302,7 +302,7 @@ impl Scanner {
                     match chunk[at..].iter().position(|byte| is_delimiter(*byte)) {
                         Some(found) => {
                             self.end_token(role, base + at + found, sink);
-                            at + found
+                            self.after_value(role, chunk, at + found, sink)
                         }
                         None => chunk.len(),
                     }
@@ -454,6 +454,7 @@ impl Scanner {
             }
             Some(found) => {
                 let end = base + at + found + 1;
+                let next = at + found + 1;
                 if role == Role::Key {
                     events.event(Found::Key {
                         token: start..end,
@@ -465,10 +466,18 @@ impl Scanner {
                         },
                     });
                     self.token = Token::None;
+                    // The colon right after a key (no whitespace: the usual
+                    // writing) is read here rather than by another turn of
+                    // the loop, as `(Colon, ':')` in `structure` reads it.
+                    if chunk.get(next) == Some(&b':') && !events.done() {
+                        self.step = Step::Value;
+                        return next + 1;
+                    }
+                    next
                 } else {
                     self.end_token(role, end, events);
+                    self.after_value(role, chunk, next, events)
                 }
-                at + found + 1
             }
         }
     }
@@ -496,10 +505,28 @@ impl Scanner {
         match closed {
             Some(end) => {
                 self.end_token(role, base + end, events);
-                end
+                self.after_value(role, chunk, end, events)
             }
             None => chunk.len(),
         }
+    }
+
+    /// A message's value ended just before `chunk[next]`: a comma right
+    /// after it (the usual writing) is read here rather than by another turn
+    /// of the loop, as `(AfterValue, ',')` in `structure` reads it, unless
+    /// the sink needs no more of the text. Returns where to go on.
+    fn after_value<S: Sink + ?Sized>(
+        &mut self,
+        role: Role,
+        chunk: &[u8],
+        next: usize,
+        events: &S,
+    ) -> usize {
+        if role == Role::Value && chunk.get(next) == Some(&b',') && !events.done() {
+            self.step = Step::Key;
+            return next + 1;
+        }
+        next
     }
 
     /// A value (or element) token ended just before `end`.

@@ -59,6 +59,41 @@ fn reports_keys_and_values_whatever_the_chunking() {
     );
 }
 
+/// Written without whitespace, a key's colon and a value's comma are read
+/// right after the token they follow; every cut reads the same events, and
+/// what is malformed around them is refused, at every cut.
+#[test]
+fn a_compact_text_reads_alike_at_every_cut() {
+    let text =
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"a":[1,2]},"n":null,"s":"x"}"#;
+    let whole = scan_in(text, text.len()).unwrap();
+    for cut in 1..text.len() {
+        assert_eq!(scan_in(text, cut).unwrap(), whole, "cut {cut}");
+    }
+    let values = whole
+        .iter()
+        .filter(|event| matches!(event, Found::ValueEnd(_)))
+        .count();
+    assert_eq!(values, 6);
+    for bad in [
+        &br#"{"a":1,}"#[..],
+        br#"{"a"::1}"#,
+        br#"{"a":1,,"b":2}"#,
+        br#"{"a":"x",}"#,
+        br#"{"a":{},}"#,
+        br#"{"a":1,:"b"}"#,
+        br#"{"a",1}"#,
+    ] {
+        for cut in 1..=bad.len() {
+            assert!(
+                scan_in(bad, cut).is_err(),
+                "{} cut {cut}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
+
 /// The searches that look at the first bytes themselves find what
 /// memchr finds: in every haystack up to 3 * SHORT long with the sought
 /// bytes at any one or two places, or nowhere.
