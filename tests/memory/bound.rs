@@ -243,8 +243,12 @@ fn in_flight_requests_cost_bounded_bytes_and_idle_sessions_nothing() {
         residual < guard_bytes / 20,
         "residual {residual} B after release of {guard_bytes} B"
     );
+    // Other sessions hash to the shards in other numbers, so a shard's map
+    // may grow once in the second round (one growth was 14 464 B, seen in
+    // CI): allow a few, far less than any state kept per session would
+    // leave behind (8 B for each of the 10 000 sessions is 80 000 B).
     assert!(
-        after_second <= after_first + 4096,
+        after_second <= after_first + 64 * 1024,
         "a second round on other sessions must not leave more behind: \
          {after_first} B then {after_second} B"
     );
@@ -378,10 +382,12 @@ fn abandoned_exchanges_are_counted_and_bounded() {
         assert_eq!(layer.stats().abandoned_ids, batch.len());
         let shadows = live() - baseline;
         // Waiting out the TTL is the behaviour under test, not
-        // synchronisation: nothing else runs.
-        std::thread::sleep(
-            ttl.saturating_sub(first_abandoned.elapsed()) + Duration::from_millis(5),
-        );
+        // synchronisation: nothing else runs. Counted from the last id
+        // abandoned (the end of the drop), not the first: on a loaded
+        // machine the drop took long enough that the ids abandoned last had
+        // not expired when the first had (CI, with fuzzing alongside: 1 060
+        // of 10 000 left).
+        std::thread::sleep(ttl + Duration::from_millis(5));
         // One normal exchange per session touches every shard.
         let touch = Workload {
             per_session: 1,
