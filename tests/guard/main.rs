@@ -9,6 +9,7 @@ mod support;
 mod answered;
 mod axum_composition;
 mod bad_input;
+mod bodies;
 mod bound_ids;
 #[cfg(feature = "internals")]
 mod fuzz_regressions;
