@@ -136,8 +136,6 @@ enum ResponseKind<B> {
         body: B,
         registration: Option<Registration>,
         reading: Reader,
-        /// What goes on next, as one piece.
-        next: Option<Bytes>,
         /// Boxed: rare, and every response carries the variant's size.
         trailers: Option<Box<HeaderMap>>,
         finished: bool,
@@ -283,7 +281,6 @@ impl<B: Body> ResponseBody<B> {
             body,
             registration,
             reading,
-            next: None,
             trailers: None,
             finished: false,
         };
@@ -321,13 +318,9 @@ where
                 mut body,
                 registration,
                 reading,
-                next,
                 trailers,
                 finished,
             } => loop {
-                if let Some(piece) = next.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(piece))));
-                }
                 if *finished {
                     return Poll::Ready(
                         trailers
@@ -338,12 +331,15 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            *next = reading.push(data.copy_to_bytes(data.remaining()));
+                            let next = reading.push(data.copy_to_bytes(data.remaining()));
                             // Every awaited response passed: the ids are
                             // free before the answer's last bytes go on,
                             // even if the server keeps the stream open.
                             if !reading.settle(registration) {
                                 registration.take();
+                            }
+                            if let Some(piece) = next {
+                                return Poll::Ready(Some(Ok(Frame::data(piece))));
                             }
                         }
                         // Trailers come last; held until the held-back bytes are out.
@@ -354,11 +350,14 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        *next = reading.finish();
+                        let last = reading.finish();
                         reading.settle(registration);
                         // Released before the last pieces go on; what did
                         // not pass stays abandoned.
                         registration.take();
+                        if let Some(piece) = last {
+                            return Poll::Ready(Some(Ok(Frame::data(piece))));
+                        }
                     }
                 }
             },
@@ -372,11 +371,8 @@ where
         match &self.kind {
             ResponseKind::Inner { body, .. } => body.is_end_stream(),
             ResponseKind::Read {
-                finished,
-                next,
-                trailers,
-                ..
-            } => *finished && next.is_none() && trailers.is_none(),
+                finished, trailers, ..
+            } => *finished && trailers.is_none(),
             ResponseKind::Answer { body } => body.is_end_stream(),
         }
     }
@@ -387,13 +383,8 @@ where
             // A body only watched goes on byte for byte, what the guard
             // holds back of it included; a restored one's length is known
             // only once rewritten.
-            ResponseKind::Read {
-                body,
-                reading,
-                next,
-                ..
-            } if !reading.restores => {
-                let held = next.as_ref().map_or(0, |next| next.len() as u64) + reading.held();
+            ResponseKind::Read { body, reading, .. } if !reading.restores => {
+                let held = reading.held();
                 let inner = body.size_hint();
                 let mut hint = SizeHint::new();
                 hint.set_lower(inner.lower().saturating_add(held));

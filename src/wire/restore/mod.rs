@@ -22,8 +22,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::wire::id::IdKey;
 use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
+use crate::wire::id::{IdKey, INLINE_ID_KEY};
 use crate::wire::scan::{Found, KeyName, Scanner, Sink};
 
 /// A response that passed to the client: the collision key of the client id
@@ -96,7 +96,7 @@ struct Held {
 #[derive(Debug)]
 enum Kept {
     All(BytesMut),
-    Id(SmallVec<[u8; 24]>),
+    Id(SmallVec<[u8; INLINE_ID_KEY]>),
 }
 
 impl Kept {
