@@ -159,7 +159,7 @@ impl ServerSideId {
         let parts = id::parse(id_json)?;
         Some(Self {
             counter: parts.serial.parse().ok()?,
-            original: parts.original,
+            original: parts.original.into_owned(),
         })
     }
 

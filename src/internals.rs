@@ -21,7 +21,7 @@ pub fn remap_request_ids(minter: &Minter, body: &[u8]) -> Option<Vec<u8>> {
     let peeked = peek(body)?;
     let edits: Vec<_> = peeked
         .request_ids(body)
-        .map(|(range, raw)| (range, minter.0.mint(raw)))
+        .map(|(range, raw)| (range, Arc::from(minter.0.mint(raw))))
         .collect();
     (!edits.is_empty()).then(|| splice(body, &edits))
 }

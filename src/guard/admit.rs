@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
+use smallvec::SmallVec;
 
 use crate::guard::body::RequestBody;
 use crate::guard::exchange::{
@@ -48,7 +49,8 @@ pub(crate) struct PendingForward {
     parts: http::request::Parts,
     body: Bytes,
     trailers: Option<Box<HeaderMap>>,
-    edits: Vec<Edit>,
+    /// Inline: a remapped lone request, the usual edit, allocates none.
+    edits: SmallVec<[Edit; 1]>,
     /// The body is shorter than the client sent (a byte order mark dropped).
     resized: bool,
     /// A queued request's id: where it is and its text.
@@ -66,7 +68,7 @@ impl PendingForward {
             parts,
             body,
             trailers,
-            edits: Vec::new(),
+            edits: SmallVec::new(),
             resized: false,
             queued_id: None,
         }
@@ -85,9 +87,12 @@ impl PendingForward {
 
     /// Builds the request for the inner service. `server_id` replaces the
     /// queued request's id when its turn came with one (`rewrite_all_ids`).
-    pub(crate) fn into_request<B>(mut self, server_id: Option<&[u8]>) -> Request<RequestBody<B>> {
+    pub(crate) fn into_request<B>(
+        mut self,
+        server_id: Option<Arc<[u8]>>,
+    ) -> Request<RequestBody<B>> {
         if let (Some(server_id), Some((range, _))) = (server_id, self.queued_id.take()) {
-            self.edits.push((range, server_id.to_vec()));
+            self.edits.push((range, server_id));
             self.reads_response();
         }
         if self.edits.is_empty() && !self.resized {
@@ -409,7 +414,7 @@ impl Asked<'_> {
                     server_id = %String::from_utf8_lossy(&server_id),
                     "forwarding with a server-side id"
                 );
-                pending.edits.push((range.clone(), server_id.to_vec()));
+                pending.edits.push((range.clone(), server_id));
                 remapped = true;
             }
         }
@@ -443,7 +448,7 @@ fn cancel(
         // equivalent id differently (`"1"` for `1`: typed servers compare
         // exactly).
         if *target != *request_id.as_bytes() {
-            pending.edits.push((range, target.to_vec()));
+            pending.edits.push((range, target));
         }
     }
     cancelled

@@ -353,7 +353,7 @@ impl<S> Queued<S> {
                 session: self.session.take(),
                 resumes: None,
             });
-            let future = service.call(pending.into_request(server_id.as_deref()));
+            let future = service.call(pending.into_request(server_id));
             registration.forwarded(remapped);
             return Poll::Ready(State::Calling {
                 future,

@@ -350,7 +350,7 @@ impl Table {
 
     /// A server-side id for a request of `session` with the client id `raw`.
     fn mint(&self, session: &[u8], raw: &str) -> Arc<[u8]> {
-        Arc::from(self.minter.mint_in(session, raw))
+        Arc::from(&*self.minter.mint_in(session, raw))
     }
 
     /// The registration of an admitted POST, awaiting these responses.

@@ -3,9 +3,11 @@
 //! a body; the response path splices client ids back.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-/// A byte range of a message and the bytes that replace it.
-pub(crate) type Edit = (Range<usize>, Vec<u8>);
+/// A byte range of a message and the bytes that replace it: a server-side
+/// id, shared with the table that keeps it (not copied per edit).
+pub(crate) type Edit = (Range<usize>, Arc<[u8]>);
 
 /// Copies `input` with each `(range, replacement)` spliced in. Ranges must be
 /// sorted and disjoint (they are: they come from distinct messages in order).
@@ -28,7 +30,10 @@ mod tests {
 
     #[test]
     fn splice_replaces_ranges() {
-        let out = splice(b"abcdef", &[(1..2, b"XY".to_vec()), (4..6, Vec::new())]);
+        let out = splice(
+            b"abcdef",
+            &[(1..2, Arc::from(&b"XY"[..])), (4..6, Arc::from(&b""[..]))],
+        );
         assert_eq!(out, b"aXYcd");
     }
 }

@@ -34,6 +34,7 @@
 use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::value::RawValue;
@@ -49,6 +50,14 @@ pub(crate) const RESERVED_PREFIX: &str = "mcp-id-guard:";
 /// the usual answer costs no allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IdKey(SmallVec<[u8; INLINE_ID_KEY]>);
+
+/// The JSON text of a server-side id, as [`IdMinter::mint_in`] writes it.
+pub(crate) type ServerIdText = SmallVec<[u8; INLINE_SERVER_ID]>;
+
+/// The longest server-side id written without an allocation of its own: the
+/// quotes, the prefix, the tag, a serial of up to 20 digits, two colons and a
+/// client id of up to 43 bytes.
+pub(crate) const INLINE_SERVER_ID: usize = 96;
 
 /// The longest collision key kept without an allocation: every integer id
 /// every server reads exactly (at most 16 digits and a sign), and short
@@ -317,16 +326,25 @@ impl IdMinter {
 
     /// The JSON text of a fresh server-side id for a request of `session`
     /// carrying `original` (the client's id JSON text) inside it.
-    pub(crate) fn mint_in(&self, session: &[u8], original: &str) -> Vec<u8> {
-        let serial = self.counter.fetch_add(1, Ordering::Relaxed).to_string();
+    ///
+    /// Written straight into one buffer, inline up to [`INLINE_SERVER_ID`]
+    /// bytes: the table keeps it behind one `Arc`, so the usual id costs
+    /// that allocation and no other (`to_string` and `format!` for the serial
+    /// and the tag were two more, and a tenth of a remapped request's
+    /// instructions).
+    pub(crate) fn mint_in(&self, session: &[u8], original: &str) -> ServerIdText {
+        let mut serial = itoa::Buffer::new();
+        let serial = serial
+            .format(self.counter.fetch_add(1, Ordering::Relaxed))
+            .as_bytes();
         let digest = self.session_digest(session);
-        let mac = self.mac(digest, serial.as_bytes(), original.as_bytes());
-        let mut out = Vec::with_capacity(RESERVED_PREFIX.len() + original.len() + 48);
+        let mac = self.mac(digest, serial, original.as_bytes());
+        let mut out = ServerIdText::new();
         out.push(b'"');
         out.extend_from_slice(RESERVED_PREFIX.as_bytes());
-        out.extend_from_slice(format!("{mac:016x}").as_bytes());
+        out.extend_from_slice(&hex16(mac));
         out.push(b':');
-        out.extend_from_slice(serial.as_bytes());
+        out.extend_from_slice(serial);
         out.push(b':');
         escape_into(&mut out, original);
         out.push(b'"');
@@ -337,7 +355,7 @@ impl IdMinter {
     /// benchmarks' and the fuzz targets' minter).
     #[cfg(any(test, feature = "internals"))]
     pub(crate) fn mint(&self, original: &str) -> Vec<u8> {
-        self.mint_in(b"", original)
+        self.mint_in(b"", original).to_vec()
     }
 
     /// Restores `raw` (an id's JSON text) in a response of the session whose
@@ -351,7 +369,7 @@ impl IdMinter {
         // Compared as whole words; a timing difference tells nothing an
         // attacker can use without the key to compute candidate tags.
         if mac == parts.mac {
-            Restored::Original(parts.original)
+            Restored::Original(parts.original.into_owned())
         } else {
             Restored::Foreign
         }
@@ -359,25 +377,41 @@ impl IdMinter {
 }
 
 /// Appends `text` as the inside of a JSON string literal.
-fn escape_into(out: &mut Vec<u8>, text: &str) {
+fn escape_into(out: &mut ServerIdText, text: &str) {
     for &byte in text.as_bytes() {
         match byte {
             b'"' => out.extend_from_slice(b"\\\""),
             b'\\' => out.extend_from_slice(b"\\\\"),
             // Whitespace inside a non-scalar id's JSON text (newlines, tabs).
-            0x00..=0x1f => out.extend_from_slice(format!("\\u{byte:04x}").as_bytes()),
+            0x00..=0x1f => {
+                out.extend_from_slice(b"\\u00");
+                out.extend_from_slice(&hex16(u64::from(byte))[14..]);
+            }
             _ => out.push(byte),
         }
     }
 }
 
-/// The parts of a well-formed server-side id.
-pub(crate) struct Parts {
+/// `word` as 16 lowercase hex digits: the tag of a server-side id, written
+/// without the formatting machinery (which cost ~400 instructions a tag).
+fn hex16(word: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0; 16];
+    for (at, digit) in text.iter_mut().enumerate() {
+        *digit = DIGITS[(word >> (60 - 4 * at) & 0xf) as usize];
+    }
+    text
+}
+
+/// The parts of a well-formed server-side id, borrowed from its JSON text
+/// when that is written without escapes (an integer client id, the usual
+/// case): restoring then copies only the original, once, into the response.
+pub(crate) struct Parts<'a> {
     mac: u64,
     /// The counter's decimal digits.
-    pub(crate) serial: String,
+    pub(crate) serial: Cow<'a, str>,
     /// The client's id JSON text.
-    pub(crate) original: String,
+    pub(crate) original: Cow<'a, str>,
 }
 
 /// If `raw` (an id's JSON text) is written like a server-side id, returns
@@ -390,19 +424,42 @@ pub(crate) struct Parts {
 /// keeps the SSE rewriter's fast path (a search for the literal prefix) exact,
 /// so its output never depends on how the stream was chunked.
 pub(crate) fn restore(raw: &str) -> Option<String> {
-    parse(raw).map(|parts| parts.original)
+    parse(raw).map(|parts| parts.original.into_owned())
 }
 
 /// The parts of `raw` (an id's JSON text) if it is written like a
 /// server-side id; the MAC is read, not checked.
-pub(crate) fn parse(raw: &str) -> Option<Parts> {
+pub(crate) fn parse(raw: &str) -> Option<Parts<'_>> {
     if !raw
         .strip_prefix('"')
         .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
     {
         return None;
     }
-    let decoded = serde_json::from_str::<Cow<'_, str>>(raw).ok()?;
+    // A string without escapes is its own text (see `key_of`): serde_json
+    // decodes only the others.
+    let decoded = match crate::wire::scan::plain_string(raw.as_bytes()) {
+        Some(_) => Cow::Borrowed(&raw[1..raw.len() - 1]),
+        None => serde_json::from_str::<Cow<'_, str>>(raw).ok()?,
+    };
+    let (mac, serial, original) = split(&decoded)?;
+    let (serial, original) = match &decoded {
+        Cow::Borrowed(text) => (Cow::Borrowed(&text[serial]), Cow::Borrowed(&text[original])),
+        Cow::Owned(text) => (
+            Cow::Owned(text[serial].to_owned()),
+            Cow::Owned(text[original].to_owned()),
+        ),
+    };
+    Some(Parts {
+        mac,
+        serial,
+        original,
+    })
+}
+
+/// The tag's value and where the serial and the original lie in a decoded
+/// server-side id, if it is well formed.
+fn split(decoded: &str) -> Option<(u64, Range<usize>, Range<usize>)> {
     let rest = decoded.strip_prefix(RESERVED_PREFIX)?;
     let (tag, rest) = rest.split_once(':')?;
     let (serial, original) = rest.split_once(':')?;
@@ -415,24 +472,124 @@ pub(crate) fn parse(raw: &str) -> Option<Parts> {
     }
     // Only give back something that is itself one whole JSON value, and that
     // fits in an SSE data line (guards mint no line breaks: ids are strings
-    // or numbers).
+    // or numbers). A plain integer is one; anything else serde_json reads.
     if original.contains(['\r', '\n']) {
         return None;
     }
-    let value = serde_json::from_str::<&RawValue>(original).ok()?;
-    if value.get().len() != original.len() {
-        return None;
+    if !is_plain_integer(original.as_bytes()) {
+        let value = serde_json::from_str::<&RawValue>(original).ok()?;
+        if value.get().len() != original.len() {
+            return None;
+        }
     }
-    Some(Parts {
-        mac: u64::from_str_radix(tag, 16).ok()?,
-        serial: serial.to_owned(),
-        original: original.to_owned(),
-    })
+    let serial_start = RESERVED_PREFIX.len() + tag.len() + 1;
+    let original_start = serial_start + serial.len() + 1;
+    Some((
+        u64::from_str_radix(tag, 16).ok()?,
+        serial_start..serial_start + serial.len(),
+        original_start..decoded.len(),
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `parse` as it was before its shortcut: every id decoded by serde_json
+    /// and every original read by it, the parts copied out.
+    fn parse_by_serde(raw: &str) -> Option<(u64, String, String)> {
+        if !raw
+            .strip_prefix('"')
+            .is_some_and(|inside| inside.starts_with(RESERVED_PREFIX))
+        {
+            return None;
+        }
+        let decoded = serde_json::from_str::<Cow<'_, str>>(raw).ok()?;
+        let rest = decoded.strip_prefix(RESERVED_PREFIX)?;
+        let (tag, rest) = rest.split_once(':')?;
+        let (serial, original) = rest.split_once(':')?;
+        let well_formed = tag.len() == 16
+            && tag.bytes().all(|byte| byte.is_ascii_hexdigit())
+            && !serial.is_empty()
+            && serial.bytes().all(|byte| byte.is_ascii_digit());
+        if !well_formed || original.contains(['\r', '\n']) {
+            return None;
+        }
+        let value = serde_json::from_str::<&RawValue>(original).ok()?;
+        if value.get().len() != original.len() {
+            return None;
+        }
+        let mac = u64::from_str_radix(tag, 16).ok()?;
+        Some((mac, serial.to_owned(), original.to_owned()))
+    }
+
+    /// The shortcuts of `parse` (no decoding without escapes, no reading of
+    /// a plain integer original) give what reading everything with serde_json
+    /// gives, for minted ids of every kind of original and for near misses.
+    #[test]
+    fn parse_reads_as_serde_reads() {
+        let minter = IdMinter::new();
+        let originals = [
+            "1",
+            "0",
+            "-0",
+            "-7",
+            "007",
+            "1.5",
+            "1e3",
+            "123456789012345",
+            "1234567890123456",
+            r#""a""#,
+            r#""\u0031""#,
+            "[1,2]",
+            "{}",
+            "true",
+            "null",
+            "",
+            " 1",
+            "1 ",
+            "1,2",
+            "-",
+            r#""a\"b""#,
+            "[1,\r\n2]",
+        ];
+        let mut texts: Vec<String> = Vec::new();
+        for original in originals {
+            texts.push(String::from_utf8(minter.mint(original)).unwrap());
+            for serial in ["1", "", "x", "12a"] {
+                for tag in [
+                    "0123456789abcdef",
+                    "0123456789ABCDEF",
+                    "0123456789abcde",
+                    "g123456789abcdef",
+                ] {
+                    texts.push(format!(r#""mcp-id-guard:{tag}:{serial}:{original}""#));
+                    let escaped = original.replace('\\', "\\\\").replace('"', "\\\"");
+                    texts.push(format!(r#""mcp-id-guard:{tag}:{serial}:{escaped}""#));
+                    texts.push(format!(r#""mcp-id-guard:{tag}:{serial}:\u0031{escaped}""#));
+                }
+            }
+        }
+        texts.extend(
+            [
+                r#""mcp-id-guard:""#,
+                r#""mcp-id-guard""#,
+                "\"mcp-id-guard:0123456789abcdef:1:1\\u0000\"",
+                "\"mcp-id-guard:0123456789abcdef:1:1\u{1}\"",
+            ]
+            .map(String::from),
+        );
+        for text in &texts {
+            let shortcut = parse(text).map(|parts| {
+                (
+                    parts.mac,
+                    parts.serial.into_owned(),
+                    parts.original.into_owned(),
+                )
+            });
+            assert_eq!(shortcut, parse_by_serde(text), "{text}");
+        }
+    }
 
     #[test]
     fn equivalence() {
@@ -581,7 +738,7 @@ mod tests {
     fn restoring_is_bound_to_the_secret_and_the_session() {
         let secret = *b"0123456789abcdef";
         let minter = IdMinter::with_secret(secret);
-        let issued = String::from_utf8(minter.mint_in(b"session-y", "1")).unwrap();
+        let issued = String::from_utf8(minter.mint_in(b"session-y", "1").to_vec()).unwrap();
         let (y, x) = (
             minter.session_digest(b"session-y"),
             minter.session_digest(b"session-x"),

@@ -21,7 +21,7 @@ use crate::{allocations, call};
 /// flight (read, admitted, forwarded as is, its JSON answer read, released).
 const PASS_THROUGH: u64 = 3;
 /// The same when the id is in flight: remapped, and its answer restored.
-const REMAPPED: u64 = 21;
+const REMAPPED: u64 = 13;
 /// A request the guard does not track (no session).
 const UNTRACKED: u64 = 0;
 

@@ -99,10 +99,15 @@ enum Kept {
     Id(SmallVec<[u8; INLINE_ID_KEY]>),
 }
 
+/// The bytes a restoring hold starts with room for (see [`Kept::new`]).
+const HELD_START: usize = 256;
+
 impl Kept {
     fn new(restoring: bool) -> Self {
         if restoring {
-            Self::All(BytesMut::new())
+            // Room for a server-side id and the keys after it up to the
+            // answer's value, so the usual held token is not grown twice.
+            Self::All(BytesMut::with_capacity(HELD_START))
         } else {
             Self::Id(SmallVec::new())
         }
