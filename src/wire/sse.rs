@@ -29,6 +29,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
@@ -44,6 +45,13 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// The longest event id followed. A longer one is known only as "too long":
 /// a stream resumed from it is tied to no request (fail closed).
 pub(crate) const MAX_EVENT_ID: usize = 256;
+
+/// The pieces of one chunk as the framer finds them: a few per event, kept
+/// inline.
+type Parts = SmallVec<[Part; 4]>;
+
+/// The longest event id followed without an allocation.
+const SHORT_EVENT_ID: usize = 16;
 
 /// Where the framer is in the current line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +77,10 @@ enum Line {
 pub(crate) struct Rewriter {
     restorer: Restorer,
     line: Line,
-    /// The field name read so far (first [`SHORT`] + 1 bytes).
-    short: Vec<u8>,
+    /// The field name read so far (first [`SHORT`] + 1 bytes, after a byte
+    /// order mark): inline, as the rest of the framer's state that every
+    /// response stream starts with, so that framing allocates nothing.
+    short: SmallVec<[u8; SHORT + 1 + BOM.len()]>,
     /// The last chunk ended in a CR: an LF first in the next one is part of
     /// that line end.
     after_cr: bool,
@@ -80,7 +90,8 @@ pub(crate) struct Rewriter {
     data_lines: usize,
     /// Absolute offset where the last data line's value ended.
     data_end: usize,
-    parts: Vec<Part>,
+    /// The pieces of the chunk being framed (a few per event).
+    parts: Parts,
     /// No line has ended yet: a byte order mark may lead the first name.
     first_line: bool,
     /// The `id` field being read.
@@ -96,7 +107,8 @@ pub(crate) struct Rewriter {
 /// An event id as followed: its bytes up to [`MAX_EVENT_ID`], or too long.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct EventId {
-    bytes: Vec<u8>,
+    /// Inline up to [`SHORT_EVENT_ID`] bytes (rmcp's are `<n>/<m>`).
+    bytes: SmallVec<[u8; SHORT_EVENT_ID]>,
     too_long: bool,
     /// The value holds a NUL (seen even past the length kept): the SSE
     /// standard ignores such a field.
@@ -134,12 +146,12 @@ impl Rewriter {
         Self {
             restorer: Restorer::new(max_id, watch),
             line: Line::Start,
-            short: Vec::with_capacity(SHORT),
+            short: SmallVec::new(),
             after_cr: false,
             offset: 0,
             data_lines: 0,
             data_end: 0,
-            parts: Vec::new(),
+            parts: Parts::new(),
             first_line: true,
             id_field: EventId::default(),
             id_buffer: EventId::default(),
@@ -221,7 +233,7 @@ impl Rewriter {
     /// ends with the stream (and is restored like any other), and whatever is
     /// held goes on.
     pub(crate) fn finish(&mut self, out: &mut VecDeque<Bytes>) {
-        let mut parts = Vec::new();
+        let mut parts = Parts::new();
         if self.data_lines > 0 {
             parts.push(Part::End(self.data_end));
         }
@@ -231,7 +243,7 @@ impl Rewriter {
 
     /// Reads from `chunk[at]` to the end of the current line's state;
     /// returns where to go on.
-    fn step(&mut self, chunk: &[u8], at: usize, base: usize, parts: &mut Vec<Part>) -> usize {
+    fn step(&mut self, chunk: &[u8], at: usize, base: usize, parts: &mut Parts) -> usize {
         let rest = &chunk[at..];
         // The end of this line in the chunk, if it is in it.
         let line_end = memchr::memchr2(b'\r', b'\n', rest).map(|found| at + found);
@@ -312,7 +324,7 @@ impl Rewriter {
     }
 
     /// A `data:` line's value starts at absolute `position`.
-    fn data_line(&mut self, position: usize, parts: &mut Vec<Part>) {
+    fn data_line(&mut self, position: usize, parts: &mut Parts) {
         if self.data_lines > 0 {
             parts.push(Part::Break(self.data_end));
         }
@@ -341,7 +353,7 @@ impl Rewriter {
     }
 
     /// A blank line ends the event (at absolute `position`).
-    fn end_event(&mut self, position: usize, parts: &mut Vec<Part>) {
+    fn end_event(&mut self, position: usize, parts: &mut Parts) {
         if self.data_lines > 0 {
             parts.push(Part::End(self.data_end.min(position)));
         }

@@ -24,19 +24,32 @@ const PASS_THROUGH: u64 = 3;
 const REMAPPED: u64 = 13;
 /// A request the guard does not track (no session).
 const UNTRACKED: u64 = 0;
+/// A tracked request whose id is not in flight, answered in an SSE stream
+/// as rmcp answers every POST (a priming event, then the answer's event).
+const PASS_THROUGH_SSE: u64 = 3;
 
 const HEAD: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
 
+/// How the trivial server answers.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// One `application/json` body.
+    Json,
+    /// A `text/event-stream` body as rmcp sends it: a priming event, then
+    /// the answer's event with its event id.
+    Sse,
+}
+
 /// A trivial server, the same with and without the guard: reads the body,
-/// answers `application/json` under the id it received (the bodies here
-/// all start with their id, which holds no comma).
-fn answer<B>(request: Request<B>) -> Response<Full<Bytes>>
+/// answers under the id it received (the bodies here all start with their
+/// id, which holds no comma).
+fn answer<B>(request: Request<B>, kind: Answer) -> Response<Full<Bytes>>
 where
     B: Body<Data = Bytes> + Unpin,
 {
     let mut body = request.into_body();
     let mut cx = Context::from_waker(Waker::noop());
-    let mut answer = Vec::with_capacity(128);
+    let mut answer = Vec::with_capacity(192);
     while let Poll::Ready(Some(Ok(frame))) = std::pin::Pin::new(&mut body).poll_frame(&mut cx) {
         if let (Some(data), true) = (frame.data_ref(), answer.is_empty()) {
             let rest = data
@@ -46,29 +59,27 @@ where
                 .iter()
                 .position(|&byte| byte == b',')
                 .expect("more after the id");
+            if let Answer::Sse = kind {
+                answer.extend_from_slice(b"data: \nid: 0/0\nretry: 3000\n\ndata: ");
+            }
             answer.extend_from_slice(HEAD);
             answer.extend_from_slice(&rest[..end]);
             answer.extend_from_slice(br#","result":{"content":[]}}"#);
+            if let Answer::Sse = kind {
+                answer.extend_from_slice(b"\nid: 1/0\n\n");
+            }
         }
     }
     let mut response = Response::new(Full::new(Bytes::from(answer)));
+    let content_type = match kind {
+        Answer::Json => "application/json",
+        Answer::Sse => "text/event-stream",
+    };
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
+        http::HeaderValue::from_static(content_type),
     );
     response
-}
-
-fn bare(
-    request: Request<Full<Bytes>>,
-) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
-    std::future::ready(Ok(answer(request)))
-}
-
-fn guarded_inner(
-    request: Request<GuardRequestBody<Full<Bytes>>>,
-) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
-    std::future::ready(Ok(answer(request)))
 }
 
 /// A `tools/call` POST of 1 KiB with id 1, in a session or not.
@@ -124,10 +135,19 @@ where
 }
 
 /// What the guard adds, per exchange, to the same exchanges bare.
-fn added(session: Option<&str>, hold: bool) -> u64 {
-    let bare = per_exchange(&mut tower::service_fn(bare), session);
+fn added(session: Option<&str>, hold: bool, kind: Answer) -> u64 {
+    let bare = per_exchange(
+        &mut tower::service_fn(move |request: Request<Full<Bytes>>| {
+            std::future::ready(Ok::<_, Infallible>(answer(request, kind)))
+        }),
+        session,
+    );
     let layer = IdGuardLayer::new();
-    let mut guarded = layer.layer(tower::service_fn(guarded_inner));
+    let mut guarded = layer.layer(tower::service_fn(
+        move |request: Request<GuardRequestBody<Full<Bytes>>>| {
+            std::future::ready(Ok::<_, Infallible>(answer(request, kind)))
+        },
+    ));
     // An id 1 held in flight makes every measured request a duplicate.
     let held = hold.then(|| call(&mut guarded, request(session)));
     let guarded = per_exchange(&mut guarded, session);
@@ -156,13 +176,14 @@ const SESSION: &str = "3f1c2a9e-5c1d-4e2f-8a3b-000000001eef";
 
 #[test]
 fn a_tracked_request_adds_a_pinned_number_of_allocations() {
-    let pass = added(Some(SESSION), false);
-    let remapped = added(Some(SESSION), true);
-    let untracked = added(None, false);
+    let pass = added(Some(SESSION), false, Answer::Json);
+    let remapped = added(Some(SESSION), true, Answer::Json);
+    let untracked = added(None, false, Answer::Json);
+    let pass_sse = added(Some(SESSION), false, Answer::Sse);
     assert_eq!(
-        (pass, remapped, untracked),
-        (PASS_THROUGH, REMAPPED, UNTRACKED),
-        "allocator calls the guard adds per request (pass-through, remapped, untracked): \
-         fewer is progress (lower the pins), more needs a reason"
+        (pass, remapped, untracked, pass_sse),
+        (PASS_THROUGH, REMAPPED, UNTRACKED, PASS_THROUGH_SSE),
+        "allocator calls the guard adds per request (pass-through, remapped, untracked, \
+         pass-through answered in SSE): fewer is progress (lower the pins), more needs a reason"
     );
 }
