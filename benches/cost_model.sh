@@ -11,13 +11,17 @@
 # request (from the MANY run), for the per-stage table of BENCHMARKS.md. With
 # FLOOR=1, also counts the floor (benches/guard.rs `Floor`: the body read
 # whole and the request rebuilt, nothing scanned or tracked): what any layer
-# that sees the whole body before the server pays, in the same units.
+# that sees the whole body before the server pays, in the same units. With
+# RMCP=1, also counts the pass-through and remapped cases against the real
+# rmcp server in place of the template service (benches/guard/rmcp.rs): what
+# a tracked request adds to an MCP server's own cost.
 #
 #   benches/cost_model.sh
 #   CASES="pass_through" SIZES="1024" STAGES=1 benches/cost_model.sh
 #
 # Environment: CASES (untracked pass_through remapped), SIZES (256 1024),
-# FEW (200), MANY (2200), STAGES (0), FLOOR (0), TOP (30), BIN (a bench binary already
+# FEW (200), MANY (2200), STAGES (0), FLOOR (0), RMCP (0), RMCP_FEW (100),
+# RMCP_MANY (600: rmcp costs a hundred times the template), TOP (30), BIN (a bench binary already
 # built with `cargo bench --features internals --bench guard --no-run`).
 set -euo pipefail
 
@@ -27,6 +31,9 @@ FEW=${FEW:-200}
 MANY=${MANY:-2200}
 STAGES=${STAGES:-0}
 FLOOR=${FLOOR:-0}
+RMCP=${RMCP:-0}
+RMCP_FEW=${RMCP_FEW:-100}
+RMCP_MANY=${RMCP_MANY:-600}
 TOP=${TOP:-30}
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -84,3 +91,23 @@ for case in $CASES; do
         unset per
     done
 done
+
+if [ "$RMCP" = 1 ]; then
+    printf '\nagainst the real rmcp server (%s and %s requests)\n' "$RMCP_FEW" "$RMCP_MANY"
+    printf '%-14s %6s %10s %10s %8s %10s\n' case size "rmcp bare" guarded ratio added
+    for case in $CASES; do
+        [ "$case" = untracked ] && continue
+        for size in $SIZES; do
+            declare -A per=()
+            for side in rmcp-bare rmcp-guarded; do
+                few=$(total "$(run "$case" "$size" "$side" "$RMCP_FEW")")
+                many=$(total "$(run "$case" "$size" "$side" "$RMCP_MANY")")
+                per[$side]=$(( (many - few) / (RMCP_MANY - RMCP_FEW) ))
+            done
+            printf '%-14s %6s %10d %10d %7.2fx %10d\n' "$case" "$size" "${per[rmcp-bare]}" \
+                "${per[rmcp-guarded]}" "$(echo "${per[rmcp-guarded]} / ${per[rmcp-bare]}" | bc -l)" \
+                $(( per[rmcp-guarded] - per[rmcp-bare] ))
+            unset per
+        done
+    done
+fi

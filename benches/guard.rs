@@ -34,6 +34,9 @@ use mcp_id_guard::{internals, IdGuard, IdGuardLayer, OnDuplicate};
 use serde_json::Value;
 use tower::{Layer, Service, ServiceExt};
 
+#[path = "guard/rmcp.rs"]
+mod rmcp_server;
+
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
 
@@ -255,6 +258,15 @@ impl Template {
         }
     }
 
+    /// The same POST with the `Host` header rmcp's DNS-rebinding check wants.
+    fn to_rmcp(body: Bytes, session: &str) -> Self {
+        let mut template = Self::new(body, Some(session));
+        template
+            .headers
+            .insert(http::header::HOST, HeaderValue::from_static("127.0.0.1"));
+        template
+    }
+
     fn build(&self) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(self.body.clone()));
         *request.method_mut() = Method::POST;
@@ -441,11 +453,82 @@ fn overhead(c: &mut Criterion) {
             // that drift of a shared machine falls on both alike: the time
             // reported is guarded minus bare for the sample's requests.
             group.bench_function(BenchmarkId::new("added", label(size)), |b| {
-                b.to_async(&rt)
-                    .iter_custom(|iters| added(bare.clone(), guarded.clone(), &templates, iters));
+                b.to_async(&rt).iter_custom(|iters| {
+                    added(
+                        bare.clone(),
+                        guarded.clone(),
+                        [&templates, &templates],
+                        iters,
+                    )
+                });
             });
             assert_eq!(
                 layer.stats().in_flight_requests,
+                usize::from(held.is_some()),
+                "every measured request was released"
+            );
+            drop(held);
+        }
+        group.finish();
+    }
+}
+
+/// The guard in front of the real rmcp server (`rmcp_server`), for the cases
+/// whose inner service matters: what a tracked request adds to the service
+/// it guards when that service is an MCP server. Bare and guarded each have
+/// a session of their own (the guarded one opened through the guard); the
+/// remapped case holds a request with the same id in flight in the guarded
+/// session, its answer unread, as `prepare` does.
+fn overhead_rmcp(c: &mut Criterion) {
+    let rt = runtime();
+    for case in [Case::PassThrough, Case::Remapped] {
+        let mut group = c.benchmark_group(format!("overhead_rmcp/{}", case.name()));
+        for size in [256, KIB] {
+            let layer = IdGuardLayer::new();
+            let mut bare = rmcp_server::service();
+            let mut guarded = layer.layer(rmcp_server::service());
+            let (bare_session, guarded_session) = rt.block_on(async {
+                (
+                    rmcp_server::open(&mut bare).await,
+                    rmcp_server::open(&mut guarded).await,
+                )
+            });
+            let held = matches!(case, Case::Remapped).then(|| {
+                let holder = rmcp_server::post(request_json("1", 256), Some(&guarded_session));
+                rt.block_on(hold(&mut guarded, holder))
+            });
+            let bare_templates = [Template::to_rmcp(request_json("1", size), &bare_session)];
+            let guarded_templates = [Template::to_rmcp(request_json("1", size), &guarded_session)];
+            let before = layer.stats();
+            group.bench_function(BenchmarkId::new("bare", label(size)), |b| {
+                b.to_async(&rt)
+                    .iter_custom(|iters| timed_owned(bare.clone(), &bare_templates, iters));
+            });
+            group.bench_function(BenchmarkId::new("guarded", label(size)), |b| {
+                b.to_async(&rt)
+                    .iter_custom(|iters| timed_owned(guarded.clone(), &guarded_templates, iters));
+            });
+            group.bench_function(BenchmarkId::new("added", label(size)), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    added(
+                        bare.clone(),
+                        guarded.clone(),
+                        [&bare_templates, &guarded_templates],
+                        iters,
+                    )
+                });
+            });
+            let after = layer.stats();
+            let (passed, remapped) = (
+                after.passed_total - before.passed_total,
+                after.remapped_total - before.remapped_total,
+            );
+            match case {
+                Case::Remapped => assert!(passed == 0 && remapped > 0, "{after:?}"),
+                _ => assert!(passed > 0 && remapped == 0, "{after:?}"),
+            }
+            assert_eq!(
+                after.in_flight_requests,
                 usize::from(held.is_some()),
                 "every measured request was released"
             );
@@ -462,7 +545,7 @@ fn overhead(c: &mut Criterion) {
 async fn added<S, G, B, H>(
     mut bare: S,
     mut guarded: G,
-    templates: &[Template],
+    [bare_templates, guarded_templates]: [&[Template]; 2],
     iters: u64,
 ) -> Duration
 where
@@ -475,8 +558,8 @@ where
     H: Body,
     H::Error: std::fmt::Debug,
 {
-    let bare = timed(&mut bare, templates, iters).await;
-    let guarded = timed(&mut guarded, templates, iters).await;
+    let bare = timed(&mut bare, bare_templates, iters).await;
+    let guarded = timed(&mut guarded, guarded_templates, iters).await;
     guarded.saturating_sub(bare).max(Duration::from_nanos(1))
 }
 
@@ -901,15 +984,17 @@ where
     }
 }
 
-/// `COUNT=<case>:<size>:<bare|guarded|floor>:<requests>` runs that many
-/// exchanges of one overhead case and nothing else, for
+/// `COUNT=<case>:<size>:<bare|guarded|floor|rmcp-bare|rmcp-guarded>:<requests>`
+/// runs that many exchanges of one overhead case and nothing else, for
 /// `valgrind --tool=callgrind`: instructions do not drift with the machine's
 /// load as times do, so two counts (say 100 and 1100 requests) give the
-/// instructions of one request exactly (`benches/cost_model.sh`).
+/// instructions of one request exactly (`benches/cost_model.sh`). The
+/// `rmcp-` sides put the real rmcp server where `Fixed` stands
+/// (`rmcp_server`), for the pass-through and remapped cases.
 fn count(spec: &str) {
     let parts: Vec<&str> = spec.split(':').collect();
     let [case, size, side, requests] = parts[..] else {
-        panic!("COUNT=<case>:<size>:<bare|guarded|floor>:<requests>, not {spec}");
+        panic!("COUNT=<case>:<size>:<bare|guarded|floor|rmcp-bare|rmcp-guarded>:<requests>, not {spec}");
     };
     let case = Case::ALL
         .into_iter()
@@ -918,6 +1003,10 @@ fn count(spec: &str) {
     let size: usize = size.parse().expect("a size in bytes");
     let requests: u64 = requests.parse().expect("a number of requests");
     let rt = runtime();
+    if let Some(side) = side.strip_prefix("rmcp-") {
+        rt.block_on(count_rmcp(case, size, side, requests));
+        return;
+    }
     let Prepared {
         templates,
         layer,
@@ -940,7 +1029,84 @@ fn count(spec: &str) {
     );
 }
 
-criterion_group!(benches, overhead, naive_vs_splice, sse, sessions, batches);
+/// [`count`] with the real rmcp server as the inner service: `side` is
+/// `bare` or `guarded`.
+async fn count_rmcp(case: Case, size: usize, side: &str, requests: u64) {
+    let layer = match case {
+        Case::PassThrough | Case::Remapped => IdGuardLayer::new(),
+        _ => panic!("the rmcp sides take pass_through or remapped"),
+    };
+    let body = request_json("1", size);
+    match side {
+        "bare" => {
+            let mut service = rmcp_server::service();
+            let session = rmcp_server::open(&mut service).await;
+            rmcp_loop(&mut service, &body, &session, requests).await;
+        }
+        "guarded" => {
+            let mut service = layer.layer(rmcp_server::service());
+            let session = rmcp_server::open(&mut service).await;
+            // Remapped: a request with the same id stays in flight, its
+            // answer unread, for the whole run.
+            let _held = match case {
+                Case::Remapped => Some(
+                    hold(
+                        &mut service,
+                        rmcp_server::post(request_json("1", 256), Some(&session)),
+                    )
+                    .await,
+                ),
+                _ => None,
+            };
+            let before = layer.stats();
+            rmcp_loop(&mut service, &body, &session, requests).await;
+            let after = layer.stats();
+            println!(
+                "{requests} requests: {} passed, {} remapped, {} restored",
+                after.passed_total - before.passed_total,
+                after.remapped_total - before.remapped_total,
+                after.restored_total - before.restored_total
+            );
+        }
+        other => panic!("rmcp-bare or rmcp-guarded, not rmcp-{other}"),
+    }
+}
+
+/// `requests` exchanges of `body` in `session`, each read to its end; the
+/// first is checked to be rmcp's answer to the call, under the client's id.
+async fn rmcp_loop<S, B>(service: &mut S, body: &Bytes, session: &str, requests: u64)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    for request in 0..requests {
+        let (head, answer) =
+            rmcp_server::exchange(service, rmcp_server::post(body.clone(), Some(session))).await;
+        if request == 0 {
+            let text = String::from_utf8_lossy(&answer);
+            assert!(
+                head.status().is_success()
+                    && text.contains(r#""id":1,"#)
+                    && text.contains(r#""text":"ok""#),
+                "rmcp answered {}: {text}",
+                head.status()
+            );
+        }
+        black_box(answer);
+    }
+}
+
+criterion_group!(
+    benches,
+    overhead,
+    overhead_rmcp,
+    naive_vs_splice,
+    sse,
+    sessions,
+    batches
+);
 
 fn main() {
     if let Ok(spec) = std::env::var("COUNT") {
