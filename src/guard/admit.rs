@@ -16,7 +16,7 @@ use crate::guard::exchange::{
     id_text, tool_label, Exchange, GuardDecision, WantsRequestIds, WantsToolNames,
 };
 use crate::table::config::Config;
-use crate::table::{Decision, InlineVec, Registration, Route, Table, Waiter};
+use crate::table::{unzip, Decision, InlineVec, Registration, Route, Table, Waiter};
 use crate::wire::answer;
 use crate::wire::edit::{splice, Edit};
 use crate::wire::envelope::{read, tool_name, utf8_bom, Kind, Peeked, Reading, Unreadable};
@@ -156,7 +156,7 @@ pub(crate) fn admit<B>(
     };
     let session = session.as_bytes();
     let body = pending.body.clone();
-    let (id_ranges, ids) = InlineVec::collect(peeked.request_ids(&body)).unzip();
+    let (id_ranges, ids) = unzip(peeked.request_ids(&body).collect());
     // What layers outside asked for: the tool names of `tools/call`s (the
     // metrics layer), each request's ids (the trace layer).
     let extensions = &pending.parts.extensions;
@@ -200,19 +200,19 @@ pub(crate) fn admit<B>(
         }) => {
             log_duplicate(config, table, session, ids[0], "queued");
             pending.reads_response();
-            decisions = InlineVec::One([GuardDecision::Queued]);
+            decisions = smallvec::smallvec![GuardDecision::Queued];
             (Some(registration), false, Some(ticket))
         }
         Some(Decision::Admitted {
             registration,
             routes,
         }) => {
-            decisions = InlineVec::collect(routes.iter().map(|route| match route {
+            decisions = InlineVec::from_iter(routes.iter().map(|route| match route {
                 Route::AsIs => GuardDecision::Passed,
                 Route::Remapped { .. } => GuardDecision::Remapped,
             }));
             if wants.ids.is_some() {
-                server_ids = InlineVec::collect(routes.iter().map(|route| match route {
+                server_ids = InlineVec::from_iter(routes.iter().map(|route| match route {
                     Route::AsIs => None,
                     Route::Remapped { server_id, .. } => {
                         Some(String::from_utf8_lossy(server_id).into())

@@ -225,12 +225,12 @@ impl Exchange {
     /// One message, no tool name.
     pub(crate) fn one(method: McpMethod, decision: GuardDecision) -> Self {
         Self {
-            handled: InlineVec::One([Handled {
+            handled: smallvec::smallvec![Handled {
                 method,
                 decision,
                 name: None,
                 ids: None,
-            }]),
+            }],
         }
     }
 

@@ -58,7 +58,7 @@ use crate::wire::id::{id_key_text, IdMinter};
 use config::Config;
 pub use config::OnDuplicate;
 
-pub(crate) use inline::InlineVec;
+pub(crate) use inline::{unzip, InlineVec};
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
 pub use stats::Stats;
