@@ -333,8 +333,8 @@ impl IdMinter {
     /// and the tag were two more, and a tenth of a remapped request's
     /// instructions).
     pub(crate) fn mint_in(&self, session: &[u8], original: &str) -> ServerIdText {
-        let mut serial = itoa::Buffer::new();
-        let serial = serial
+        let mut digits = itoa::Buffer::new();
+        let serial = digits
             .format(self.counter.fetch_add(1, Ordering::Relaxed))
             .as_bytes();
         let digest = self.session_digest(session);
@@ -398,7 +398,7 @@ fn hex16(word: u64) -> [u8; 16] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0; 16];
     for (at, digit) in text.iter_mut().enumerate() {
-        *digit = DIGITS[(word >> (60 - 4 * at) & 0xf) as usize];
+        *digit = DIGITS[((word >> (60 - 4 * at)) & 0xf) as usize];
     }
     text
 }
