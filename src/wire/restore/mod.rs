@@ -4,10 +4,11 @@
 //!
 //! Bytes go on as they arrive. The only ones held back are a message's
 //! top-level `id` token and what follows it until the message shows whether
-//! it is a response (a `result` or `error` key) or not (a `method` key), and
-//! then until its end, as a second `id` key (parsers keep the first, the
-//! last, or refuse the message) or a `method` key still makes it pass as the
-//! server wrote it: at most the id plus a bounded window, whatever the size
+//! it is a response (a `result` or `error` key) or not (a `method` key
+//! whose value is a string: another `method` makes no request, as the
+//! envelope reader and clients' schemas read it), and then until its end, as
+//! a second `id` key (parsers keep the first, the last, or refuse the
+//! message) or a string `method` still makes it pass as the server wrote it: at most the id plus a bounded window, whatever the size
 //! of the message or where its `id` sits (first in rmcp's and Python's
 //! responses, last in the TypeScript SDK's). Past the window a response goes
 //! on restored (a large result is the usual case; a second `id` that far
@@ -68,7 +69,7 @@ struct Current {
     key: Option<KeyName>,
     /// A non-null `result` or `error` was read.
     answers: bool,
-    /// A `method` was read: not a response.
+    /// A string `method` was read: not a response.
     method: bool,
     /// An `id` key was read.
     id_seen: bool,
@@ -84,7 +85,7 @@ struct Held {
     /// The id token's length, once it ended.
     id_len: Option<usize>,
     /// The message is a response, to restore at its end unless a second
-    /// `id` or a `method` key shows up within the window.
+    /// `id` or a string `method` shows up within the window.
     response: bool,
     bytes: Kept,
 }
@@ -357,25 +358,21 @@ impl Restorer {
                 // first, the last, or refuse it): nothing in it is restored.
                 let twice =
                     *name == KeyName::Id && std::mem::replace(&mut self.current.id_seen, true);
-                if *name == KeyName::Method || twice {
-                    self.current.method |= *name == KeyName::Method;
-                    let position = place.of(token.start);
-                    let past_window = self.held.as_ref().is_some_and(|held| {
-                        held.response && held.window_end().is_some_and(|end| position > end)
-                    });
-                    if past_window {
-                        // Where the chunk ends decides nothing: the response
-                        // went on restored once its window passed.
-                        self.conclude(position, at, out);
-                    } else if self.held.is_some() {
-                        self.release(None, position, at, out);
-                    }
-                    self.settle();
+                if twice {
+                    self.not_a_response(place.of(token.start), at, out);
                 }
             }
             Found::ValueStart(offset) => {
                 let first = place.byte(*offset);
                 match self.current.key {
+                    // Only a string `method` makes a request or a
+                    // notification, as the envelope reader classifies
+                    // messages (and clients' schemas do): decided at the
+                    // value's first byte, where its kind shows.
+                    Some(KeyName::Method) if first == Some(b'"') => {
+                        self.current.method = true;
+                        self.not_a_response(place.of(*offset), at, out);
+                    }
                     Some(KeyName::Id) if !self.current.method && !self.current.settled => {
                         // Only a string can be a server-side id; any id is
                         // held when responses are watched for.
@@ -427,6 +424,22 @@ impl Restorer {
             }
             Found::OtherElement => {}
         }
+    }
+
+    /// What was read at `position` (a second `id`, a `method`) shows the
+    /// message is no response whose id is to be restored: a held id goes on
+    /// as it is, unless its window had passed (then it went on restored,
+    /// wherever the chunk ended), and the message needs nothing more.
+    fn not_a_response(&mut self, position: usize, at: &Cursor<'_>, out: &mut VecDeque<Bytes>) {
+        let past_window = self.held.as_ref().is_some_and(|held| {
+            held.response && held.window_end().is_some_and(|end| position > end)
+        });
+        if past_window {
+            self.conclude(position, at, out);
+        } else if self.held.is_some() {
+            self.release(None, position, at, out);
+        }
+        self.settle();
     }
 
     /// The current message's id needs nothing more; a single message then

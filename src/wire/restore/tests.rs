@@ -126,6 +126,45 @@ fn a_message_with_two_ids_or_a_method_passes_as_it_is() {
     }
 }
 
+/// A `method` that is not a string makes no request: the envelope reader
+/// classifies such a message by its `result` (a response), as clients'
+/// schemas do, and the restorer reads it alike (found by the SSE fuzz
+/// target: `"method":{}` with a `result` was read as a response by one and
+/// as a request by the other). Restored and answered in every chunking.
+#[test]
+fn a_method_that_is_no_string_makes_no_request() {
+    let minter = IdMinter::new();
+    let s = String::from_utf8(minter.mint("1")).unwrap();
+    for method in ["{}", "null", "7", "[\"ping\"]"] {
+        for (body, expected) in [
+            (
+                format!(r#"{{"id":{s},"method":{method},"result":{{}}}}"#),
+                format!(r#"{{"id":1,"method":{method},"result":{{}}}}"#),
+            ),
+            (
+                format!(r#"{{"result":{{}},"method":{method},"id":{s}}}"#),
+                format!(r#"{{"result":{{}},"method":{method},"id":1}}"#),
+            ),
+        ] {
+            let reading = crate::wire::envelope::peek(body.as_bytes());
+            assert_eq!(
+                reading.map(|peeked| peeked.messages()[0].kind),
+                Some(crate::wire::envelope::Kind::Response),
+                "the envelope reader's reading of {body}"
+            );
+            for split in 0..=body.len() {
+                let (out, answered) = restored_split(body.as_bytes(), split, true);
+                assert_eq!(String::from_utf8(out).unwrap(), expected, "split {split}");
+                assert_eq!(answered, [(id_key("1"), true)], "split {split} of {body}");
+            }
+            for cut in 1..=body.len() {
+                let (out, _) = restored_in(body.as_bytes(), cut, false);
+                assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut}");
+            }
+        }
+    }
+}
+
 #[test]
 fn restores_each_response_of_a_batch() {
     let minter = IdMinter::new();
