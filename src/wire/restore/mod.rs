@@ -20,12 +20,15 @@ use std::collections::VecDeque;
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use smallvec::SmallVec;
 
+use crate::wire::id::IdKey;
 use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
-use crate::wire::id::{IdKey, INLINE_ID_KEY};
 use crate::wire::scan::{Found, KeyName, Scanner, Sink};
+use held::{Held, Kept, WINDOW};
+
+mod held;
 
 /// A response that passed to the client: the collision key of the client id
 /// it carried, and whether that id was restored from a server-side id (the
@@ -35,13 +38,6 @@ pub(crate) type Delivered = (IdKey, bool);
 /// The answers of one text: inline for the usual one (a single response),
 /// which then costs no allocation.
 type Answers = SmallVec<[Delivered; 1]>;
-
-/// How much the restorer holds after an id while it waits to learn whether
-/// the message is a response (the keys and scalars between the id and the
-/// next envelope key), and whether a response carries a second `id` key (its
-/// payload). Past it, a message not known as a response goes on as the
-/// server wrote it, a response goes on restored.
-const WINDOW: usize = 64 * 1024;
 
 /// At least this many responses of one text are remembered as answered (more
 /// when the request was a larger batch, see [`Restorer::answering_up_to`]): a
@@ -75,66 +71,6 @@ struct Current {
     id_seen: bool,
     /// The id's fate is settled (restored, passed on, or not to be held).
     settled: bool,
-}
-
-/// An id held back, with what follows it so far.
-#[derive(Debug)]
-struct Held {
-    /// Absolute offset of the id's first byte.
-    start: usize,
-    /// The id token's length, once it ended.
-    id_len: Option<usize>,
-    /// The message is a response, to restore at its end unless a second
-    /// `id` or a string `method` shows up within the window.
-    response: bool,
-    bytes: Kept,
-}
-
-/// What is held from the id on: every byte when the restorer restores (they
-/// go on split around the id, without a copy), only the id when it watches
-/// (nothing goes on from it), inline when short: a watched answer then costs
-/// no allocation.
-#[derive(Debug)]
-enum Kept {
-    All(BytesMut),
-    Id(SmallVec<[u8; INLINE_ID_KEY]>),
-}
-
-/// The bytes a restoring hold starts with room for (see [`Kept::new`]).
-const HELD_START: usize = 256;
-
-impl Kept {
-    fn new(restoring: bool) -> Self {
-        if restoring {
-            // Room for a server-side id and the keys after it up to the
-            // answer's value, so the usual held token is not grown twice.
-            Self::All(BytesMut::with_capacity(HELD_START))
-        } else {
-            Self::Id(SmallVec::new())
-        }
-    }
-
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        match self {
-            Self::All(all) => all.extend_from_slice(bytes),
-            Self::Id(id) => id.extend_from_slice(bytes),
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::All(all) => all,
-            Self::Id(id) => id,
-        }
-    }
-}
-
-impl Held {
-    /// Absolute offset past which a key no longer changes what is done with
-    /// the id: the end of the window after it.
-    fn window_end(&self) -> Option<usize> {
-        Some(self.start + self.id_len? + WINDOW)
-    }
 }
 
 /// See the module docs.
@@ -476,7 +412,7 @@ impl Restorer {
 
     /// The held id token, if it ended within the bounds.
     fn held_id(&self) -> Option<&str> {
-        held_id(self.held.as_ref()?, self.max_id)
+        self.held.as_ref()?.id(self.max_id)
     }
 
     /// The held response goes on with its id restored (if it is a
@@ -485,7 +421,7 @@ impl Restorer {
         self.absorb(position, at);
         // Read in place: the held id is not copied again to be looked at.
         let held = self.held.take();
-        let id = held.as_ref().and_then(|held| held_id(held, self.max_id));
+        let id = held.as_ref().and_then(|held| held.id(self.max_id));
         // A foreign id is counted even where nothing is restored: it is the
         // sign of an upstream that mixes sessions up.
         let verdict = id.map(|id| match &self.binding {
@@ -628,15 +564,6 @@ fn longest_server_id(original: usize) -> usize {
     original
         .saturating_mul(6)
         .saturating_add(2 + RESERVED_PREFIX.len() + 16 + 20 + 2)
-}
-
-/// `held`'s id token, if it ended within `max_id` bytes.
-fn held_id(held: &Held, max_id: usize) -> Option<&str> {
-    let id_len = held.id_len?;
-    if id_len > max_id {
-        return None;
-    }
-    std::str::from_utf8(&held.bytes.as_bytes()[..id_len]).ok()
 }
 
 /// The chunk being pushed and where it starts in the stream.
