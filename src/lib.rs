@@ -139,10 +139,10 @@
 //!
 //! Responses are restored as they stream: bytes go on as they arrive, and
 //! only a response's `id` is held back (with at most 64 KiB after it) until
-//! the message shows it is a response and has no second `id` (or a `method`)
-//! within that window, wherever the `id` sits (first in rmcp's and Python's
-//! responses, last in the TypeScript SDK's), across SSE `data:` lines and
-//! chunk boundaries. Memory per exchange does not grow with the size of the
+//! the message shows it is a response and has no second `id` (or a string
+//! `method`) within that window, wherever the `id` sits (first in rmcp's and
+//! Python's responses, last in the TypeScript SDK's), across SSE `data:`
+//! lines and chunk boundaries. Memory per exchange does not grow with the size of the
 //! response. A server message with two `id` keys within the window passes on
 //! as it is and answers nothing (parsers disagree on which id counts). Every
 //! SSE event's data is read, whatever its `event:` type: the type that counts

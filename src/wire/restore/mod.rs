@@ -4,11 +4,12 @@
 //!
 //! Bytes go on as they arrive. The only ones held back are a message's
 //! top-level `id` token and what follows it until the message shows whether
-//! it is a response (a `result` or `error` key) or not (a `method` key
-//! whose value is a string: another `method` makes no request, as the
-//! envelope reader and clients' schemas read it), and then until its end, as
-//! a second `id` key (parsers keep the first, the last, or refuse the
-//! message) or a string `method` still makes it pass as the server wrote it: at most the id plus a bounded window, whatever the size
+//! it is a response (a `result` or `error` key) or not (a `method` whose
+//! value is a string: another makes no request, as the envelope reader
+//! reads it; keys are read by their decoded text, as it reads them), and
+//! then until its end, as a second `id` key (parsers keep the first, the
+//! last, or refuse the message) or a string `method` still makes it pass as
+//! the server wrote it: at most the id plus a bounded window, whatever the size
 //! of the message or where its `id` sits (first in rmcp's and Python's
 //! responses, last in the TypeScript SDK's). Past the window a response goes
 //! on restored (a large result is the usual case; a second `id` that far
@@ -24,7 +25,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::wire::id::IdKey;
-use crate::wire::id::{id_key, restore, IdMinter, Restored, RESERVED_PREFIX};
+use crate::wire::id::{key_of, restore, IdMinter, Restored, RESERVED_PREFIX};
 use crate::wire::scan::{Found, KeyName, Scanner, Sink};
 use held::{Held, Kept, WINDOW};
 
@@ -69,6 +70,8 @@ struct Current {
     method: bool,
     /// An `id` key was read.
     id_seen: bool,
+    /// The last key read is a second `id`.
+    second_id: bool,
     /// The id's fate is settled (restored, passed on, or not to be held).
     settled: bool,
 }
@@ -288,19 +291,22 @@ impl Restorer {
     ) {
         match event {
             Found::MessageStart(_) => self.current = Current::default(),
-            Found::Key { token, name, .. } => {
+            Found::Key { name, .. } => {
                 self.current.key = Some(*name);
-                // A second `id` makes the message ambiguous (parsers keep the
-                // first, the last, or refuse it): nothing in it is restored.
-                let twice =
+                self.current.second_id =
                     *name == KeyName::Id && std::mem::replace(&mut self.current.id_seen, true);
-                if twice {
-                    self.not_a_response(place.of(token.start), at, out);
-                }
             }
             Found::ValueStart(offset) => {
                 let first = place.byte(*offset);
                 match self.current.key {
+                    // A second `id` makes the message ambiguous (parsers keep
+                    // the first, the last, or refuse it): nothing in it is
+                    // restored. Decided at its value, as a `method` is: the
+                    // one byte the event stands for is in the chunk being
+                    // read, so where chunks end decides nothing.
+                    Some(KeyName::Id) if self.current.second_id => {
+                        self.not_a_response(place.of(*offset), at, out);
+                    }
                     // Only a string `method` makes a request or a
                     // notification, as the envelope reader classifies
                     // messages (and clients' schemas do): decided at the
@@ -437,11 +443,13 @@ impl Restorer {
             _ => None,
         };
         if self.watch && self.answering.len() < self.max_answering {
-            if let Some(id) = id {
-                self.answering.push((
-                    id_key(original.as_deref().unwrap_or(id)),
-                    original.is_some(),
-                ));
+            // Only an id with a collision key can answer a request: the
+            // request path refuses every other. A `null` id (a server's
+            // parse error) keyed by its text would free a client's `"null"`.
+            let key = id.and_then(|id| key_of(original.as_deref().unwrap_or(id)));
+            if let Some(key) = key {
+                self.answering
+                    .push((IdKey::from(&*key), original.is_some()));
             }
         }
         self.held = held;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::wire::id::IdMinter;
+use crate::wire::id::{id_key, IdMinter};
 
 /// Feeds `body` to `restorer` in pieces of `cut` bytes, calling
 /// `after_each` after every piece; returns what it handed on.
@@ -163,6 +163,117 @@ fn a_method_that_is_no_string_makes_no_request() {
             }
         }
     }
+}
+
+/// A key written with escapes is read by its decoded text, as the envelope
+/// reader reads it: `"\u006dethod"` makes a request, `"r\u0065sult"` a
+/// response (found by a review: the restorer named every escaped key
+/// "other", so it restored, and counted as answered, a message the envelope
+/// reader and Python's SDK take for a request, and passed a response on
+/// unrestored). In every chunking, against the envelope reader's reading.
+#[test]
+fn escaped_envelope_keys_read_as_their_text() {
+    use crate::wire::envelope::{peek, Kind};
+    let minter = IdMinter::new();
+    let s = String::from_utf8(minter.mint("1")).unwrap();
+    for (body, restored) in [
+        (
+            format!(r#"{{"id":{s},"\u006dethod":"x","result":{{}}}}"#),
+            None,
+        ),
+        (
+            format!(r#"{{"id":{s},"result":{{}},"m\u0065thod":"x"}}"#),
+            None,
+        ),
+        (
+            format!(r#"{{"id":{s},"r\u0065sult":{{}}}}"#),
+            Some(r#"{"id":1,"r\u0065sult":{}}"#.to_owned()),
+        ),
+        (
+            format!(r#"{{"id":{s},"\u0065rror":{{"code":1}}}}"#),
+            Some(r#"{"id":1,"\u0065rror":{"code":1}}"#.to_owned()),
+        ),
+        (
+            format!(r#"{{"\u0069d":{s},"result":{{}}}}"#),
+            Some(r#"{"\u0069d":1,"result":{}}"#.to_owned()),
+        ),
+        // A second id, escaped: ambiguous, as a plain one is.
+        (format!(r#"{{"id":{s},"result":{{}},"\u0069d":{s}}}"#), None),
+    ] {
+        let kind = peek(body.as_bytes()).map(|peeked| peeked.messages()[0].kind);
+        let expected = restored.clone().unwrap_or_else(|| body.clone());
+        let answered: Vec<Delivered> = match restored {
+            Some(_) => vec![(id_key("1"), true)],
+            None => vec![],
+        };
+        if kind.is_some() {
+            assert_eq!(
+                kind == Some(Kind::Response),
+                restored.is_some(),
+                "the envelope reader's reading of {body}: {kind:?}"
+            );
+        }
+        for split in 0..=body.len() {
+            let (out, got) = restored_split(body.as_bytes(), split, true);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "split {split}");
+            assert_eq!(got, answered, "split {split} of {body}");
+        }
+        for cut in 1..=body.len() {
+            let (out, _) = restored_in(body.as_bytes(), cut, false);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut {cut}");
+        }
+    }
+}
+
+/// Where the window after a response's id ends, a second `id` or a
+/// `method` decides by its value's first byte, which is in the chunk being
+/// read: the output is the same wherever a chunk ends around the key (found
+/// by a review: decided at the key's first byte, a chunk end inside the
+/// key, past the window, restored what the unsplit text passed on).
+#[test]
+fn a_key_at_the_window_end_decides_alike_in_every_chunking() {
+    let minter = IdMinter::new();
+    let s = String::from_utf8(minter.mint("1")).unwrap();
+    let head = format!(r#"{{"id":{s},"result":""#);
+    for tail in [r#","id":2}"#, r#","method":"x"}"#] {
+        // The key lands from a few bytes before the window's end to a few
+        // after it.
+        for pad in WINDOW - 16..WINDOW - 4 {
+            let body = format!("{head}{}\"{tail}", "a".repeat(pad));
+            let key = head.len() + pad + 2;
+            let whole = restored_split(body.as_bytes(), body.len(), true);
+            for split in key - 2..(key + 12).min(body.len()) {
+                assert_eq!(
+                    restored_split(body.as_bytes(), split, true),
+                    whole,
+                    "pad {pad}, split {split}, tail {tail}"
+                );
+            }
+        }
+    }
+}
+
+/// An answer counts only under an id that has a collision key: a server's
+/// `{"id":null,"error":...}` (its reply to a message it could not parse)
+/// answers no request, and keyed by its text it freed a client's string id
+/// `"null"` (found by a review). Ids the request path refuses (objects,
+/// `true`) answer nothing either.
+#[test]
+fn an_id_without_a_key_answers_nothing() {
+    for body in [
+        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}"#,
+        r#"{"jsonrpc":"2.0","id":true,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":{"a":1},"result":{}}"#,
+    ] {
+        for cut in 1..=body.len() {
+            let (out, answered) = restored_in(body.as_bytes(), cut, true);
+            assert_eq!(out, body.as_bytes(), "cut {cut}");
+            assert_eq!(answered, [], "cut {cut} of {body}");
+        }
+    }
+    let body = r#"{"jsonrpc":"2.0","id":"null","result":{}}"#;
+    let (_, answered) = restored_in(body.as_bytes(), body.len(), true);
+    assert_eq!(answered, [(id_key(r#""null""#), false)]);
 }
 
 #[test]

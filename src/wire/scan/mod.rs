@@ -28,8 +28,8 @@ pub(crate) enum Found {
     /// array) opens at this offset.
     MessageStart(usize),
     /// A key of the current message: its string token, quotes included,
-    /// whether it holds a backslash escape, and which envelope key it is when
-    /// written plainly (for a sink that reads names: [`Sink::NAMES`]).
+    /// whether it holds a backslash escape, and which envelope key its
+    /// decoded text names (for a sink that reads names: [`Sink::NAMES`]).
     Key {
         token: Range<usize>,
         escaped: bool,
@@ -45,8 +45,8 @@ pub(crate) enum Found {
     OtherElement,
 }
 
-/// The envelope keys the response path acts on, as a plainly written key
-/// spells them (the request path decodes every key itself).
+/// The envelope keys the response path acts on, by a key's decoded text
+/// (the request path decodes every key itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyName {
     Id,
@@ -56,11 +56,27 @@ pub(crate) enum KeyName {
     Other,
 }
 
-/// Enough of a key to name it: the envelope keys are at most 6 bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The longest raw key that can spell an envelope key: `method` with every
+/// character written as a `\u` escape.
+const LONGEST_ENVELOPE_KEY: usize = 6 * 6;
+
+/// Enough of a key's raw bytes to name it, escapes included: a key written
+/// with escapes is named by its decoded text, as the envelope reader names
+/// it (`"r\u0065sult"` is `result`), so that the two read a message's kind
+/// alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct KeyPrefix {
-    bytes: [u8; 8],
+    bytes: [u8; LONGEST_ENVELOPE_KEY],
     len: usize,
+}
+
+impl Default for KeyPrefix {
+    fn default() -> Self {
+        Self {
+            bytes: [0; LONGEST_ENVELOPE_KEY],
+            len: 0,
+        }
+    }
 }
 
 impl KeyPrefix {
@@ -75,10 +91,27 @@ impl KeyPrefix {
     }
 
     fn name(&self, escaped: bool) -> KeyName {
-        if escaped || self.len > self.bytes.len() {
+        if self.len > self.bytes.len() {
             return KeyName::Other;
         }
-        match &self.bytes[..self.len] {
+        let raw = &self.bytes[..self.len];
+        if !escaped {
+            return Self::named(raw);
+        }
+        // Decoded as the envelope reader decodes keys (serde_json); a key
+        // that does not decode names nothing.
+        let mut token = [0; LONGEST_ENVELOPE_KEY + 2];
+        token[0] = b'"';
+        token[1..=raw.len()].copy_from_slice(raw);
+        token[raw.len() + 1] = b'"';
+        match serde_json::from_slice::<std::borrow::Cow<'_, str>>(&token[..raw.len() + 2]) {
+            Ok(text) => Self::named(text.as_bytes()),
+            Err(_) => KeyName::Other,
+        }
+    }
+
+    fn named(text: &[u8]) -> KeyName {
+        match text {
             b"id" => KeyName::Id,
             b"method" => KeyName::Method,
             b"result" => KeyName::Result,
@@ -438,11 +471,20 @@ impl Scanner {
         };
         if *escape {
             *escape = false;
+            if role == Role::Key && S::NAMES {
+                self.key.push(&chunk[at..at + 1]);
+            }
             return at + 1;
         }
         let found = find2(b'"', b'\\', &chunk[at..]);
         if role == Role::Key && S::NAMES {
-            let end = found.map_or(chunk.len(), |found| at + found);
+            // Raw, up to the closing quote or through a backslash: the
+            // name of an escaped key is its decoded text.
+            let end = match found {
+                Some(found) if chunk[at + found] == b'\\' => at + found + 1,
+                Some(found) => at + found,
+                None => chunk.len(),
+            };
             self.key.push(&chunk[at..end]);
         }
         match found {
