@@ -297,6 +297,12 @@ pub fn read(input: &[u8], writer: Writer) -> Option<Body> {
     let Some(parsed) = parse(input) else {
         return from_crate;
     };
+    // A top-level key or a `method` holding a lone surrogate escape does not
+    // decode to a Rust string: the guard reads no message in such a body
+    // (the request path refuses it as malformed; see `request_path`).
+    if from_crate.is_none() && undecodable_envelope(input) {
+        return None;
+    }
     if from_crate.as_ref() != Some(&parsed) {
         let text = String::from_utf8_lossy(input);
         let both = text.contains("\"method\"")
@@ -379,6 +385,31 @@ pub fn refusal_reasons(input: &[u8]) -> Vec<&'static str> {
         }
     }
     reasons
+}
+
+/// Whether a message of the body has a key, or a `method` string, that
+/// holds a lone surrogate escape (grammatical JSON that does not decode to
+/// Unicode text).
+fn undecodable_envelope(input: &[u8]) -> bool {
+    let Some(value) = readings::parse(input, SYNTAX) else {
+        return false;
+    };
+    let elements = match &value {
+        readings::Value::Array(elements) => elements.as_slice(),
+        object @ readings::Value::Object(_) => std::slice::from_ref(object),
+        _ => return false,
+    };
+    let method: Vec<u16> = "method".encode_utf16().collect();
+    elements.iter().any(|element| {
+        let readings::Value::Object(members) = element else {
+            return false;
+        };
+        members.iter().any(|(key, value)| {
+            String::from_utf16(key).is_err()
+                || (*key == method
+                    && matches!(value, readings::Value::String(units) if String::from_utf16(units).is_err()))
+        })
+    })
 }
 
 /// Reads a body as JSON-RPC; `None` when it is not one JSON object or array.

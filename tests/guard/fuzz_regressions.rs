@@ -111,6 +111,7 @@ fn regression_inputs_pass() {
         "restored-response-with-invalid-utf8-inside",
         "restored-response-with-invalid-utf8-key",
         "restored-response-with-a-broken-value",
+        "server-method-with-a-lone-surrogate",
     ];
     for (path, data) in inputs("fuzz/regressions/sse_rewriter") {
         assert!(names.iter().any(|name| path.ends_with(name)));
