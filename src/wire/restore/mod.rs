@@ -309,8 +309,9 @@ impl Restorer {
                     }
                     // Only a string `method` makes a request or a
                     // notification, as the envelope reader classifies
-                    // messages (and clients' schemas do): decided at the
-                    // value's first byte, where its kind shows.
+                    // messages (Python's SDK reads the others as responses;
+                    // the TypeScript SDK drops them): decided at the value's
+                    // first byte, where its kind shows.
                     Some(KeyName::Method) if first == Some(b'"') => {
                         self.current.method = true;
                         self.not_a_response(place.of(*offset), at, out);
