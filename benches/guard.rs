@@ -281,7 +281,8 @@ fn session_id(n: usize) -> String {
     format!("{:08x}-5c1d-4e2f-8a3b-{:012x}", n, n * 7919)
 }
 
-/// Calls `service` with `request` and reads the response body to its end.
+/// Calls `service` with `request` and reads the response body to its end:
+/// its length.
 async fn exchange<S, B>(service: &mut S, request: Request<Full<Bytes>>) -> usize
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>>,
@@ -289,15 +290,7 @@ where
     B: Body,
     B::Error: std::fmt::Debug,
 {
-    let response = service
-        .ready()
-        .await
-        .expect("ready")
-        .call(request)
-        .await
-        .expect("response");
-    let body = response.into_body().collect().await.expect("body");
-    body.to_bytes().len()
+    rmcp_server::exchange(service, request).await.1.len()
 }
 
 /// Calls `service` and keeps the response unread: its request stays in

@@ -101,7 +101,8 @@ pub(crate) fn post(body: Bytes, session: Option<&str>) -> Request<Full<Bytes>> {
     request
 }
 
-/// Calls `service` and reads the answer to its end: its status and body.
+/// Calls `service` and reads the answer to its end: its head and body (the
+/// overhead cases' `exchange` too).
 pub(crate) async fn exchange<S, B>(
     service: &mut S,
     request: Request<Full<Bytes>>,

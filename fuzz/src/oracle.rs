@@ -343,11 +343,7 @@ pub fn refusal_reasons(input: &[u8]) -> Vec<&'static str> {
     let Some(value) = readings::parse(input, SYNTAX) else {
         return reasons;
     };
-    let elements = match &value {
-        readings::Value::Array(elements) => elements.as_slice(),
-        object @ readings::Value::Object(_) => std::slice::from_ref(object),
-        _ => return reasons,
-    };
+    let elements = elements(&value);
     let params_key: Vec<u16> = "params".encode_utf16().collect();
     for element in elements {
         let readings::Value::Object(members) = element else {
@@ -387,6 +383,16 @@ pub fn refusal_reasons(input: &[u8]) -> Vec<&'static str> {
     reasons
 }
 
+/// The top-level value's elements, as messages are looked for in them: a
+/// batch's, the one object, or none.
+fn elements(value: &readings::Value) -> &[readings::Value] {
+    match value {
+        readings::Value::Array(elements) => elements.as_slice(),
+        object @ readings::Value::Object(_) => std::slice::from_ref(object),
+        _ => &[],
+    }
+}
+
 /// Whether a message of the body has a key, or a `method` string, that
 /// holds a lone surrogate escape (grammatical JSON that does not decode to
 /// Unicode text).
@@ -394,13 +400,8 @@ fn undecodable_envelope(input: &[u8]) -> bool {
     let Some(value) = readings::parse(input, SYNTAX) else {
         return false;
     };
-    let elements = match &value {
-        readings::Value::Array(elements) => elements.as_slice(),
-        object @ readings::Value::Object(_) => std::slice::from_ref(object),
-        _ => return false,
-    };
     let method: Vec<u16> = "method".encode_utf16().collect();
-    elements.iter().any(|element| {
+    elements(&value).iter().any(|element| {
         let readings::Value::Object(members) = element else {
             return false;
         };
