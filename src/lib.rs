@@ -84,9 +84,22 @@
 //! request is either tracked under the id that server would see, or answered
 //! by the guard itself, never forwarded untracked.**
 //!
-//! A session is tracked when the request carries one `Mcp-Session-Id` and no
-//! `MCP-Protocol-Version` of 2026-07-28 or later (that revision has no
-//! sessions, so ids cannot cross-wire). In such a session:
+//! A session is tracked when the request carries one `Mcp-Session-Id`,
+//! whatever `MCP-Protocol-Version` the request claims: a session exists only
+//! in the revisions that have them (2026-07-28 has no `initialize` to start
+//! one), and a server that speaks both revisions routes a POST carrying a
+//! session id into that session by id. Requests without a session
+//! (`initialize`, revision 2026-07-28, stateless servers) pass untouched.
+//!
+//! **The guard decides on the request the server will see.** A request in a
+//! session whose `Connection` header names a header that the guard, the
+//! metrics or the trace layer reads (the MCP headers, `Last-Event-ID`,
+//! `Content-*`, `Transfer-Encoding`, `Accept`, `Accept-Encoding`, the trace
+//! context, `Host`, `Origin`) is refused: every proxy on the way drops the
+//! headers `Connection` names, so the server would read another request than
+//! the layers did. The rule holds in every face alike, in process too.
+//!
+//! In a session:
 //! - **every `POST` is read, whatever its `Content-Type`**: servers check it
 //!   loosely (the Python SDK takes `application/json, text/plain`);
 //! - its requests (objects with a string `method` and a non-null `id`, alone
@@ -214,7 +227,7 @@
 //! | body over `max_body_bytes` | 413 | `-32600`, `id: null` |
 //! | session at `max_in_flight_per_session` | 429 | `-32000`, the request's `id` (an array for a batch) |
 //! | tracked request that does not fit in `max_table_bytes` | 503 | `-32000`, the request's `id` (an array for a batch) |
-//! | `Mcp-Session-Id` longer than `max_session_id_bytes` (any method, in a session of a revision before 2026-07-28) | 400 | `-32600`, the request's `id` (an array for a batch); `null` when the guard does not read the body or it holds no request |
+//! | `Mcp-Session-Id` longer than `max_session_id_bytes` (any method) | 400 | `-32600`, the request's `id` (an array for a batch); `null` when the guard does not read the body or it holds no request |
 //! | waited longer than `max_queue_wait` under `Queue` | 503 | `-32000`, the request's `id` |
 //! | tracked body failed while being read | 400 | `-32600`, `id: null` |
 //! | body starts with `{` or `[` but is not JSON the guard can follow | 400 | `-32700`, `id: null` |
@@ -223,6 +236,7 @@
 //! | a key twice in one message (or in a cancellation's `params`) | 400 | `-32600`, `id: null` |
 //! | a request or cancellation id that servers read differently | 400 | `-32600`, `id: null` |
 //! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |
+//! | in a session, a `Connection` header naming a header a layer reads (any method) | 400 | `-32600`, `id: null` |
 //!
 //! # Where to put other layers
 //! `examples/full_stack.rs` is the stack this section is written from

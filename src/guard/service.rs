@@ -143,6 +143,17 @@ impl<S> IdGuard<S> {
         }
         let headers = RequestHeaders::read(request.headers());
         let handling = handling(request.method(), &headers);
+        // The guard decides on the request the server will see: one whose
+        // `Connection` names a header it reads would reach the server
+        // without it (see `RequestHeaders::hides_decided_on`).
+        if headers.hides_decided_on && headers.in_legacy_session() {
+            let exchange = if request.method() == Method::POST {
+                Exchange::one(McpMethod::Other, GuardDecision::Refused)
+            } else {
+                Exchange::default()
+            };
+            return ResponseFuture::answered(answer::hides_decided_on(), exchange, record);
+        }
         // A tracked POST is refused once its body is read, with its ids.
         if handling != Handling::Read
             && headers.in_legacy_session()
@@ -350,9 +361,21 @@ mod tests {
             ),
             Handling::Read
         );
-        let mut sessionless = json_in_session.to_vec();
-        sessionless.push(("mcp-protocol-version", "2026-07-28"));
-        assert_eq!(of(Method::POST, &sessionless), Handling::Untouched);
+        // A session POST is read whatever revision it claims: the server
+        // routes it into the session by id.
+        let mut claims_sessionless = json_in_session.to_vec();
+        claims_sessionless.push(("mcp-protocol-version", "2026-07-28"));
+        assert_eq!(of(Method::POST, &claims_sessionless), Handling::Read);
+        assert_eq!(
+            of(
+                Method::POST,
+                &[
+                    ("content-type", "application/json"),
+                    ("mcp-protocol-version", "2026-07-28")
+                ]
+            ),
+            Handling::Untouched
+        );
         let mut legacy = json_in_session.to_vec();
         legacy.push(("mcp-protocol-version", "2025-11-25"));
         assert_eq!(of(Method::POST, &legacy), Handling::Read);

@@ -167,6 +167,19 @@ pub(crate) fn several_sessions() -> Response<Full<Bytes>> {
     )
 }
 
+/// `400` for a request in a session whose `Connection` header names a
+/// header the guard, the metrics or the trace layer decides on: a proxy on
+/// the way would drop it, and the server read another request.
+pub(crate) fn hides_decided_on() -> Response<Full<Bytes>> {
+    single(
+        StatusCode::BAD_REQUEST,
+        "null",
+        INVALID_REQUEST,
+        "Invalid Request: the Connection header names an MCP, content or routing header \
+         (a proxy would drop it before the server reads the request)",
+    )
+}
+
 pub(crate) const OVER_BUDGET_MESSAGE: &str =
     "The guard's table is full: too many requests in flight or recently abandoned; try again later";
 

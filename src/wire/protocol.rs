@@ -52,6 +52,54 @@ pub(crate) struct RequestHeaders {
     /// The first `Mcp-Method` (revision 2026-07-28 names each POST's method
     /// in it), read against the closed list; `Other` when absent.
     pub(crate) method: McpMethod,
+    /// A `Connection` header names a header some layer of the crate decides
+    /// on ([`DECIDED_ON`]): a proxy on the way drops that header, so the
+    /// server would read the request without it.
+    pub(crate) hides_decided_on: bool,
+}
+
+/// The request headers some layer of the crate decides on: the guard (the
+/// session, its revision, the body's length, type and coding, a resumed
+/// stream), the metrics and trace layers (the method, the trace context), the
+/// host check. A `Connection` header that names one of them makes every
+/// proxy on the way drop it (RFC 9110 §7.6.1), so the server would read a
+/// request other than the one the layers read: the guard refuses it rather
+/// than decide on a view the server never gets (a session POST whose
+/// `Connection` named `MCP-Protocol-Version` went untracked, and reached the
+/// upstream as a legacy-revision request routed by id). Refusing holds in
+/// every face alike, in process too, where nothing strips the header.
+const DECIDED_ON: [&str; 15] = [
+    SESSION_ID,
+    PROTOCOL_VERSION,
+    METHOD,
+    "mcp-name",
+    "last-event-id",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "accept",
+    "accept-encoding",
+    "traceparent",
+    "tracestate",
+    "host",
+    "origin",
+];
+
+/// Whether a `Connection` value names a header of [`DECIDED_ON`]. Read as
+/// bytes, not only when the value is text: a proxy that reads a value with
+/// other bytes in it still drops the names it recognises, so any token that
+/// reads as one of them counts (a superset of what any proxy drops).
+fn names_decided_on(value: &HeaderValue) -> bool {
+    value
+        .as_bytes()
+        .split(|&byte| byte == b',')
+        .map(<[u8]>::trim_ascii)
+        .any(|token| {
+            DECIDED_ON
+                .iter()
+                .any(|name| token.eq_ignore_ascii_case(name.as_bytes()))
+        })
 }
 
 /// Whether a `Content-Encoding` value names a coding other than `identity`.
@@ -101,6 +149,7 @@ impl RequestHeaders {
                     read.content_length = content_length(value.as_bytes());
                 }
                 "content-encoding" => read.encoded |= encodes(value),
+                "connection" => read.hides_decided_on |= names_decided_on(value),
                 SESSION_ID => {
                     if read.session.is_some() {
                         read.several_sessions = true;
@@ -122,9 +171,14 @@ impl RequestHeaders {
         read
     }
 
-    /// The request belongs to a session of a revision that has them.
+    /// The request belongs to a session, so the server routes its answers
+    /// by id. Whatever `MCP-Protocol-Version` one request claims: a session
+    /// exists only in the revisions that have them (2026-07-28 has no
+    /// `initialize` to start one), and a server that speaks both revisions
+    /// still routes a POST carrying a session id into that session. What the
+    /// session negotiated, not what one request says, decides.
     pub(crate) fn in_legacy_session(&self) -> bool {
-        self.session.is_some() && !self.sessionless
+        self.session.is_some()
     }
 }
 
@@ -253,6 +307,12 @@ mod tests {
             method: headers.get(METHOD).map_or(McpMethod::Other, |method| {
                 McpMethod::from_name(method.as_bytes())
             }),
+            hides_decided_on: headers.get_all(http::header::CONNECTION).iter().any(|value| {
+                String::from_utf8_lossy(value.as_bytes())
+                    .split(',')
+                    .map(|token| token.trim_matches([' ', '\t']).to_ascii_lowercase())
+                    .any(|token| DECIDED_ON.contains(&token.as_str()))
+            }),
         }
     }
 
@@ -301,6 +361,7 @@ mod tests {
                         Just("content-encoding"),
                         Just("content-type"),
                         Just("mcp-method"),
+                        Just("connection"),
                         Just("mcp-session"),
                         Just("x-other"),
                     ],
@@ -318,6 +379,11 @@ mod tests {
                         Just("tools/call".to_owned()),
                         Just("ping".to_owned()),
                         Just("12".to_owned()),
+                        Just("keep-alive, MCP-Protocol-Version".to_owned()),
+                        Just("close".to_owned()),
+                        Just("Mcp-Session-Id,x-a".to_owned()),
+                        Just(" host ".to_owned()),
+                        Just("mcp-session".to_owned()),
                         Just("+12".to_owned()),
                         Just("99999999999999999999".to_owned()),
                         "[ -~]{0,6}",

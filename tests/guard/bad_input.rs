@@ -567,15 +567,44 @@ async fn get_and_delete_are_untouched() {
     assert_untouched(&layer);
 }
 
-/// A request declaring `MCP-Protocol-Version: 2026-07-28` (no sessions in that
-/// revision) is not tracked: the same id twice in flight reaches the inner
-/// service unchanged both times.
+/// A POST carrying a session id is tracked whatever `MCP-Protocol-Version`
+/// it claims: a server that speaks both revisions routes it into the session
+/// by id. Two `id: 1` claiming 2026-07-28 used to pass untracked, both
+/// reaching the server as `1` (the cross-wire); now the second is rejected.
 #[tokio::test]
-async fn sessionless_protocol_version_is_untracked() {
+async fn a_session_post_claiming_a_sessionless_revision_is_tracked() {
     let (layer, service, mut probe) = guard(OnDuplicate::Reject);
     let text = request_text("1", "hold");
     let request = || {
         let mut request = post(text.clone());
+        request
+            .headers_mut()
+            .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+        request
+    };
+    let first = spawn_send(&service, request());
+    assert_eq!(probe.entered().await, "1");
+    let second = send(&service, request()).await;
+    assert_eq!(assert_error(&second, StatusCode::BAD_REQUEST, -32600), "1");
+    assert_eq!(probe.calls(), 1, "the duplicate never reached the server");
+    probe.release(1);
+    assert_eq!(
+        within(first).await.unwrap().body,
+        answer_text("1").as_bytes()
+    );
+    assert_eq!(layer.stats().rejected_total, 1);
+    assert_drained(&layer);
+}
+
+/// Without a session, a request of revision 2026-07-28 passes untouched:
+/// each answer comes back on its own POST there, so ids cannot cross-wire.
+#[tokio::test]
+async fn sessionless_requests_are_untouched() {
+    let (layer, service, mut probe) = guard(OnDuplicate::Reject);
+    let text = request_text("1", "hold");
+    let request = || {
+        let mut request = post(text.clone());
+        request.headers_mut().remove("mcp-session-id");
         request
             .headers_mut()
             .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
@@ -595,6 +624,61 @@ async fn sessionless_protocol_version_is_untracked() {
     }
     assert!(probe.seen().iter().all(|seen| seen.body == text.as_bytes()));
     assert_untouched(&layer);
+}
+
+/// A request in a session whose `Connection` header names a header the
+/// guard decides on is refused (400, `-32600`, `id: null`) before anything
+/// reaches the server, whatever the method: a proxy on the way drops the
+/// named header, so the server would read another request than the guard
+/// did (`Connection: keep-alive, MCP-Protocol-Version` made a session POST
+/// look sessionless to the guard and legacy to the server behind the proxy,
+/// and two `id: 1` cross-wired there). `Connection: keep-alive, close` and
+/// names of other headers pass.
+#[tokio::test]
+async fn a_connection_header_naming_a_decided_on_header_is_refused() {
+    let (layer, service, probe) = guard(OnDuplicate::Reject);
+    let named = [
+        "keep-alive, MCP-Protocol-Version",
+        "Mcp-Session-Id",
+        "close,mcp-method",
+        " Last-Event-ID ",
+        "content-type",
+        "Content-Length",
+        "content-encoding",
+        "accept",
+        "traceparent",
+        "host",
+        "origin",
+    ];
+    for value in named {
+        for method in [Method::POST, Method::GET, Method::DELETE] {
+            let mut request = post(request_text("1", "tools/call"));
+            *request.method_mut() = method.clone();
+            request
+                .headers_mut()
+                .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+            request
+                .headers_mut()
+                .insert("connection", value.parse().unwrap());
+            let answer = send(&service, request).await;
+            assert_eq!(
+                assert_error(&answer, StatusCode::BAD_REQUEST, -32600),
+                "null",
+                "{method} with Connection: {value}"
+            );
+        }
+    }
+    assert_eq!(probe.calls(), 0, "nothing reached the server");
+    for value in ["keep-alive", "close", "keep-alive, x-custom", "upgrade"] {
+        let mut request = post(request_text("1", "tools/call"));
+        request
+            .headers_mut()
+            .insert("connection", value.parse().unwrap());
+        let answer = send(&service, request).await;
+        assert_eq!(answer.status, StatusCode::OK, "Connection: {value}");
+    }
+    assert_eq!(probe.calls(), 4);
+    assert_drained(&layer);
 }
 
 /// Under `Reject`, a batch with a duplicate inside (against an in-flight
