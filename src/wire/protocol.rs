@@ -307,12 +307,15 @@ mod tests {
             method: headers.get(METHOD).map_or(McpMethod::Other, |method| {
                 McpMethod::from_name(method.as_bytes())
             }),
-            hides_decided_on: headers.get_all(http::header::CONNECTION).iter().any(|value| {
-                String::from_utf8_lossy(value.as_bytes())
-                    .split(',')
-                    .map(|token| token.trim_matches([' ', '\t']).to_ascii_lowercase())
-                    .any(|token| DECIDED_ON.contains(&token.as_str()))
-            }),
+            hides_decided_on: headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .any(|value| {
+                    String::from_utf8_lossy(value.as_bytes())
+                        .split(',')
+                        .map(|token| token.trim_matches([' ', '\t']).to_ascii_lowercase())
+                        .any(|token| DECIDED_ON.contains(&token.as_str()))
+                }),
         }
     }
 

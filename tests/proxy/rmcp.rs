@@ -209,6 +209,64 @@ async fn reject_pair_through_the_proxy() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The guard decides on the request the upstream will see: B, a session
+/// POST with `id: 1` claiming revision 2026-07-28 and naming that header in
+/// `Connection`, is refused at the proxy while A (`id: 1`) is in flight.
+/// Before, the guard judged B sessionless and let it pass untracked; the
+/// proxy dropped the header `Connection` named, rmcp read B as a 2025-03-26
+/// request of the session, routed it by id 1, and A's answer was lost.
+#[tokio::test]
+async fn a_connection_header_cannot_hide_a_session_post() -> anyhow::Result<()> {
+    let rmcp = upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&rmcp.base, &guard).await?;
+    let session = Session::open(&format!("http://{}/mcp", proxy.addr)).await?;
+    rmcp.gates.hold("A");
+    rmcp.gates.hold("B");
+    let a = tokio::spawn({
+        let session = session.clone();
+        async move { session.echo(json!(1), "A", 0, OK_TIMEOUT).await }
+    });
+    rmcp.wait_started(&["A"]).await?;
+    let mut b = tokio::spawn({
+        let session = session.clone();
+        async move {
+            let headers = [
+                ("mcp-protocol-version", "2026-07-28"),
+                ("connection", "keep-alive, MCP-Protocol-Version"),
+            ];
+            session
+                .echo_with(json!(1), "B", 0, OK_TIMEOUT, &headers)
+                .await
+        }
+    });
+    // Refused, B ends at once; passed, it is held in the tool.
+    let early = tokio::select! {
+        outcome = &mut b => Some(outcome?),
+        _ = rmcp.wait_started(&["B"]) => None,
+    };
+    rmcp.gates.release("B");
+    let b = match early {
+        Some(outcome) => outcome,
+        None => b.await?,
+    };
+    rmcp.gates.release("A");
+    let a = a.await?;
+    assert_eq!(
+        b,
+        Outcome::Rejected {
+            status: 400,
+            id: json!(null),
+            code: -32600
+        },
+        "A got {a:?}"
+    );
+    assert_eq!(a, Outcome::Own);
+    assert_eq!(rmcp.started_so_far().await, ["A"]);
+    drained(&guard).await?;
+    Ok(())
+}
+
 /// A whole session through the proxy: initialize, a standalone GET stream,
 /// tools/list, DELETE; afterwards the upstream's own 404 for the ended
 /// session passes through unchanged.

@@ -53,12 +53,32 @@ impl Session {
         delay_ms: u64,
         within: Duration,
     ) -> Outcome {
+        self.echo_with(id, sentinel, delay_ms, within, &[]).await
+    }
+
+    /// [`Self::echo`] with these request headers in place of the usual
+    /// ones of the same names.
+    pub async fn echo_with(
+        &self,
+        id: Value,
+        sentinel: &str,
+        delay_ms: u64,
+        within: Duration,
+        headers: &[(&'static str, &'static str)],
+    ) -> Outcome {
         let message = serde_json::json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": { "name": "echo", "arguments": { "sentinel": sentinel, "delay_ms": delay_ms } }
         });
         let exchange = async {
-            let response = self.post_json(message).send().await?;
+            let mut request = self.post_json(message).build()?;
+            for (name, value) in headers {
+                request.headers_mut().insert(
+                    reqwest::header::HeaderName::from_static(name),
+                    reqwest::header::HeaderValue::from_static(value),
+                );
+            }
+            let response = self.http.execute(request).await?;
             let status = response.status().as_u16();
             let text = response.text().await?;
             anyhow::Ok((status, text))
