@@ -54,6 +54,42 @@ impl<const KINDS: usize> Throttle<KINDS> {
     }
 }
 
+/// One throttle per process for lines written where no shared state is at
+/// hand (a response body, a connection's bookkeeping), each kind with its
+/// own index in [`Shared`].
+pub(crate) fn shared() -> &'static Throttle<{ Shared::ALL.len() }> {
+    static SHARED: std::sync::OnceLock<Throttle<{ Shared::ALL.len() }>> =
+        std::sync::OnceLock::new();
+    SHARED.get_or_init(Throttle::default)
+}
+
+/// The kinds of line the process-wide throttle counts.
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // each kind is written under some features only
+pub(crate) enum Shared {
+    /// An upstream response body broke off.
+    UpstreamBodyBroke,
+    /// An upstream response body sent nothing in time.
+    UpstreamBodyIdle,
+    /// An HTTP/2 connection closed for its client's resets.
+    ClientResets,
+}
+
+impl Shared {
+    const ALL: [Shared; 3] = [
+        Shared::UpstreamBodyBroke,
+        Shared::UpstreamBodyIdle,
+        Shared::ClientResets,
+    ];
+
+    /// `Some(lines not written since the last one)` when a line of this
+    /// kind may be written now.
+    #[allow(dead_code)]
+    pub(crate) fn due(self) -> Option<u64> {
+        shared().ready(self as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

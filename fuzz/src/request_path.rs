@@ -493,6 +493,10 @@ struct Sent {
     stripped: Vec<u8>,
     /// More than one `Mcp-Session-Id` header.
     several_sessions: bool,
+    /// In a session, with a `Connection` header that names a header the
+    /// guard's layers read: a proxy on the way would drop it, so the guard
+    /// refuses the request, whatever its method.
+    hides: bool,
     frames: Vec<usize>,
     body_error: bool,
     /// The session (the first header's), when the request is in a legacy
@@ -857,7 +861,7 @@ impl Harness {
     /// answers, for a reason the model agrees with.
     fn check_guard_answer(&mut self, sent: &Sent, response: &mut Response<ResponseBody<Chunks>>) {
         assert!(
-            sent.tracked,
+            sent.tracked || sent.hides,
             "the guard answered a request it does not track: {sent:?}"
         );
         let status = response.status();
@@ -868,6 +872,12 @@ impl Harness {
         let messages = guard_messages(&body);
         let errors = guard_errors(&body);
         let ids: Vec<&str> = errors.iter().map(|(id, _)| id.as_str()).collect();
+        if sent.hides {
+            assert_eq!(status, StatusCode::BAD_REQUEST, "Connection");
+            assert_eq!(errors, [("null".to_owned(), -32600)]);
+            assert!(messages[0].contains("Connection"), "{messages:?}");
+            return;
+        }
         if let Some(reason) = self.too_large(sent) {
             let expected = if reason == "413" {
                 StatusCode::PAYLOAD_TOO_LARGE
@@ -964,6 +974,10 @@ impl Harness {
         was_queued: bool,
     ) -> Result<Vec<Entry>, KnownBug> {
         assert_eq!(forwarded.method, sent.method);
+        assert!(
+            !sent.hides,
+            "a request whose Connection hides a header the guard read was forwarded: {sent:?}"
+        );
         if !sent.tracked {
             // A GET stream in a legacy session is asked for uncompressed, so
             // it can be restored.
@@ -1624,6 +1638,9 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
     if input.below(4) == 0 {
         header("accept-encoding", b"gzip");
     }
+    if input.below(16) == 0 {
+        header("connection", input.pick(CONNECTIONS).as_bytes());
+    }
     header("x-fuzz-serial", serial.to_string().as_bytes());
 
     let body = match input.below(4) {
@@ -1685,13 +1702,19 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
     *request.uri_mut() = http::Uri::from_static("/mcp");
     *request.headers_mut() = headers.clone();
 
-    let in_legacy_session = headers.contains_key("mcp-session-id")
-        && !headers
-            .get("mcp-protocol-version")
-            .is_some_and(|version| sessionless(version.as_bytes()));
+    // A session POST is tracked whatever revision it claims: the server
+    // routes it into the session by id.
+    let in_legacy_session = headers.contains_key("mcp-session-id");
+    let hides = in_legacy_session
+        && headers.get_all("connection").iter().any(|value| {
+            value.as_bytes().split(|byte| *byte == b',').any(|token| {
+                let token = token.trim_ascii().to_ascii_lowercase();
+                DECIDED_ON.iter().any(|name| token == name.as_bytes())
+            })
+        });
     // Every POST of a session is read, whatever its content type: servers
     // check it loosely.
-    let tracked = in_legacy_session && method == Method::POST;
+    let tracked = in_legacy_session && method == Method::POST && !hides;
     let several_sessions = headers.get_all("mcp-session-id").iter().count() > 1;
     let session = in_legacy_session.then(|| headers["mcp-session-id"].as_bytes().to_vec());
     let stripped = body.strip_prefix(BOM).unwrap_or(&body).to_vec();
@@ -1724,6 +1747,7 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
         body,
         stripped,
         several_sessions,
+        hides,
         frames,
         body_error,
         session,
@@ -1735,17 +1759,36 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
     (request, sent)
 }
 
-/// `MCP-Protocol-Version` of 2026-07-28 or later (a date, compared as text).
-fn sessionless(version: &[u8]) -> bool {
-    let Some(date) = version.get(..10) else {
-        return false;
-    };
-    let shaped = date.iter().enumerate().all(|(index, byte)| match index {
-        4 | 7 => *byte == b'-',
-        _ => byte.is_ascii_digit(),
-    });
-    shaped && date >= &b"2026-07-28"[..]
-}
+/// `Connection` values: some name a header the guard's layers read.
+const CONNECTIONS: &[&str] = &[
+    "keep-alive, MCP-Protocol-Version",
+    "close",
+    "keep-alive",
+    "Mcp-Session-Id",
+    "x-a, content-length",
+    " last-event-id ,close",
+    "upgrade, x-mcp-session-id",
+];
+
+/// The headers a request's `Connection` must not name (the model's own
+/// list, written apart from the guard's).
+const DECIDED_ON: &[&str] = &[
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "accept",
+    "accept-encoding",
+    "traceparent",
+    "tracestate",
+    "host",
+    "origin",
+];
 
 /// A JSON-RPC body (a message or a batch) from fuzz choices.
 fn json_body(input: &mut Input<'_>) -> Vec<u8> {

@@ -16,7 +16,7 @@ use crate::guard::exchange::{
     id_text, tool_label, Exchange, GuardDecision, WantsRequestIds, WantsToolNames,
 };
 use crate::table::config::Config;
-use crate::table::{unzip, Decision, InlineVec, Registration, Route, Table, Waiter};
+use crate::table::{unzip, Decision, InlineVec, Log, Registration, Route, Table, Waiter};
 use crate::wire::answer;
 use crate::wire::edit::{splice, Edit};
 use crate::wire::envelope::{read, tool_name, utf8_bom, Kind, Peeked, Reading, Unreadable};
@@ -344,11 +344,14 @@ impl Asked<'_> {
         } = *self;
         match decision {
             Decision::OverCapacity => {
-                tracing::warn!(
-                    session = %table.session_tag(session),
-                    limit = config.max_in_flight_per_session,
-                    "session at its in-flight limit; request refused"
-                );
+                if let Some(suppressed) = Log::OverCapacity.due(table) {
+                    tracing::warn!(
+                        session = %table.session_tag(session),
+                        limit = config.max_in_flight_per_session,
+                        "session at its in-flight limit; request refused \
+                         ({suppressed} more since the last such line)"
+                    );
+                }
                 let status = StatusCode::TOO_MANY_REQUESTS;
                 let code = answer::SERVER_ERROR;
                 let message = answer::OVER_CAPACITY_MESSAGE;
@@ -359,11 +362,14 @@ impl Asked<'_> {
                 }
             }
             Decision::OverBudget => {
-                tracing::warn!(
-                    session = %table.session_tag(session),
-                    limit = config.max_table_bytes,
-                    "table at its byte budget; request refused"
-                );
+                if let Some(suppressed) = Log::OverBudget.due(table) {
+                    tracing::warn!(
+                        session = %table.session_tag(session),
+                        limit = config.max_table_bytes,
+                        "table at its byte budget; request refused \
+                         ({suppressed} more since the last such line)"
+                    );
+                }
                 answer::over_budget(ids, is_batch)
             }
             Decision::Duplicate { colliding } => {
@@ -506,12 +512,14 @@ fn session_id_refusal(
     is_batch: bool,
     config: &Config,
 ) -> Response<Full<Bytes>> {
-    tracing::warn!(
-        session = %table.session_tag(session),
-        length = session.len(),
-        limit = config.max_session_id_bytes,
-        "session id too long; request refused"
-    );
+    if let Some(suppressed) = Log::SessionIdTooLong.due(table) {
+        tracing::warn!(
+            session = %table.session_tag(session),
+            length = session.len(),
+            limit = config.max_session_id_bytes,
+            "session id too long; request refused ({suppressed} more since the last such line)"
+        );
+    }
     answer::session_id_too_long(ids, is_batch, config.max_session_id_bytes)
 }
 
@@ -534,14 +542,20 @@ fn untracked<B>(pending: PendingForward) -> Admission<B> {
     }
 }
 
+/// Duplicates are the normal case with clients that send every call as
+/// `id: 1` (the metrics count each): one `INFO` line per interval, with a
+/// count of the rest, never a warning per request.
 fn log_duplicate(config: &Config, table: &Table, session: &[u8], id: &str, outcome: &str) {
-    tracing::warn!(
-        policy = ?config.on_duplicate,
-        id = %loggable(id),
-        session = %table.session_tag(session),
-        outcome,
-        "request id already in flight in this session"
-    );
+    if let Some(suppressed) = Log::Duplicate.due(table) {
+        tracing::info!(
+            policy = ?config.on_duplicate,
+            id = %loggable(id),
+            session = %table.session_tag(session),
+            outcome,
+            "request id already in flight in this session \
+             ({suppressed} more such requests since the last such line)"
+        );
+    }
 }
 
 /// An id's JSON text for a log line, cut short: ids may be megabytes.

@@ -15,6 +15,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::pool::Lease;
 use super::BoxError;
+use crate::throttle::Shared;
 
 /// The response body of [`Proxy`](super::Proxy): the upstream's body, passed
 /// on as it arrives (server-sent events are never held back: what has arrived
@@ -223,10 +224,13 @@ impl UpstreamBody {
         }
         if let Some(error) = self.broken.take() {
             self.failed = true;
-            tracing::warn!(
-                error = %super::error_chain(&*error),
-                "upstream response body broke off; cutting the client's response"
-            );
+            if let Some(suppressed) = Shared::UpstreamBodyBroke.due() {
+                tracing::warn!(
+                    error = %super::error_chain(&*error),
+                    "upstream response body broke off; cutting the client's response \
+                     ({suppressed} more since the last such line)"
+                );
+            }
             return Poll::Ready(Some(Err(error)));
         }
         Poll::Ready(None)
@@ -253,10 +257,13 @@ impl UpstreamBody {
             self.failed = true;
             // Silent mid-answer: closed, not reused.
             self.lease = None;
-            tracing::warn!(
-                timeout = ?idle.limit,
-                "upstream response body sent nothing in time; cutting the client's response"
-            );
+            if let Some(suppressed) = Shared::UpstreamBodyIdle.due() {
+                tracing::warn!(
+                    timeout = ?idle.limit,
+                    "upstream response body sent nothing in time; cutting the client's response \
+                     ({suppressed} more since the last such line)"
+                );
+            }
             return Poll::Ready(Some(Err(Box::new(UpstreamIdle(idle.limit)))));
         }
     }

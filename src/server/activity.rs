@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::{Limits, ResetBudget};
 use crate::protect::metrics::Metrics;
+use crate::throttle::Shared;
 
 /// "No time recorded".
 pub(super) const NONE: u64 = u64::MAX;
@@ -249,7 +250,11 @@ impl Activity {
             && u64::from(resets) * 2 >= streams
             && self.close_for(Closing::ClientResets)
         {
+            let Some(suppressed) = Shared::ClientResets.due() else {
+                return;
+            };
             tracing::info!(
+                suppressed,
                 resets,
                 streams,
                 window = ?budget.window,

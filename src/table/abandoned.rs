@@ -8,7 +8,7 @@ use std::sync::{MutexGuard, TryLockError};
 use tokio::time::Instant;
 
 use super::budget::{self, Eviction};
-use super::{Abandoned, ShardState, StreamTag, Table, SHARDS};
+use super::{Abandoned, Log, ShardState, StreamTag, Table, SHARDS};
 
 /// A set of shards, one bit each; iterating empties it.
 #[derive(Debug, Default)]
@@ -211,11 +211,12 @@ impl Table {
     }
 
     pub(super) fn log_eviction(&self, evicted: u64) {
-        if self.log_due(&self.eviction_logged_at) {
+        if let Some(suppressed) = Log::Evicted.due(self) {
             tracing::warn!(
                 evicted_total = evicted,
                 table_bytes = self.used.load(Ordering::Relaxed),
-                "table full: forgetting the oldest abandoned ids before their time"
+                "table full: forgetting the oldest abandoned ids before their time \
+                 ({suppressed} more since the last such line)"
             );
         }
     }

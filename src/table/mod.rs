@@ -54,6 +54,7 @@ use tokio::time::Instant;
 
 use hashbrown::HashTable;
 
+use crate::throttle::Throttle;
 use crate::wire::id::{id_key_text, IdMinter};
 use config::Config;
 pub use config::OnDuplicate;
@@ -80,9 +81,6 @@ const SHARDS: usize = 64;
 /// them, independent of the budget); past it, the oldest are forgotten first
 /// (and logged).
 const MAX_ABANDONED: usize = 65_536;
-
-/// Forgetting abandoned ids early is logged at most this often.
-const EVICTION_LOG_INTERVAL_MS: u64 = 1_000;
 
 /// A session left empty is kept for reuse by the shard's next new session if
 /// its key table holds at most this many keys (a bound on what a shard keeps).
@@ -215,8 +213,9 @@ pub(crate) struct Table {
     /// order under pressure. Taken only after a shard's lock, or alone.
     evictions: Mutex<VecDeque<Eviction>>,
     evicted_total: AtomicU64,
-    /// When forgetting ids was last logged, in milliseconds since `created`.
-    eviction_logged_at: AtomicU64,
+    /// The table's log lines, each at most once per interval with a count
+    /// of the rest: a client decides how often each can happen.
+    pub(crate) logs: Throttle<{ Log::ALL.len() }>,
     created: Instant,
     /// The restart window has not been seen to end yet.
     restarting: AtomicBool,
@@ -227,8 +226,41 @@ pub(crate) struct Table {
     /// Ids written like server-side ids that this table's minter did not
     /// issue for the response's session, passed on unrestored.
     refused_total: AtomicU64,
-    /// When a refusal was last logged (ms since `created`; 0: never).
-    refusal_logged_at: AtomicU64,
+}
+
+/// What the table and the admission log, one throttled line per kind.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Log {
+    /// Abandoned ids forgotten before their time (the table was full).
+    Evicted,
+    /// A server-side id this guard did not issue for the session.
+    RestoreRefused,
+    /// A request whose id was already in flight (the normal case with
+    /// clients that send every call as `id: 1`: not a warning).
+    Duplicate,
+    /// A session at its in-flight limit.
+    OverCapacity,
+    /// The table at its byte budget.
+    OverBudget,
+    /// A session id over the limit.
+    SessionIdTooLong,
+}
+
+impl Log {
+    pub(crate) const ALL: [Log; 6] = [
+        Log::Evicted,
+        Log::RestoreRefused,
+        Log::Duplicate,
+        Log::OverCapacity,
+        Log::OverBudget,
+        Log::SessionIdTooLong,
+    ];
+
+    /// `Some(lines not written since the last one)` when a line of this kind
+    /// may be written now.
+    pub(crate) fn due(self, table: &Table) -> Option<u64> {
+        table.logs.ready(self as usize)
+    }
 }
 
 /// How one admitted request goes to the inner service.
@@ -299,7 +331,7 @@ impl Table {
             used: AtomicUsize::new(0),
             evictions: Mutex::new(VecDeque::new()),
             evicted_total: AtomicU64::new(0),
-            eviction_logged_at: AtomicU64::new(0),
+            logs: Throttle::default(),
             created: Instant::now(),
             restarting: AtomicBool::new(true),
             rejected_total: AtomicU64::new(0),
@@ -307,7 +339,6 @@ impl Table {
             cancelled_total: AtomicU64::new(0),
             restored_total: AtomicU64::new(0),
             refused_total: AtomicU64::new(0),
-            refusal_logged_at: AtomicU64::new(0),
         }
     }
 
@@ -478,17 +509,6 @@ impl Table {
             .fetch_add(count as u64, Ordering::Relaxed);
     }
 
-    /// Whether a warning rate-limited by `logged_at` (ms since `created` of
-    /// its last line; 0: never) is due now; if so, records now.
-    fn log_due(&self, logged_at: &AtomicU64) -> bool {
-        let now = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let last = logged_at.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= EVICTION_LOG_INTERVAL_MS;
-        due && logged_at
-            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    }
-
     /// Counts server-side-looking ids in responses that this guard did not
     /// issue for the response's session (another session's, or forged), and
     /// logs it at most once per interval: an upstream that mixes sessions up
@@ -498,11 +518,12 @@ impl Table {
             .refused_total
             .fetch_add(count as u64, Ordering::Relaxed)
             + count as u64;
-        if self.log_due(&self.refusal_logged_at) {
+        if let Some(suppressed) = Log::RestoreRefused.due(self) {
             tracing::warn!(
                 refused_total = total,
                 "a response carried a server-side id this guard did not issue for its session \
-                 (another session's, or forged); passed on unrestored"
+                 (another session's, or forged); passed on unrestored \
+                 ({suppressed} more such responses since the last such line)"
             );
         }
     }

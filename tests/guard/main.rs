@@ -14,6 +14,7 @@ mod bound_ids;
 #[cfg(feature = "internals")]
 mod fuzz_regressions;
 mod hostile_input;
+mod logs;
 // Requests by MCP method and the guard's decision, scraped.
 mod metrics_labels;
 mod model;
