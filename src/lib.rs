@@ -60,7 +60,8 @@
 //! again for the client only when the server has answered it: when its
 //! response has passed to the client (on the POST's own stream, even if the
 //! server keeps the stream open; or, after that stream ended early, on a
-//! `GET` that resumes it from the last event id the client saw on it), or
+//! `GET` that resumes it from the last event id the client saw on it, or on
+//! any later resumption of that resumed stream), or
 //! when a stand-in answer marked [`Unanswered::NotSent`](inner::Unanswered::NotSent) says
 //! the request never reached the server. Any other ending leaves it
 //! abandoned (see below), an answer the guard did not see the server give

@@ -13,7 +13,7 @@ use pin_project::pin_project;
 
 use crate::guard::reader::Reader;
 use crate::guard::unanswered::Unanswered;
-use crate::table::{Registration, StreamTag, Table};
+use crate::table::{Registration, Resumed, Table};
 use crate::wire::protocol::{has_media_type, is_encoded};
 
 /// The request body the inner service receives: the client's body untouched,
@@ -163,7 +163,7 @@ pub(crate) struct Restoring {
     /// A `GET` resuming the stream with this tag (its `Last-Event-ID`): an
     /// answer on it is that stream's request's, and frees its id if the
     /// request was abandoned when its own stream ended early.
-    pub(crate) resumes: Option<StreamTag>,
+    pub(crate) resumes: Option<Resumed>,
 }
 
 /// An empty inner body; lets tower-http's `TimeoutLayer` (which builds its

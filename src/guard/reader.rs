@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 
-use crate::table::{Registration, StreamTag, Table};
+use crate::table::{Registration, Resumed, Table};
 use crate::wire::restore::Delivered;
 use crate::wire::restore::{Binding, Part, Restorer};
 use crate::wire::sse::Rewriter;
@@ -24,7 +24,7 @@ pub(super) struct Reader {
     pub(super) session: u64,
     /// The session and the stream whose abandoned request answers free (a
     /// resumed `GET`).
-    pub(super) resumes: Option<(HeaderValue, StreamTag)>,
+    pub(super) resumes: Option<(HeaderValue, Resumed)>,
     /// The last event id changes the registration learned of.
     pub(super) event_ids: u64,
     /// The longest id token held back.
@@ -151,14 +151,19 @@ impl Reader {
             self.table.note_refused(refused);
         }
         // Where a client would resume the request's stream from, should it
-        // end before the answer.
-        if let (Framing::Sse(rewriter), Some(registration)) =
-            (&streaming.stream, &mut *registration)
-        {
+        // end before the answer; on a resumed stream, where a client would
+        // resume it again (the server may close it again).
+        if let Framing::Sse(rewriter) = &streaming.stream {
             if rewriter.event_id_changes() != self.event_ids {
                 self.event_ids = rewriter.event_id_changes();
                 if let Some(event_id) = rewriter.last_event_id() {
-                    registration.note_stream(event_id);
+                    match (&mut *registration, &self.resumes) {
+                        (Some(registration), _) => registration.note_stream(event_id),
+                        (None, Some((session, origin))) => {
+                            self.table.resumed_to(session.as_bytes(), *origin, event_id);
+                        }
+                        (None, None) => {}
+                    }
                 }
             }
         }
@@ -168,8 +173,11 @@ impl Reader {
                 // Only an id the server knew as the client's own can be
                 // abandoned; a restored one was unique.
                 if !restored {
-                    self.table
-                        .answered_on_resume(session.as_bytes(), key.as_bytes(), *resumed);
+                    self.table.answered_on_resume(
+                        session.as_bytes(),
+                        key.as_bytes(),
+                        resumed.origin,
+                    );
                 }
             }
             return false;

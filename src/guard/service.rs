@@ -12,7 +12,7 @@ use crate::guard::future::ResponseFuture;
 use crate::guard::layer::IdGuardLayer;
 use crate::table::config::Config;
 use crate::table::Stats;
-use crate::table::Table;
+use crate::table::{Resumed, Table};
 use crate::wire::answer;
 use crate::wire::method::McpMethod;
 use crate::wire::protocol::{has_media_type, RequestHeaders, MCP_SESSION_ID};
@@ -201,12 +201,17 @@ impl<S> IdGuard<S> {
                 // resumability); a standalone one carries none. What it
                 // resumes is the stream whose last event id the client
                 // names; more than one names none.
+                let session = headers.session.clone();
                 let mut resumed = request.headers().get_all("last-event-id").iter();
-                let resumes = match (resumed.next(), resumed.next()) {
-                    (Some(event_id), None) => Some(self.table.stream_tag(event_id.as_bytes())),
+                let resumes = match (resumed.next(), resumed.next(), &session) {
+                    (Some(event_id), None, Some(session)) => Some(Resumed {
+                        origin: self
+                            .table
+                            .resumed_stream(session.as_bytes(), event_id.as_bytes()),
+                        max_table_bytes: self.config.max_table_bytes,
+                    }),
                     _ => None,
                 };
-                let session = headers.session.clone();
                 ResponseFuture::called(
                     self.inner.call(request.map(RequestBody::new)),
                     Some(Restoring {

@@ -8,7 +8,8 @@ use std::sync::{MutexGuard, TryLockError};
 use tokio::time::Instant;
 
 use super::budget::{self, Eviction};
-use super::{Abandoned, Log, ShardState, StreamTag, Table, SHARDS};
+use super::session::resumptions_cost;
+use super::{Abandoned, Log, Resumed, ShardState, StreamTag, Table, SHARDS};
 
 /// A set of shards, one bit each; iterating empties it.
 #[derive(Debug, Default)]
@@ -224,6 +225,47 @@ impl Table {
 
 /// Answers that arrive on a stream other than the request's own.
 impl Table {
+    /// The stream a `GET` of `session` resuming from `event_id` continues:
+    /// the stream a request's own POST ended at, however many times it was
+    /// resumed before (see [`Resumptions`](super::session::Resumptions)).
+    pub(crate) fn resumed_stream(&self, session: &[u8], event_id: &[u8]) -> StreamTag {
+        let at = self.stream_tag(event_id);
+        let session_hash = self.hasher.hash_one(session);
+        let locked = self.shard(session_hash);
+        locked
+            .sessions
+            .find(session_hash, |entry| entry.is(session_hash, session))
+            .and_then(|session| session.resumptions.as_deref())
+            .map_or(at, |resumptions| resumptions.origin(at))
+    }
+
+    /// A `GET` of `session` that resumed a stream passed the event
+    /// `event_id` to the client: a later resumption from there continues
+    /// the same stream. Kept only while the session holds requests (an
+    /// answer frees nothing in a session that holds none), and only if the
+    /// links fit in the budget (else the id stays abandoned: when in doubt,
+    /// remap).
+    pub(crate) fn resumed_to(&self, session: &[u8], resumed: Resumed, event_id: &[u8]) {
+        let at = self.stream_tag(event_id);
+        let session_hash = self.hasher.hash_one(session);
+        let mut locked = self.shard(session_hash);
+        let Some(session) = locked
+            .sessions
+            .find_mut(session_hash, |entry| entry.is(session_hash, session))
+        else {
+            return;
+        };
+        if session.resumptions.is_none() {
+            if !self.reserve(resumptions_cost(), resumed.max_table_bytes) {
+                return;
+            }
+            session.resumptions = Some(Box::default());
+        }
+        if let Some(resumptions) = session.resumptions.as_deref_mut() {
+            resumptions.link(at, resumed.origin);
+        }
+    }
+
     /// A response with the client's own id `key` passed to the client on a
     /// `GET` of `session` that resumed the stream `resumed` (its
     /// `Last-Event-ID`), after the server closed a request's own stream to

@@ -151,6 +151,7 @@ impl ShardState {
                 id: SessionId::new(id),
                 keys: HashTable::new(),
                 in_flight: 0,
+                resumptions: None,
             },
         }
     }
@@ -159,7 +160,10 @@ impl ShardState {
     /// its id: a long one would be memory outside the budget), and returns
     /// the bytes its removal frees.
     fn keep_spare(spare: &mut Option<Session>, mut session: Session) -> isize {
-        let freed = session::session_cost(session.id.as_bytes().len()) as isize;
+        let mut freed = session::session_cost(session.id.as_bytes().len()) as isize;
+        if session.resumptions.take().is_some() {
+            freed += session::resumptions_cost() as isize;
+        }
         if session.keys.capacity() <= SPARE_KEYS {
             session.id = SessionId::new(b"");
             *spare = Some(session);
@@ -180,6 +184,15 @@ struct SessionRef {
 /// layer, so a client cannot choose an id that names another stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamTag(std::num::NonZeroU64);
+
+/// What a `GET` that resumes a stream needs of the table: the stream it
+/// continues, and the byte budget that a link to where it goes on is
+/// charged to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resumed {
+    pub(crate) origin: StreamTag,
+    pub(crate) max_table_bytes: usize,
+}
 
 impl Table {
     /// The tag of the stream whose last event id is `event_id`.

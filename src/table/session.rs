@@ -14,7 +14,7 @@ use super::entries::Entries;
 use super::examined;
 use super::inline::{SessionId, StoredKey, INLINE_KEY, INLINE_SESSION_ID};
 use super::queue::Waiter;
-use super::SessionRef;
+use super::{SessionRef, StreamTag};
 
 /// One session's requests.
 #[derive(Debug)]
@@ -27,6 +27,57 @@ pub(super) struct Session {
     /// Requests of the session whose exchange has not ended, queued and
     /// cancelled ones included: what the per-session cap counts.
     pub(super) in_flight: usize,
+    /// Where resumed streams of the session went on from; made at the first
+    /// resumption that goes on, so sessions that never resume cost nothing.
+    pub(super) resumptions: Option<Box<Resumptions>>,
+}
+
+/// How many resumptions a session remembers: a client that polls
+/// (SEP-1699) resumes one stream at a time, from the last event id it saw.
+const RESUMPTIONS: usize = 4;
+
+/// Where the streams of a session that were resumed went on from: a later
+/// last event id, seen on a resumed `GET`, and the stream it continues (the
+/// one a request's own POST ended at). A server that closes resumed streams
+/// too has the client resume again from the last event id it saw there, and
+/// an answer on that resumption is still the answer to the request whose
+/// stream it continues. Fixed in size (the oldest link is replaced first),
+/// so a client cannot grow it, and charged to the byte budget
+/// ([`resumptions_cost`]).
+#[derive(Debug, Default)]
+pub(super) struct Resumptions {
+    links: [Option<(StreamTag, StreamTag)>; RESUMPTIONS],
+    next: usize,
+}
+
+impl Resumptions {
+    /// The stream a resumption from `at` continues: the origin of a known
+    /// link, else `at` itself.
+    pub(super) fn origin(&self, at: StreamTag) -> StreamTag {
+        self.links
+            .iter()
+            .flatten()
+            .find(|(later, _)| *later == at)
+            .map_or(at, |(_, origin)| *origin)
+    }
+
+    /// A resumption of `origin` reached the event whose tag is `at`.
+    pub(super) fn link(&mut self, at: StreamTag, origin: StreamTag) {
+        if at == origin {
+            return;
+        }
+        if let Some(link) = self
+            .links
+            .iter_mut()
+            .flatten()
+            .find(|(later, _)| *later == at)
+        {
+            link.1 = origin;
+            return;
+        }
+        self.links[self.next] = Some((at, origin));
+        self.next = (self.next + 1) % RESUMPTIONS;
+    }
 }
 
 impl Session {
@@ -178,7 +229,40 @@ pub(super) fn session_cost(id_len: usize) -> usize {
     slot(size_of::<Session>()) + heap(id_len, INLINE_SESSION_ID)
 }
 
+/// A session's resumption links, on the heap.
+pub(super) const fn resumptions_cost() -> usize {
+    size_of::<Resumptions>() + 2 * size_of::<usize>()
+}
+
 /// The requests of one session that share an id, with its collision key.
 pub(super) fn key_cost(key_len: usize) -> usize {
     slot(size_of::<KeyState>()) + heap(key_len, INLINE_KEY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(value: u64) -> StreamTag {
+        StreamTag(std::num::NonZeroU64::new(value).unwrap())
+    }
+
+    #[test]
+    fn resumptions_follow_a_stream_and_keep_the_last_four() {
+        let mut resumptions = Resumptions::default();
+        assert_eq!(resumptions.origin(tag(1)), tag(1), "unknown: itself");
+        resumptions.link(tag(2), tag(1));
+        resumptions.link(tag(3), resumptions.origin(tag(2)));
+        assert_eq!(resumptions.origin(tag(3)), tag(1), "a second resumption");
+        resumptions.link(tag(1), tag(1));
+        assert_eq!(resumptions.origin(tag(1)), tag(1), "no link to itself");
+        for later in 10..14 {
+            resumptions.link(tag(later), tag(9));
+        }
+        assert_eq!(resumptions.origin(tag(2)), tag(2), "the oldest went first");
+        assert_eq!(resumptions.origin(tag(13)), tag(9));
+        resumptions.link(tag(13), tag(5));
+        assert_eq!(resumptions.origin(tag(13)), tag(5), "relinked in place");
+        assert_eq!(resumptions.origin(tag(10)), tag(9));
+    }
 }

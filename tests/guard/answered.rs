@@ -460,6 +460,88 @@ async fn a_content_encoding_list_of_identity_is_read() {
     }
 }
 
+/// SEP-1699 polling where the server closes resumed streams too: the client
+/// resumes A's stream, gets one more event and the stream closes again, so
+/// it resumes from that event's id; the answer comes on that second (and a
+/// third) resumption. The tie follows the stream: the answer frees A, and a
+/// replay of A's answer on a resumption of another stream frees nothing.
+/// Before, only a `GET` naming the POST's own last event id counted, and A's
+/// id stayed abandoned for the whole TTL (every reuse remapped).
+#[tokio::test]
+async fn an_answer_on_any_resumption_of_the_stream_frees_its_request() {
+    for resumptions in [2, 3] {
+        let layer = IdGuardLayer::new();
+        let (mut service, mut handle) = spawn(layer.clone());
+        let sse = [("content-type", "text/event-stream")];
+        // A: primed, then closed for polling.
+        let (a, a_send, _) = send(&mut service, &mut handle, tracked("1")).await;
+        let (response, a_chunks) = streamed(StatusCode::OK, &sse);
+        a_send.send_response(response);
+        feed(
+            &a_chunks,
+            "id: a-0
+retry: 10
+data:
+
+",
+        );
+        drop(a_chunks);
+        read_all(within(a).await.unwrap().into_body()).await;
+        assert_eq!(layer.stats().abandoned_ids, 1);
+
+        // Resumptions closed early, each after one more event (a progress
+        // notification), then the one that carries the answer.
+        let mut last = "a-0".to_owned();
+        for round in 1..resumptions {
+            let (get, get_send, _) = send(&mut service, &mut handle, resume(&last)).await;
+            let (response, chunks) = streamed(StatusCode::OK, &sse);
+            get_send.send_response(response);
+            let event = format!(
+                "id: a-{round}\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{}}}}\n\n"
+            );
+            feed(&chunks, &event);
+            drop(chunks);
+            assert_eq!(
+                read_all(within(get).await.unwrap().into_body()).await,
+                event
+            );
+            assert_eq!(layer.stats().abandoned_ids, 1, "no answer yet");
+            last = format!("a-{round}");
+        }
+        // A resumption of another stream replaying an answer with id 1 frees
+        // nothing.
+        let (get, get_send, _) = send(&mut service, &mut handle, resume("other-7")).await;
+        let (response, chunks) = streamed(StatusCode::OK, &sse);
+        get_send.send_response(response);
+        let replay = format!("id: other-8\ndata: {}\n\n", answer_text("1"));
+        feed(&chunks, &replay);
+        drop(chunks);
+        assert_eq!(
+            read_all(within(get).await.unwrap().into_body()).await,
+            replay
+        );
+        assert_eq!(layer.stats().abandoned_ids, 1, "another stream's answer");
+
+        let (get, get_send, _) = send(&mut service, &mut handle, resume(&last)).await;
+        let (response, chunks) = streamed(StatusCode::OK, &sse);
+        get_send.send_response(response);
+        let answer = format!("id: a-9\ndata: {}\n\n", answer_text("1"));
+        feed(&chunks, &answer);
+        let mut body = within(get).await.unwrap().into_body();
+        assert_eq!(read_exactly(&mut body, answer.len()).await, answer);
+        assert_eq!(
+            layer.stats().abandoned_ids,
+            0,
+            "answered on resumption {resumptions}"
+        );
+        assert!(
+            !reuse_is_remapped(&mut service, &mut handle).await,
+            "1 is free again"
+        );
+        drop((chunks, body));
+    }
+}
+
 /// A resume can overtake the end of the request's own exchange (an HTTP/1
 /// disconnect the server notices first, a proxy in between still holding
 /// the POST): the server moves the stream to the `GET` and the answer passes

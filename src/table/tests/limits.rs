@@ -288,6 +288,62 @@ fn an_answer_on_its_resumed_stream_frees_an_abandoned_id() {
     );
 }
 
+/// A resumption's links are charged to the byte budget when a session's
+/// first resumed stream goes on, refused (the id stays abandoned) when they
+/// do not fit, and given back with the session; a resumption of a resumed
+/// stream frees the request whose stream it continues.
+#[test]
+fn resumption_links_are_charged_and_given_back() {
+    let table = Arc::new(Table::new());
+    let Decision::Admitted {
+        mut registration, ..
+    } = admit(&table, &["1"], OnDuplicate::Remap)
+    else {
+        panic!("admitted expected")
+    };
+    registration.note_stream(b"7");
+    drop(registration);
+    let held = table.stats().table_bytes;
+    let origin = table.resumed_stream(b"session-a", b"7");
+    assert_eq!(origin, table.stream_tag(b"7"));
+    let tight = Resumed {
+        origin,
+        max_table_bytes: held,
+    };
+    table.resumed_to(b"session-a", tight, b"8");
+    assert_eq!(table.stats().table_bytes, held, "no room: no link");
+    assert_eq!(
+        table.resumed_stream(b"session-a", b"8"),
+        table.stream_tag(b"8")
+    );
+    let roomy = Resumed {
+        origin,
+        max_table_bytes: usize::MAX,
+    };
+    table.resumed_to(b"session-a", roomy, b"8");
+    table.resumed_to(b"session-b", roomy, b"8");
+    assert_eq!(
+        table.stats().table_bytes,
+        held + session::resumptions_cost(),
+        "one session's links, none for a session the table does not hold"
+    );
+    assert_eq!(
+        table.resumed_stream(b"session-b", b"8"),
+        table.stream_tag(b"8")
+    );
+    let again = table.resumed_stream(b"session-a", b"8");
+    assert_eq!(again, origin, "a resumption of the resumed stream");
+    table.answered_on_resume(b"session-a", b"1", again);
+    assert_eq!(table.stats().abandoned_ids, 0);
+    // The session went with its last entry; what stays is the abandoned
+    // id's expiry record, given back when it expires.
+    assert_eq!(
+        table.stats().table_bytes,
+        budget::ABANDONED,
+        "the links went with the session"
+    );
+}
+
 /// A session name of `table` whose shard is none of `taken`'s.
 fn session_on_another_shard(table: &Table, taken: &[&str]) -> String {
     let shard_of = |session: &str| shard_index(table.hasher.hash_one(session.as_bytes()));
