@@ -201,7 +201,7 @@ impl IdGuardLayer {
     /// flight with UUID session ids.
     ///
     /// When a tracked request does not fit, the oldest abandoned ids are
-    /// forgotten first (logged at most once a second; a late answer to one of
+    /// forgotten first (logged at most once every 10 s; a late answer to one of
     /// them could then reach a new request with its id, so size the budget for
     /// your traffic). If it still does not fit, it never reaches the inner
     /// service: it gets `503 Service Unavailable` and a JSON-RPC `-32000` error

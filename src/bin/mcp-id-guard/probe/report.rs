@@ -215,6 +215,29 @@ impl Report {
         self.exit_code = code;
     }
 
+    /// What a `BUG` verdict says, by what the failing checks saw: only
+    /// answers delivered to the wrong request (or with another id) show a
+    /// cross-wire; answers that never came show that the server loses them,
+    /// and a server that answered none at all showed nothing more.
+    fn bug_meaning(&self) -> &'static str {
+        let (mut crossed, mut missing, mut own) = (0, 0, 0);
+        for check in &self.checks {
+            if let (Verdict::Bug, Some(counts)) = (check.verdict, &check.counts) {
+                crossed += counts.swapped + counts.wrong_id;
+                missing += counts.hung + counts.lost;
+                own += counts.own;
+            }
+        }
+        match (crossed, missing, own) {
+            (1.., _, _) => "the server cross-wires requests that share an id",
+            (0, 1.., 0) => {
+                "requests that share an id got no usable answer (hung or lost); \
+                 the server may be down or too slow: no cross-wire was seen"
+            }
+            _ => "the server loses answers to requests that share an id (hung or lost)",
+        }
+    }
+
     pub(super) fn json(&self) -> String {
         json_for_terminal(&serde_json::to_string_pretty(self).unwrap_or_default())
     }
@@ -255,7 +278,7 @@ impl Report {
             }
         }
         let meaning = match self.verdict {
-            Verdict::Bug => "the server cross-wires requests that share an id",
+            Verdict::Bug => self.bug_meaning(),
             Verdict::ServerError => "the server fails requests that share an id (HTTP 5xx)",
             Verdict::Error => "the probe could not finish",
             Verdict::Warn if self.exit_code == 0 => "no cross-wiring found; see the warnings",
@@ -275,6 +298,46 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bug(swapped: u32, hung: u32, own: u32) -> Check {
+        let mut check = Check::plain("same-id", Verdict::Bug, "");
+        check.counts = Some(Counts {
+            own,
+            swapped,
+            hung,
+            ..Counts::default()
+        });
+        check
+    }
+
+    /// The verdict's words say what was seen: a cross-wire only when an
+    /// answer reached the wrong request.
+    #[test]
+    fn a_bug_says_what_was_seen() {
+        let mut report = Report {
+            url: "http://127.0.0.1:1/mcp".to_owned(),
+            server: None,
+            protocol_version: None,
+            session: true,
+            headers: Vec::new(),
+            checks: Vec::new(),
+            error: None,
+            verdict: Verdict::Ok,
+            exit_code: 0,
+        };
+        for (check, words) in [
+            (bug(1, 3, 6), "cross-wires"),
+            (bug(0, 10, 0), "no usable answer"),
+            (bug(0, 2, 8), "loses answers"),
+        ] {
+            report.checks = vec![check];
+            report.decide(false);
+            assert_eq!(report.exit_code, 1);
+            let text = report.text();
+            let verdict = text.lines().last().unwrap();
+            assert!(verdict.contains(words), "{verdict}");
+        }
+    }
 
     #[test]
     fn nothing_hidden_reaches_the_terminal() {
