@@ -57,7 +57,7 @@ impl<S> Layer<S> for BodyBufferLayer {
     fn layer(&self, inner: S) -> Self::Service {
         BodyBuffer::new(
             inner,
-            Arc::clone(&self.budget.total),
+            Arc::clone(&self.budget.shared),
             Arc::new(Counter::new(self.per_connection)),
             self.max_body_bytes,
         )

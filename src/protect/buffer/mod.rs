@@ -78,7 +78,9 @@ mod future;
 mod layer;
 mod service;
 
-pub use budget::BodyBudget;
+pub use budget::{BodyBudget, HeldBody, OverBudget};
 pub use future::BufferFuture;
 pub use layer::BodyBufferLayer;
 pub use service::BodyBuffer;
+#[cfg(test)]
+mod tests;
