@@ -122,6 +122,7 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
     args.log_limits(max_connections, descriptors, max_upstream);
 
     let metrics = Metrics::new();
+    let body_buffer = args.body_buffer();
     if let Some(traces) = &traces {
         tracing::info!("exporting traces to {}", traces.description);
     }
@@ -140,6 +141,7 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         metrics.register(&mut registry);
         let stats = guard.clone();
         Metrics::register_stats(&mut registry, move || stats.stats());
+        Metrics::register_body_budget(&mut registry, body_buffer.budget().clone());
         if let Some(traces) = &traces {
             traces.register(&mut registry);
         }
@@ -165,7 +167,7 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
         .layer(args.pace())
-        .layer(args.body_buffer())
+        .layer(body_buffer)
         .layer(guard.clone());
     let server = args.server(max_connections).metrics(metrics).build();
     let shutdown = async {

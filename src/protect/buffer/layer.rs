@@ -44,6 +44,19 @@ impl BodyBufferLayer {
         self
     }
 
+    /// The budget the bodies count against (to read what it holds, as the
+    /// binary's `/metrics` does).
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::{BodyBudget, BodyBufferLayer};
+    ///
+    /// let layer = BodyBufferLayer::new(BodyBudget::new(1 << 20));
+    /// assert_eq!(layer.budget().used(), 0);
+    /// ```
+    pub fn budget(&self) -> &BodyBudget {
+        &self.budget
+    }
+
     /// The largest body (4 MiB); larger ones get `413`.
     pub fn max_body_bytes(mut self, max_bytes: usize) -> Self {
         self.max_body_bytes = max_bytes;
