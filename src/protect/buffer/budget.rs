@@ -1,6 +1,9 @@
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use super::client::ClientShares;
 
 /// A body this large or smaller is small: it may draw on the reserve.
 const SMALL_BODY_BYTES: usize = 64 * 1024;
@@ -24,7 +27,7 @@ impl Counter {
     }
 
     /// Takes `bytes` if they fit.
-    fn take(&self, bytes: usize) -> bool {
+    pub(super) fn take(&self, bytes: usize) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|total| *total <= self.limit)
@@ -32,7 +35,7 @@ impl Counter {
             .is_ok()
     }
 
-    fn give_back(&self, bytes: usize) {
+    pub(super) fn give_back(&self, bytes: usize) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
@@ -49,6 +52,8 @@ pub(super) struct Shared {
     limit: usize,
     reserve: usize,
     small_body_bytes: usize,
+    /// The share of each client address, if bounded.
+    clients: Option<ClientShares>,
     held: Mutex<Held>,
     bodies: AtomicUsize,
 }
@@ -122,17 +127,23 @@ pub struct BodyBudget {
 
 impl BodyBudget {
     /// A budget of `max_bytes`, an eighth of it kept for bodies of at most
-    /// 64 KiB.
+    /// 64 KiB; no share per client address.
     pub fn new(max_bytes: usize) -> Self {
-        Self::with_reserve(max_bytes, max_bytes / RESERVE_SHARE, SMALL_BODY_BYTES)
+        Self::with(max_bytes, max_bytes / RESERVE_SHARE, SMALL_BODY_BYTES, None)
     }
 
-    fn with_reserve(limit: usize, reserve: usize, small_body_bytes: usize) -> Self {
+    fn with(
+        limit: usize,
+        reserve: usize,
+        small_body_bytes: usize,
+        per_client: Option<usize>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 limit,
                 reserve: reserve.min(limit),
                 small_body_bytes,
+                clients: per_client.map(ClientShares::new),
                 held: Mutex::new(Held::default()),
                 bodies: AtomicUsize::new(0),
             }),
@@ -158,7 +169,45 @@ impl BodyBudget {
     /// assert!(small.grow_to(4096).is_ok(), "the reserve is for it");
     /// ```
     pub fn reserve_for_small_bodies(self, reserve_bytes: usize, small_body_bytes: usize) -> Self {
-        Self::with_reserve(self.limit(), reserve_bytes, small_body_bytes)
+        let per_client = self.per_client_limit();
+        Self::with(self.limit(), reserve_bytes, small_body_bytes, per_client)
+    }
+
+    /// A new budget of the same size whose large bodies from one client
+    /// address hold at most `max_bytes` together, across its connections,
+    /// when they are held for the address ([`hold_for`](Self::hold_for),
+    /// [`BodyBufferLayer::for_client`](super::BodyBufferLayer::for_client)).
+    /// Small bodies do not count against it: they draw on the reserve, so
+    /// that behind a TLS terminator or a balancer, where every client has
+    /// its address, one client filling the address's share does not lock
+    /// the others' small requests out. A bound on one address, not on one
+    /// attacker (addresses are cheap to come by): charging what arrived
+    /// and the reserve do not depend on it.
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    ///
+    /// let budget = BodyBudget::new(1 << 20)
+    ///     .reserve_for_small_bodies(1 << 10, 10)
+    ///     .per_client(100);
+    /// let client = "192.0.2.1".parse()?;
+    /// let mut first = budget.hold_for(client);
+    /// let mut second = budget.hold_for(client);
+    /// assert!(first.grow_to(60).is_ok());
+    /// assert!(second.grow_to(41).is_err(), "the address holds 60 of its 100");
+    /// assert!(second.grow_to(10).is_ok(), "a small body draws on the reserve");
+    /// let mut other = budget.hold_for("192.0.2.2".parse()?);
+    /// assert!(other.grow_to(100).is_ok());
+    /// # Ok::<(), std::net::AddrParseError>(())
+    /// ```
+    pub fn per_client(self, max_bytes: usize) -> Self {
+        let shared = &self.shared;
+        Self::with(
+            shared.limit,
+            shared.reserve,
+            shared.small_body_bytes,
+            Some(max_bytes),
+        )
     }
 
     /// Bytes held now, across every connection.
@@ -191,6 +240,17 @@ impl BodyBudget {
         self.shared.small_body_bytes
     }
 
+    /// What the bodies of one client address may hold, if bounded
+    /// ([`per_client`](Self::per_client)).
+    pub fn per_client_limit(&self) -> Option<usize> {
+        self.shared.clients.as_ref().map(ClientShares::limit)
+    }
+
+    /// The share of `client`, if the budget has shares per address.
+    pub(super) fn client_share(&self, client: IpAddr) -> Option<Arc<Counter>> {
+        Some(self.shared.clients.as_ref()?.share(client))
+    }
+
     /// Starts holding one body whose bytes the caller reads: it is charged
     /// as it grows ([`HeldBody::grow_to`]) and gives its bytes back when
     /// dropped. For a server that reads bodies without
@@ -213,7 +273,16 @@ impl BodyBudget {
     /// # Ok::<(), mcp_id_guard::protect::buffer::OverBudget>(())
     /// ```
     pub fn hold(&self) -> HeldBody {
-        HeldBody(Charge::new(None, Arc::clone(&self.shared)))
+        HeldBody(Charge::new((None, None), Arc::clone(&self.shared)))
+    }
+
+    /// [`hold`](Self::hold), counted also against the share of `client`
+    /// if the budget has shares per address ([`per_client`](Self::per_client)).
+    pub fn hold_for(&self, client: IpAddr) -> HeldBody {
+        HeldBody(Charge::new(
+            (self.client_share(client), None),
+            Arc::clone(&self.shared),
+        ))
     }
 }
 
@@ -257,20 +326,26 @@ pub(super) enum Over {
     Budget,
 }
 
-/// The bytes one body holds against its connection's share (if any) and
-/// the shared budget; given back when dropped. It counts as a body held
-/// from the start.
+/// The bytes one body holds against its connection's share (if any), its
+/// client address's (if any: the bytes of a large body only, small ones
+/// draw on the reserve) and the shared budget; given back when dropped. It
+/// counts as a body held from the start.
 #[derive(Debug)]
 pub(super) struct Charge {
+    client: Option<Arc<Counter>>,
     connection: Option<Arc<Counter>>,
     shared: Arc<Shared>,
     held: usize,
 }
 
 impl Charge {
-    pub(super) fn new(connection: Option<Arc<Counter>>, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(
+        (client, connection): (Option<Arc<Counter>>, Option<Arc<Counter>>),
+        shared: Arc<Shared>,
+    ) -> Self {
         shared.bodies.fetch_add(1, Ordering::AcqRel);
         Self {
+            client,
             connection,
             shared,
             held: 0,
@@ -282,20 +357,42 @@ impl Charge {
         self.shared.small_body_bytes
     }
 
-    /// Holds `bytes` in all, taking the difference from both budgets.
+    /// What the client's share holds of a body of `bytes`.
+    fn client_part(&self, bytes: usize) -> usize {
+        if bytes > self.shared.small_body_bytes {
+            bytes
+        } else {
+            0
+        }
+    }
+
+    /// Holds `bytes` in all, taking the difference from every budget.
     pub(super) fn grow_to(&mut self, bytes: usize) -> Result<(), Over> {
         let Some(more) = bytes.checked_sub(self.held).filter(|more| *more > 0) else {
             return Ok(());
         };
-        if let Some(connection) = &self.connection {
-            if !connection.take(more) {
+        let client_more = self.client_part(bytes) - self.client_part(self.held);
+        let give_back = |client: bool, connection: bool| {
+            if let (true, Some(share)) = (client, &self.client) {
+                share.give_back(client_more);
+            }
+            if let (true, Some(share)) = (connection, &self.connection) {
+                share.give_back(more);
+            }
+        };
+        if let Some(share) = &self.client {
+            if !share.take(client_more) {
+                return Err(Over::Budget);
+            }
+        }
+        if let Some(share) = &self.connection {
+            if !share.take(more) {
+                give_back(true, false);
                 return Err(Over::Budget);
             }
         }
         if !self.shared.grow(self.held, bytes) {
-            if let Some(connection) = &self.connection {
-                connection.give_back(more);
-            }
+            give_back(true, true);
             return Err(Over::Budget);
         }
         self.held = bytes;
@@ -306,8 +403,11 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         if self.held > 0 {
-            if let Some(connection) = &self.connection {
-                connection.give_back(self.held);
+            if let Some(share) = &self.client {
+                share.give_back(self.client_part(self.held));
+            }
+            if let Some(share) = &self.connection {
+                share.give_back(self.held);
             }
             self.shared.give_back(self.held);
         }
@@ -324,10 +424,10 @@ mod tests {
         let connection = Arc::new(Counter::new(10));
         let budget = BodyBudget::new(15).reserve_for_small_bodies(0, 0);
         let total = &budget.shared;
-        let mut first = Charge::new(Some(Arc::clone(&connection)), Arc::clone(total));
+        let mut first = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
         assert_eq!(first.grow_to(6), Ok(()));
         assert_eq!(first.grow_to(4), Ok(()), "never shrinks");
-        let mut second = Charge::new(Some(Arc::clone(&connection)), Arc::clone(total));
+        let mut second = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
         assert_eq!(
             second.grow_to(5),
             Err(Over::Budget),
@@ -335,7 +435,7 @@ mod tests {
         );
         assert_eq!((connection.used(), budget.used()), (6, 6));
         let other = Arc::new(Counter::new(10));
-        let mut third = Charge::new(Some(Arc::clone(&other)), Arc::clone(total));
+        let mut third = Charge::new((None, Some(Arc::clone(&other))), Arc::clone(total));
         assert_eq!(third.grow_to(10), Err(Over::Budget), "the shared budget");
         assert_eq!((other.used(), budget.used()), (0, 6), "nothing kept");
         assert_eq!(third.grow_to(9), Ok(()));

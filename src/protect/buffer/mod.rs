@@ -74,6 +74,7 @@
 //! ```
 
 mod budget;
+mod client;
 mod future;
 mod layer;
 mod service;

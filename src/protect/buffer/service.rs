@@ -18,6 +18,8 @@ use super::future::BufferFuture;
 pub struct BodyBuffer<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// The share of the connection's client address, if bounded.
+    client: Option<Arc<Counter>>,
     connection: Arc<Counter>,
     max_body_bytes: usize,
 }
@@ -26,12 +28,13 @@ impl<S> BodyBuffer<S> {
     pub(super) fn new(
         inner: S,
         shared: Arc<Shared>,
-        connection: Arc<Counter>,
+        (client, connection): (Option<Arc<Counter>>, Arc<Counter>),
         max_body_bytes: usize,
     ) -> Self {
         Self {
             inner,
             shared,
+            client,
             connection,
             max_body_bytes,
         }
@@ -69,7 +72,8 @@ where
         if bytes(body.size_hint().lower()) > self.max_body_bytes {
             return BufferFuture::refused(Over::Size, self.max_body_bytes, close);
         }
-        let charge = Charge::new(Some(Arc::clone(&self.connection)), Arc::clone(&self.shared));
+        let shares = (self.client.clone(), Some(Arc::clone(&self.connection)));
+        let charge = Charge::new(shares, Arc::clone(&self.shared));
         // The inner service made ready is the one called once the body is
         // complete; this one stays for the next request.
         let ready = self.inner.clone();

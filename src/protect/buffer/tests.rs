@@ -163,3 +163,42 @@ async fn small_bodies_keep_a_reserve_large_bodies_cannot_take() {
     drop(slow);
     assert_eq!(budget.used(), 0);
 }
+
+/// The large bodies of one client address count together, across its
+/// connections, against the address's share; another address has its own;
+/// small bodies from the address that filled its share still pass.
+#[tokio::test]
+async fn one_client_address_holds_at_most_its_share() {
+    let budget = BodyBudget::new(1024 * 1024).per_client(300 * 1024);
+    let layer = BodyBufferLayer::new(budget.clone());
+    let attacker = layer.for_client("192.0.2.1".parse().unwrap());
+    let mut slow = Vec::new();
+    let mut statuses = Vec::new();
+    for client in [
+        &attacker,
+        &attacker,
+        &layer.for_client("192.0.2.2".parse().unwrap()),
+    ] {
+        let (send, body) = fed(None);
+        send.unbounded_send(Bytes::from(vec![b' '; 200 * 1024]))
+            .unwrap();
+        let mut answer = post(client, body);
+        match futures::poll!(&mut answer) {
+            Poll::Pending => {
+                statuses.push(0);
+                slow.push((send, answer));
+            }
+            Poll::Ready(answer) => statuses.push(answer.unwrap().status().as_u16()),
+        }
+    }
+    assert_eq!(
+        statuses,
+        [0, 503, 0],
+        "held, over the address's share, another address's"
+    );
+    assert_eq!(budget.used(), 400 * 1024);
+    let pings: Vec<u16> = futures::future::join_all((0..10).map(|_| ping(&attacker))).await;
+    assert_eq!(pings, [200; 10], "small bodies are not the share's");
+    drop(slow);
+    assert_eq!((budget.used(), budget.bodies()), (0, 0));
+}
