@@ -68,7 +68,7 @@
 //! arrived, as nginx's memory and Envoy's buffer accounting follow what
 //! arrived, not what was announced: announcing is free, sending is not,
 //! and to hold N bytes a client must send N bytes and keep sending at
-//! [`BodyPaceLayer`](super::BodyPaceLayer)'s minimum rate (Kestrel's),
+//! [`BodyPaceLayer`](super::pace::BodyPaceLayer)'s minimum rate (Kestrel's),
 //! which bounds how long it holds them. The reserve keeps small requests
 //! (pings, tool calls) flowing while large slow bodies fill the rest; the
 //! per-connection share (Envoy's) and the per-address share bound one
@@ -86,7 +86,7 @@
 //!
 //! Since the inner service is called only once the body is complete, a
 //! body that trickles holds no upstream connection; put
-//! [`BodyPaceLayer`](super::BodyPaceLayer) outside this layer, and its idle
+//! [`BodyPaceLayer`](super::pace::BodyPaceLayer) outside this layer, and its idle
 //! timeout and minimum rate bound how long the reading takes. The inner
 //! service gets the body as one [`Full`](http_body_util::Full) buffer (an
 //! empty one for a request without a body).
