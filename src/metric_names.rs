@@ -155,3 +155,14 @@ pub(crate) const OPERATION_DURATION: MetricName = named!(
 );
 pub(crate) const CLIENT_CONNECTIONS: MetricName =
     gauge!("mcp_id_guard_client_connections", "Client connections open");
+
+// What the body buffer holds (`protect::buffer::BodyBudget`).
+
+pub(crate) const HELD_REQUEST_BODY_BYTES: MetricName = gauge!(
+    "mcp_id_guard_held_request_body_bytes",
+    "Bytes of request bodies held, counted as they arrive (bounded by --max-body-memory-bytes)"
+);
+pub(crate) const HELD_REQUEST_BODIES: MetricName = gauge!(
+    "mcp_id_guard_held_request_bodies",
+    "Request bodies being read, or read and waiting for the upstream's response head"
+);

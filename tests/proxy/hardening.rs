@@ -108,6 +108,8 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
         "--max-body-memory-per-connection",
         "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CONNECTION",
+        "--max-body-memory-per-client",
+        "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CLIENT",
         "--log-format",
         "MCP_ID_GUARD_LOG_FORMAT",
         "--max-requests-per-connection",

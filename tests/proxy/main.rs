@@ -37,6 +37,9 @@ mod replicas;
 #[cfg(feature = "cli")]
 mod resets;
 mod rmcp;
+// The body budget under slow bodies announcing the size cap.
+#[cfg(feature = "cli")]
+mod slow_bodies;
 mod streaming;
 // OpenTelemetry traces exported to an OTLP receiver the tests start.
 #[cfg(feature = "otel")]

@@ -126,10 +126,11 @@ pub(crate) struct Args {
     pub(crate) max_body_bytes: usize,
 
     /// Bytes of request bodies the proxy may hold at once, across all
-    /// connections (like --max-table-bytes for the session table): a body
-    /// whose Content-Length does not fit what is left gets 503 at once, one
-    /// without a length when it outgrows it. A body counts from its first
-    /// byte until the upstream's response head.
+    /// connections (like --max-table-bytes for the session table): a body is
+    /// charged for the bytes that have arrived of it (never for its
+    /// Content-Length), from its first byte until the upstream's response
+    /// head, and gets 503 when it outgrows what is left. An eighth is kept
+    /// for bodies of at most 64 KiB, which larger ones cannot take.
     #[arg(
         long,
         env = "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
@@ -143,6 +144,15 @@ pub(crate) struct Args {
     /// so one body of the largest size fits.
     #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CONNECTION")]
     pub(crate) max_body_memory_per_connection: Option<usize>,
+
+    /// Bytes the request bodies over 64 KiB of one client address may hold
+    /// at once, across its connections; past it, 503. Smaller bodies do not
+    /// count (they draw on the part of --max-body-memory-bytes kept for
+    /// them). Behind a TLS terminator or a balancer every client has its
+    /// address: set it to --max-body-memory-bytes there. Default: half of
+    /// --max-body-memory-bytes.
+    #[arg(long, env = "MCP_ID_GUARD_MAX_BODY_MEMORY_PER_CLIENT")]
+    pub(crate) max_body_memory_per_client: Option<usize>,
 
     /// Requests one session may have in flight; more get 429.
     #[arg(
@@ -585,6 +595,7 @@ mod tests {
         assert!(!args.trust_forwarded);
         assert_eq!(args.max_body_memory_bytes, 64 * 1024 * 1024);
         assert_eq!(args.max_body_memory_per_connection, None);
+        assert_eq!(args.max_body_memory_per_client, None, "half the budget");
         let args = Args::try_parse_from([
             "mcp-id-guard",
             "--upstream",

@@ -22,7 +22,7 @@ use mcp_id_guard::protect::host::HostLayer;
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::trace::McpTraceLayer;
 use tokio::net::TcpListener;
-use tower::ServiceBuilder;
+use tower::{Layer as _, ServiceBuilder};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -122,6 +122,7 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
     args.log_limits(max_connections, descriptors, max_upstream);
 
     let metrics = Metrics::new();
+    let body_buffer = args.body_buffer();
     if let Some(traces) = &traces {
         tracing::info!("exporting traces to {}", traces.description);
     }
@@ -140,6 +141,7 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         metrics.register(&mut registry);
         let stats = guard.clone();
         Metrics::register_stats(&mut registry, move || stats.stats());
+        Metrics::register_body_budget(&mut registry, body_buffer.budget().clone());
         if let Some(traces) = &traces {
             traces.register(&mut registry);
         }
@@ -154,7 +156,8 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
     // Per request, outermost first: a span starts as the request arrives
     // (time in every layer counts, a slow body's too) and ends with the
     // response body; metrics see every answer; the cheap checks run before
-    // the guard reads a body.
+    // the guard reads a body. The body buffer (which needs the connection's
+    // address) and the guard are added per connection, innermost.
     let per_request = ServiceBuilder::new()
         .layer(if traces.is_some() {
             McpTraceLayer::new()
@@ -164,19 +167,19 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         .layer(MetricsLayer::new(metrics.clone()).tool_names(args.metrics_tool_names))
         .layer(args.head_limit())
         .layer(HostLayer::new(hosts))
-        .layer(args.pace())
-        .layer(args.body_buffer())
-        .layer(guard.clone());
+        .layer(args.pace());
     let server = args.server(max_connections).metrics(metrics).build();
     let shutdown = async {
         let signal = shutdown_signal().await;
         tracing::info!("{signal} received; no longer accepting connections");
     };
-    let make_service = |client| {
+    let make_service = |client: std::net::SocketAddr| {
         // The client's address goes with the connection's service, not with
         // each request (an extension costs a map per request).
         let proxy = proxy.clone().with_client_addr(client);
-        per_request.service(proxy)
+        // The bodies of the connection count against its address's share.
+        let bodies = body_buffer.for_client(client.ip());
+        per_request.service(bodies.layer(guard.layer(proxy)))
     };
     server.serve(listener, make_service, shutdown).await;
     if let Some(traces) = traces {

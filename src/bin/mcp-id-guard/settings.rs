@@ -115,14 +115,25 @@ impl Args {
     }
 
     /// Request bodies read whole before they go upstream, under the size
-    /// cap, the shared memory budget and each connection's share.
+    /// cap, the shared memory budget, each client address's share (once the
+    /// layer is made [`for_client`](BodyBufferLayer::for_client)) and each
+    /// connection's share.
     pub(crate) fn body_buffer(&self) -> BodyBufferLayer {
-        BodyBufferLayer::new(BodyBudget::new(self.max_body_memory_bytes))
-            .max_body_bytes(self.max_body_bytes)
-            .per_connection(
-                self.max_body_memory_per_connection
-                    .unwrap_or(self.max_body_bytes),
-            )
+        BodyBufferLayer::new(
+            BodyBudget::new(self.max_body_memory_bytes)
+                .per_client(self.max_body_memory_per_client()),
+        )
+        .max_body_bytes(self.max_body_bytes)
+        .per_connection(
+            self.max_body_memory_per_connection
+                .unwrap_or(self.max_body_bytes),
+        )
+    }
+
+    /// `--max-body-memory-per-client`, half the budget by default.
+    pub(crate) fn max_body_memory_per_client(&self) -> usize {
+        self.max_body_memory_per_client
+            .unwrap_or(self.max_body_memory_bytes / 2)
     }
 
     /// The request head limit (none when `--max-header-bytes 0`: hyper's
@@ -141,7 +152,8 @@ impl Args {
              upstream connections: at most {max_upstream}; request heads: at most {} bytes; \
              timeouts: request head {}, request body pause {}, blocked send {}, keep-alive {}, \
              upstream response {}, upstream pause {}; request bodies: at least {} after {:?}, \
-             at most {} bytes each, {} bytes held at once ({} per connection)",
+             at most {} bytes each, {} bytes held at once ({} per connection, {} of large bodies \
+             per client address)",
             match self.max_header_bytes {
                 0 => "hyper's default".to_owned(),
                 max => max.to_string(),
@@ -161,6 +173,7 @@ impl Args {
             self.max_body_memory_bytes,
             self.max_body_memory_per_connection
                 .unwrap_or(self.max_body_bytes),
+            self.max_body_memory_per_client(),
         );
         tracing::info!(
             "per client connection: at most {} requests, at most {} HTTP/2 streams reset by the client \

@@ -1,5 +1,15 @@
+use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::client::ClientShares;
+
+/// A body this large or smaller is small: it may draw on the reserve.
+const SMALL_BODY_BYTES: usize = 64 * 1024;
+
+/// The part of a budget kept for small bodies by default: an eighth.
+const RESERVE_SHARE: usize = 8;
 
 /// A count of bytes held against a limit, shared by whoever holds them.
 #[derive(Debug)]
@@ -17,7 +27,7 @@ impl Counter {
     }
 
     /// Takes `bytes` if they fit.
-    fn take(&self, bytes: usize) -> bool {
+    pub(super) fn take(&self, bytes: usize) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|total| *total <= self.limit)
@@ -25,48 +35,287 @@ impl Counter {
             .is_ok()
     }
 
-    fn give_back(&self, bytes: usize) {
+    pub(super) fn give_back(&self, bytes: usize) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
+    #[cfg(test)]
     pub(super) fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }
 }
 
+/// The shared budget: every byte held, and the bytes of large bodies, which
+/// may not reach into the reserve.
+#[derive(Debug)]
+pub(super) struct Shared {
+    limit: usize,
+    reserve: usize,
+    small_body_bytes: usize,
+    /// The share of each client address, if bounded.
+    clients: Option<ClientShares>,
+    held: Mutex<Held>,
+    bodies: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// Every body's bytes: at most the limit.
+    bytes: usize,
+    /// The bytes of bodies over the small size: at most the limit less the
+    /// reserve.
+    large: usize,
+}
+
+impl Shared {
+    /// A body holding `from` bytes grows to `to`, if that fits.
+    fn grow(&self, from: usize, to: usize) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(bytes) = held
+            .bytes
+            .checked_add(to - from)
+            .filter(|b| *b <= self.limit)
+        else {
+            return false;
+        };
+        let large = if to <= self.small_body_bytes {
+            held.large
+        } else if from <= self.small_body_bytes {
+            // No longer small: all of it moves out of the reserve's reach.
+            held.large.saturating_add(to)
+        } else {
+            held.large.saturating_add(to - from)
+        };
+        if large > self.limit - self.reserve {
+            return false;
+        }
+        *held = Held { bytes, large };
+        true
+    }
+
+    fn give_back(&self, bytes: usize) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.bytes -= bytes;
+        if bytes > self.small_body_bytes {
+            held.large -= bytes;
+        }
+    }
+}
+
 /// The bytes of request bodies every connection may hold at once: shared
-/// by each [`BodyBufferLayer`](super::BodyBufferLayer) given a clone. Cheap
-/// to clone.
+/// by each [`BodyBufferLayer`](super::BodyBufferLayer) given a clone, and
+/// by any other reader of bodies ([`hold`](Self::hold)). Cheap to clone.
+///
+/// A body is charged for what has arrived of it, never for what its
+/// `Content-Length` announces; a part of the budget (an eighth by default)
+/// is kept for small bodies (64 KiB at most by default), which large bodies
+/// cannot take: see the [module docs](super).
 ///
 /// ```
 /// use mcp_id_guard::protect::buffer::BodyBudget;
 ///
 /// let budget = BodyBudget::new(64 * 1024 * 1024);
-/// assert_eq!((budget.used(), budget.limit()), (0, 64 * 1024 * 1024));
+/// assert_eq!((budget.used(), budget.bodies()), (0, 0));
+/// assert_eq!(budget.limit(), 64 * 1024 * 1024);
+/// assert_eq!(budget.small_body_reserve(), 8 * 1024 * 1024);
+/// assert_eq!(budget.small_body_bytes(), 64 * 1024);
 /// ```
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
-    pub(super) total: Arc<Counter>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl BodyBudget {
-    /// A budget of `max_bytes`.
+    /// A budget of `max_bytes`, an eighth of it kept for bodies of at most
+    /// 64 KiB; no share per client address.
     pub fn new(max_bytes: usize) -> Self {
+        Self::with(max_bytes, max_bytes / RESERVE_SHARE, SMALL_BODY_BYTES, None)
+    }
+
+    fn with(
+        limit: usize,
+        reserve: usize,
+        small_body_bytes: usize,
+        per_client: Option<usize>,
+    ) -> Self {
         Self {
-            total: Arc::new(Counter::new(max_bytes)),
+            shared: Arc::new(Shared {
+                limit,
+                reserve: reserve.min(limit),
+                small_body_bytes,
+                clients: per_client.map(ClientShares::new),
+                held: Mutex::new(Held::default()),
+                bodies: AtomicUsize::new(0),
+            }),
         }
+    }
+
+    /// A new budget of the same size that keeps `reserve_bytes` of it
+    /// (at most all of it) for bodies of at most `small_body_bytes`: bodies
+    /// larger than that together hold at most the rest. `0` keeps nothing
+    /// back.
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    ///
+    /// let budget = BodyBudget::new(1 << 20).reserve_for_small_bodies(256 << 10, 4096);
+    /// assert_eq!(budget.small_body_reserve(), 256 << 10);
+    /// assert_eq!(budget.small_body_bytes(), 4096);
+    ///
+    /// let mut large = budget.hold();
+    /// assert!(large.grow_to(768 << 10).is_ok());
+    /// assert!(large.grow_to((768 << 10) + 1).is_err(), "the reserve is not for it");
+    /// let mut small = budget.hold();
+    /// assert!(small.grow_to(4096).is_ok(), "the reserve is for it");
+    /// ```
+    pub fn reserve_for_small_bodies(self, reserve_bytes: usize, small_body_bytes: usize) -> Self {
+        let per_client = self.per_client_limit();
+        Self::with(self.limit(), reserve_bytes, small_body_bytes, per_client)
+    }
+
+    /// A new budget of the same size whose large bodies from one client
+    /// address hold at most `max_bytes` together, across its connections,
+    /// when they are held for the address ([`hold_for`](Self::hold_for),
+    /// [`BodyBufferLayer::for_client`](super::BodyBufferLayer::for_client)).
+    /// Small bodies do not count against it: they draw on the reserve, so
+    /// that behind a TLS terminator or a balancer, where every client has
+    /// its address, one client filling the address's share does not lock
+    /// the others' small requests out. A bound on one address, not on one
+    /// attacker (addresses are cheap to come by): charging what arrived
+    /// and the reserve do not depend on it.
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    ///
+    /// let budget = BodyBudget::new(1 << 20)
+    ///     .reserve_for_small_bodies(1 << 10, 10)
+    ///     .per_client(100);
+    /// let client = "192.0.2.1".parse()?;
+    /// let mut first = budget.hold_for(client);
+    /// let mut second = budget.hold_for(client);
+    /// assert!(first.grow_to(60).is_ok());
+    /// assert!(second.grow_to(41).is_err(), "the address holds 60 of its 100");
+    /// assert!(second.grow_to(10).is_ok(), "a small body draws on the reserve");
+    /// let mut other = budget.hold_for("192.0.2.2".parse()?);
+    /// assert!(other.grow_to(100).is_ok());
+    /// # Ok::<(), std::net::AddrParseError>(())
+    /// ```
+    pub fn per_client(self, max_bytes: usize) -> Self {
+        let shared = &self.shared;
+        Self::with(
+            shared.limit,
+            shared.reserve,
+            shared.small_body_bytes,
+            Some(max_bytes),
+        )
     }
 
     /// Bytes held now, across every connection.
     pub fn used(&self) -> usize {
-        self.total.used()
+        self.shared
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .bytes
+    }
+
+    /// Bodies held now (being read, or read and not yet answered), whether
+    /// any of their bytes have arrived or not.
+    pub fn bodies(&self) -> usize {
+        self.shared.bodies.load(Ordering::Acquire)
     }
 
     /// The budget.
     pub fn limit(&self) -> usize {
-        self.total.limit
+        self.shared.limit
+    }
+
+    /// The bytes large bodies cannot take.
+    pub fn small_body_reserve(&self) -> usize {
+        self.shared.reserve
+    }
+
+    /// The largest body that may draw on the reserve.
+    pub fn small_body_bytes(&self) -> usize {
+        self.shared.small_body_bytes
+    }
+
+    /// What the bodies of one client address may hold, if bounded
+    /// ([`per_client`](Self::per_client)).
+    pub fn per_client_limit(&self) -> Option<usize> {
+        self.shared.clients.as_ref().map(ClientShares::limit)
+    }
+
+    /// The share of `client`, if the budget has shares per address.
+    pub(super) fn client_share(&self, client: IpAddr) -> Option<Arc<Counter>> {
+        Some(self.shared.clients.as_ref()?.share(client))
+    }
+
+    /// Starts holding one body whose bytes the caller reads: it is charged
+    /// as it grows ([`HeldBody::grow_to`]) and gives its bytes back when
+    /// dropped. For a server that reads bodies without
+    /// [`BodyBufferLayer`](super::BodyBufferLayer).
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    ///
+    /// let budget = BodyBudget::new(1 << 20);
+    /// let mut body = budget.hold();
+    /// assert_eq!(budget.bodies(), 1);
+    /// let mut read = Vec::new();
+    /// for chunk in [&b"{\"jsonrpc\":"[..], &b"\"2.0\"}"[..]] {
+    ///     body.grow_to(read.len() + chunk.len())?;
+    ///     read.extend_from_slice(chunk);
+    /// }
+    /// assert_eq!((budget.used(), body.held()), (17, 17));
+    /// drop(body);
+    /// assert_eq!((budget.used(), budget.bodies()), (0, 0));
+    /// # Ok::<(), mcp_id_guard::protect::buffer::OverBudget>(())
+    /// ```
+    pub fn hold(&self) -> HeldBody {
+        HeldBody(Charge::new((None, None), Arc::clone(&self.shared)))
+    }
+
+    /// [`hold`](Self::hold), counted also against the share of `client`
+    /// if the budget has shares per address ([`per_client`](Self::per_client)).
+    pub fn hold_for(&self, client: IpAddr) -> HeldBody {
+        HeldBody(Charge::new(
+            (self.client_share(client), None),
+            Arc::clone(&self.shared),
+        ))
     }
 }
+
+/// One body's bytes held against a [`BodyBudget`]
+/// ([`BodyBudget::hold`]); given back when dropped.
+#[derive(Debug)]
+pub struct HeldBody(Charge);
+
+impl HeldBody {
+    /// Holds `bytes` in all (never less than already held), if they fit
+    /// what the budget has left; else holds what it held and the body
+    /// should be refused (`503`).
+    pub fn grow_to(&mut self, bytes: usize) -> Result<(), OverBudget> {
+        self.0.grow_to(bytes).map_err(|_| OverBudget)
+    }
+
+    /// The bytes held.
+    pub fn held(&self) -> usize {
+        self.0.held
+    }
+}
+
+/// A body did not fit what its [`BodyBudget`] has left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverBudget;
+
+impl fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request bodies hold all the memory they may")
+    }
+}
+
+impl std::error::Error for OverBudget {}
 
 /// Which limit a body ran into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,34 +326,73 @@ pub(super) enum Over {
     Budget,
 }
 
-/// The bytes one body holds against its connection's share and the shared
-/// budget; given back when dropped.
+/// The bytes one body holds against its connection's share (if any), its
+/// client address's (if any: the bytes of a large body only, small ones
+/// draw on the reserve) and the shared budget; given back when dropped. It
+/// counts as a body held from the start.
 #[derive(Debug)]
 pub(super) struct Charge {
-    connection: Arc<Counter>,
-    total: Arc<Counter>,
+    client: Option<Arc<Counter>>,
+    connection: Option<Arc<Counter>>,
+    shared: Arc<Shared>,
     held: usize,
 }
 
 impl Charge {
-    pub(super) fn new(connection: Arc<Counter>, total: Arc<Counter>) -> Self {
+    pub(super) fn new(
+        (client, connection): (Option<Arc<Counter>>, Option<Arc<Counter>>),
+        shared: Arc<Shared>,
+    ) -> Self {
+        shared.bodies.fetch_add(1, Ordering::AcqRel);
         Self {
+            client,
             connection,
-            total,
+            shared,
             held: 0,
         }
     }
 
-    /// Holds `bytes` in all, taking the difference from both budgets.
+    /// The largest body that may draw on the reserve.
+    pub(super) fn small_body_bytes(&self) -> usize {
+        self.shared.small_body_bytes
+    }
+
+    /// What the client's share holds of a body of `bytes`.
+    fn client_part(&self, bytes: usize) -> usize {
+        if bytes > self.shared.small_body_bytes {
+            bytes
+        } else {
+            0
+        }
+    }
+
+    /// Holds `bytes` in all, taking the difference from every budget.
     pub(super) fn grow_to(&mut self, bytes: usize) -> Result<(), Over> {
         let Some(more) = bytes.checked_sub(self.held).filter(|more| *more > 0) else {
             return Ok(());
         };
-        if !self.connection.take(more) {
-            return Err(Over::Budget);
+        let client_more = self.client_part(bytes) - self.client_part(self.held);
+        let give_back = |client: bool, connection: bool| {
+            if let (true, Some(share)) = (client, &self.client) {
+                share.give_back(client_more);
+            }
+            if let (true, Some(share)) = (connection, &self.connection) {
+                share.give_back(more);
+            }
+        };
+        if let Some(share) = &self.client {
+            if !share.take(client_more) {
+                return Err(Over::Budget);
+            }
         }
-        if !self.total.take(more) {
-            self.connection.give_back(more);
+        if let Some(share) = &self.connection {
+            if !share.take(more) {
+                give_back(true, false);
+                return Err(Over::Budget);
+            }
+        }
+        if !self.shared.grow(self.held, bytes) {
+            give_back(true, true);
             return Err(Over::Budget);
         }
         self.held = bytes;
@@ -115,9 +403,15 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         if self.held > 0 {
-            self.connection.give_back(self.held);
-            self.total.give_back(self.held);
+            if let Some(share) = &self.client {
+                share.give_back(self.client_part(self.held));
+            }
+            if let Some(share) = &self.connection {
+                share.give_back(self.held);
+            }
+            self.shared.give_back(self.held);
         }
+        self.shared.bodies.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -128,25 +422,60 @@ mod tests {
     #[test]
     fn charges_fit_both_budgets_and_are_given_back() {
         let connection = Arc::new(Counter::new(10));
-        let total = Arc::new(Counter::new(15));
-        let mut first = Charge::new(Arc::clone(&connection), Arc::clone(&total));
+        let budget = BodyBudget::new(15).reserve_for_small_bodies(0, 0);
+        let total = &budget.shared;
+        let mut first = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
         assert_eq!(first.grow_to(6), Ok(()));
         assert_eq!(first.grow_to(4), Ok(()), "never shrinks");
-        let mut second = Charge::new(Arc::clone(&connection), Arc::clone(&total));
+        let mut second = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
         assert_eq!(
             second.grow_to(5),
             Err(Over::Budget),
             "the connection's share"
         );
-        assert_eq!((connection.used(), total.used()), (6, 6));
+        assert_eq!((connection.used(), budget.used()), (6, 6));
         let other = Arc::new(Counter::new(10));
-        let mut third = Charge::new(Arc::clone(&other), Arc::clone(&total));
+        let mut third = Charge::new((None, Some(Arc::clone(&other))), Arc::clone(total));
         assert_eq!(third.grow_to(10), Err(Over::Budget), "the shared budget");
-        assert_eq!((other.used(), total.used()), (0, 6), "nothing kept");
+        assert_eq!((other.used(), budget.used()), (0, 6), "nothing kept");
         assert_eq!(third.grow_to(9), Ok(()));
+        assert_eq!(budget.bodies(), 3, "held bodies, bytes or not");
         drop(first);
         drop(third);
-        assert_eq!((connection.used(), other.used(), total.used()), (0, 0, 0));
+        assert_eq!((connection.used(), other.used(), budget.used()), (0, 0, 0));
         drop(second);
+        assert_eq!(budget.bodies(), 0);
+    }
+
+    /// Large bodies stop short of the reserve; small ones may use all of
+    /// the budget; a small body that grows large leaves the reserve, or is
+    /// refused if the rest has no room for it.
+    #[test]
+    fn the_reserve_is_for_small_bodies() {
+        let budget = BodyBudget::new(100).reserve_for_small_bodies(30, 10);
+        let mut large = budget.hold();
+        assert_eq!(large.grow_to(71), Err(OverBudget), "into the reserve");
+        assert_eq!(large.grow_to(60), Ok(()));
+        let mut small: Vec<HeldBody> = (0..4).map(|_| budget.hold()).collect();
+        for body in &mut small {
+            assert_eq!(body.grow_to(10), Ok(()));
+        }
+        assert_eq!(budget.used(), 100, "small bodies may take all of it");
+        let mut last = budget.hold();
+        assert_eq!(last.grow_to(1), Err(OverBudget), "the budget is full");
+        drop(small.pop());
+        assert_eq!(
+            small[0].grow_to(11),
+            Err(OverBudget),
+            "no longer small, and 60 + 11 bytes of large bodies reach into the reserve"
+        );
+        assert_eq!(budget.used(), 90, "it holds what it held");
+        drop(large);
+        assert_eq!(small[0].grow_to(11), Ok(()));
+        assert_eq!(small[1].grow_to(59), Ok(()));
+        assert_eq!(small[2].grow_to(11), Err(OverBudget), "11 + 59 + 11 > 70");
+        assert_eq!(budget.used(), 80);
+        drop(small);
+        assert_eq!((budget.used(), budget.bodies()), (0, 1));
     }
 }

@@ -2,7 +2,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
@@ -37,8 +37,11 @@ where
         /// Taken when the body is complete.
         parts: Option<http::request::Parts>,
         service: Option<S>,
-        read: BytesMut,
+        /// Its capacity is what the charge holds.
+        read: Vec<u8>,
         charge: Option<Charge>,
+        /// The most `read` may need: the `Content-Length`, or the cap.
+        expected: usize,
         max_body_bytes: usize,
         close: bool,
     },
@@ -114,12 +117,14 @@ where
         }
     }
 
-    /// Reads `body` (announced to be `announced` bytes long, held for
-    /// already by `charge`), then calls `service` with it.
+    /// Reads `body` (of at most `expected` bytes, by its `Content-Length`
+    /// or the cap), charged to `charge` as it arrives, then calls `service`
+    /// with it.
     pub(super) fn reading(
-        (parts, body, announced): (http::request::Parts, B, usize),
+        (parts, body): (http::request::Parts, B),
         service: S,
         charge: Charge,
+        expected: usize,
         max_body_bytes: usize,
         close: bool,
     ) -> Self {
@@ -128,14 +133,41 @@ where
                 body,
                 parts: Some(parts),
                 service: Some(service),
-                // Held for already: no growing copies on the way.
-                read: BytesMut::with_capacity(announced),
+                // Nothing is allocated (or charged) before bytes arrive.
+                read: Vec::new(),
                 charge: Some(charge),
+                expected,
                 max_body_bytes,
                 close,
             },
         }
     }
+}
+
+/// Makes room in `read` for `size` bytes, charged first: the capacity
+/// doubles (fewer copies) within what the body may need and, while the body
+/// is small, within the small size; or grows exactly if the budget has no
+/// room for the doubling.
+fn make_room(
+    read: &mut Vec<u8>,
+    size: usize,
+    expected: usize,
+    charge: &mut Charge,
+) -> Result<(), Over> {
+    if size <= read.capacity() {
+        return Ok(());
+    }
+    let mut capacity = read.capacity().saturating_mul(2).min(expected);
+    if size <= charge.small_body_bytes() {
+        capacity = capacity.min(charge.small_body_bytes());
+    }
+    let capacity = capacity.max(size);
+    let capacity = match charge.grow_to(capacity) {
+        Ok(()) => capacity,
+        Err(_) => charge.grow_to(size).map(|()| size)?,
+    };
+    read.reserve_exact(capacity - read.len());
+    Ok(())
 }
 
 impl<S, B, ResBody> Future for BufferFuture<S, B>
@@ -166,6 +198,7 @@ where
                     service,
                     read,
                     charge,
+                    expected,
                     max_body_bytes,
                     close,
                 } => loop {
@@ -179,9 +212,9 @@ where
                             let over = if size > *max_body_bytes {
                                 Some(Over::Size)
                             } else {
-                                charge
-                                    .as_mut()
-                                    .and_then(|charge| charge.grow_to(size).err())
+                                charge.as_mut().and_then(|charge| {
+                                    make_room(read, size, *expected, charge).err()
+                                })
                             };
                             if let Some(over) = over {
                                 let (kind, answer) = refused_answer(over, *max_body_bytes, *close);
@@ -206,7 +239,7 @@ where
                         None => {
                             let parts = parts.take().expect("polled after completion");
                             let mut service = service.take().expect("polled after completion");
-                            let body = Full::new(std::mem::take(read).freeze());
+                            let body = Full::new(Bytes::from(std::mem::take(read)));
                             let future = service.call(Request::from_parts(parts, body));
                             break State::Called {
                                 future,

@@ -1,5 +1,5 @@
-//! Request bodies read whole, under an operator's memory budget, before the
-//! inner service sees them: [`BodyBufferLayer`].
+//! Request bodies read whole, under an operator's memory budget that counts
+//! what has arrived, before the inner service sees them: [`BodyBufferLayer`].
 //!
 //! A server that reads each request body into memory (the guard does, for
 //! the POSTs it tracks) holds whatever the client sends until it is
@@ -7,34 +7,86 @@
 //! 800 MiB, and a body the guard does not read streamed to the upstream
 //! as slowly as it came, holding an upstream connection all along. This
 //! layer reads every body that is not already complete, before the inner
-//! service is called, as nginx does (`proxy_request_buffering`), and counts
-//! what it holds against two budgets:
+//! service is called, as nginx does (`proxy_request_buffering`), and holds
+//! every body to a size cap ([`BodyBufferLayer::max_body_bytes`], 4 MiB),
+//! tracked or not: a `Content-Length` over it gets `413` at once, a body
+//! without one when it outgrows it.
+//!
+//! # What a body is charged for
+//! A body is charged for the bytes that have **arrived** of it, never for
+//! what its `Content-Length` announces, against
 //!
 //! - a [`BodyBudget`] shared by every connection (64 MiB in the binary),
-//!   like the session table's byte budget;
+//!   like the session table's byte budget, of which a part (an eighth by
+//!   default, [`BodyBudget::reserve_for_small_bodies`]) is kept for small
+//!   bodies (64 KiB at most by default): larger bodies together hold at
+//!   most the rest;
+//! - a share per client address, if the budget has one
+//!   ([`BodyBudget::per_client`], half the budget in the binary), for the
+//!   bytes of large bodies, across the address's connections
+//!   ([`BodyBufferLayer::for_client`]);
 //! - a share per connection ([`BodyBufferLayer::per_connection`], 4 MiB):
 //!   the streams of one HTTP/2 connection count together, as Envoy bounds
-//!   buffering per connection;
+//!   buffering per connection.
 //!
-//! and holds every body to a size cap ([`BodyBufferLayer::max_body_bytes`],
-//! 4 MiB), tracked or not. A body whose `Content-Length` is over the cap
-//! gets `413` at once; one whose `Content-Length` does not fit what is left
-//! of a budget gets `503` at once (nothing of it is read); a body without a
-//! length is counted as it arrives and refused the same way when it
-//! outgrows the cap or a budget. Every refusal is a JSON-RPC error with
+//! A body that outgrows what one of them has left gets `503`; the body
+//! refused is the one growing. Every refusal is a JSON-RPC error with
 //! `id: null` (the body, which holds the id, was not read), marked
 //! [`Refused::BodyTooLarge`](super::Refused::BodyTooLarge) or
 //! [`Refused::BodyBudget`](super::Refused::BodyBudget), with
 //! `Connection: close` on HTTP/1 (the rest of the body is unread). A body
-//! is counted from its first byte (or its `Content-Length`, reserved up
-//! front) until the inner service has answered (its response head): until
-//! then the inner service may hold the bytes (the proxy keeps a copy to
-//! answer in the upstream's place). So at most the budget is held in
-//! request bodies, however many connections and streams there are.
+//! is counted from its first byte until the inner service has answered (its
+//! response head): until then the inner service may hold the bytes (the
+//! proxy keeps a copy to answer in the upstream's place). The charge is the
+//! buffer's capacity, which doubles as bytes arrive (at most twice what
+//! arrived, and never past the `Content-Length`): at most the budget is
+//! held in request bodies, however many connections and streams there are.
+//! [`BodyBudget::used`] and [`BodyBudget::bodies`] say what is held (the
+//! binary's `/metrics`: `mcp_id_guard_held_request_body_bytes` and
+//! `mcp_id_guard_held_request_bodies`, registered with
+//! [`Metrics::register_body_budget`](super::metrics::Metrics::register_body_budget)).
+//!
+//! # Why: a budget no client can hold cheaply
+//! The budget used to hold each body's whole `Content-Length` from before
+//! its first byte. 16 connections announcing 4 MiB and sending 250 B/s
+//! (above the minimum rate) held all 64 MiB: for 75 s, 0 of 38 pings and
+//! 0 of 13 POSTs of 1 MiB were accepted, over HTTP/1.1 and HTTP/2. How
+//! others answer it:
+//!
+//! - nginx buffers a body in memory up to `client_body_buffer_size` (8 or 16 KiB)
+//!   and spools the rest to a temporary file: memory follows what arrived,
+//!   and disk absorbs what is large;
+//! - Envoy bounds each connection's buffers (`per_connection_buffer_limit_bytes`)
+//!   with flow control, and its overload manager, past a heap threshold,
+//!   resets the streams holding the most buffered bytes;
+//! - Kestrel does not buffer bodies for the application; it cuts a body
+//!   slower than a minimum data rate (240 B/s after a 5 s grace).
+//!
+//! The guard must see a tracked body whole before the upstream does, and
+//! keeps it in memory (spooling to disk would add file I/O and temporary
+//! files to every large body, and a disk to fill). So it charges what has
+//! arrived, as nginx's memory and Envoy's buffer accounting follow what
+//! arrived, not what was announced: announcing is free, sending is not,
+//! and to hold N bytes a client must send N bytes and keep sending at
+//! [`BodyPaceLayer`](super::pace::BodyPaceLayer)'s minimum rate (Kestrel's),
+//! which bounds how long it holds them. The reserve keeps small requests
+//! (pings, tool calls) flowing while large slow bodies fill the rest; the
+//! per-connection share (Envoy's) and the per-address share bound one
+//! connection and one address. A per-address share alone would not do:
+//! behind a TLS terminator every client has the terminator's address, and
+//! addresses are cheap to come by; so it counts large bodies only (small
+//! ones draw on the reserve, and one client filling its address's share
+//! does not lock out the small requests of the others behind it). Envoy's
+//! reset of the largest holders is not done: the body refused is the one
+//! that grows past what is left.
+//!
+//! Another face reading bodies itself (an ASGI server, say, where uvicorn
+//! bounds no body) charges the same budget with [`BodyBudget::hold`] or
+//! [`BodyBudget::hold_for`] and [`HeldBody::grow_to`] as bytes arrive.
 //!
 //! Since the inner service is called only once the body is complete, a
 //! body that trickles holds no upstream connection; put
-//! [`BodyPaceLayer`](super::BodyPaceLayer) outside this layer, and its idle
+//! [`BodyPaceLayer`](super::pace::BodyPaceLayer) outside this layer, and its idle
 //! timeout and minimum rate bound how long the reading takes. The inner
 //! service gets the body as one [`Full`](http_body_util::Full) buffer (an
 //! empty one for a request without a body).
@@ -74,11 +126,14 @@
 //! ```
 
 mod budget;
+mod client;
 mod future;
 mod layer;
 mod service;
 
-pub use budget::BodyBudget;
+pub use budget::{BodyBudget, HeldBody, OverBudget};
 pub use future::BufferFuture;
 pub use layer::BodyBufferLayer;
 pub use service::BodyBuffer;
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,7 @@ use http_body::Body;
 use http_body_util::Full;
 use tower_service::Service;
 
-use super::budget::{Charge, Counter, Over};
+use super::budget::{Charge, Counter, Over, Shared};
 use super::future::BufferFuture;
 
 /// Reads each request body whole (counted against the budgets) before
@@ -17,7 +17,9 @@ use super::future::BufferFuture;
 #[derive(Debug, Clone)]
 pub struct BodyBuffer<S> {
     inner: S,
-    total: Arc<Counter>,
+    shared: Arc<Shared>,
+    /// The share of the connection's client address, if bounded.
+    client: Option<Arc<Counter>>,
     connection: Arc<Counter>,
     max_body_bytes: usize,
 }
@@ -25,13 +27,14 @@ pub struct BodyBuffer<S> {
 impl<S> BodyBuffer<S> {
     pub(super) fn new(
         inner: S,
-        total: Arc<Counter>,
-        connection: Arc<Counter>,
+        shared: Arc<Shared>,
+        (client, connection): (Option<Arc<Counter>>, Arc<Counter>),
         max_body_bytes: usize,
     ) -> Self {
         Self {
             inner,
-            total,
+            shared,
+            client,
             connection,
             max_body_bytes,
         }
@@ -61,27 +64,25 @@ where
             let request = Request::from_parts(parts, Full::default());
             return BufferFuture::called(self.inner.call(request), None);
         }
-        let mut charge = Charge::new(Arc::clone(&self.connection), Arc::clone(&self.total));
-        // A `Content-Length` is known before any byte: over the cap, or more
-        // than the budgets have left, the body is refused unread; else it is
-        // held for it up front.
-        let announced = usize::try_from(body.size_hint().lower()).unwrap_or(usize::MAX);
-        let refused = if announced > self.max_body_bytes {
-            Some(Over::Size)
-        } else {
-            charge.grow_to(announced).err()
-        };
-        if let Some(over) = refused {
-            return BufferFuture::refused(over, self.max_body_bytes, close);
+        // A `Content-Length` over the cap is refused unread. What it
+        // announces is never held for up front: a body is charged for what
+        // has arrived of it (see the module docs).
+        let bytes = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
+        let announced = body.size_hint().upper().map_or(usize::MAX, bytes);
+        if bytes(body.size_hint().lower()) > self.max_body_bytes {
+            return BufferFuture::refused(Over::Size, self.max_body_bytes, close);
         }
+        let shares = (self.client.clone(), Some(Arc::clone(&self.connection)));
+        let charge = Charge::new(shares, Arc::clone(&self.shared));
         // The inner service made ready is the one called once the body is
         // complete; this one stays for the next request.
         let ready = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, ready);
         BufferFuture::reading(
-            (parts, body, announced),
+            (parts, body),
             service,
             charge,
+            announced.min(self.max_body_bytes),
             self.max_body_bytes,
             close,
         )

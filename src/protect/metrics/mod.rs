@@ -104,6 +104,7 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::guard::{Exchange, McpMethod};
 use crate::metric_names::{self as names, MetricName, MetricType};
+use crate::protect::buffer::BodyBudget;
 use crate::protect::Refused;
 use crate::table::Stats;
 
@@ -217,6 +218,31 @@ impl Metrics {
         stats: impl Fn() -> Stats + Send + Sync + 'static,
     ) {
         registry.register_collector(Box::new(StatsCollector(Box::new(stats))));
+    }
+
+    /// Registers what `budget` holds into `registry`, read at each scrape:
+    /// the bytes of request bodies (`mcp_id_guard_held_request_body_bytes`)
+    /// and the bodies (`mcp_id_guard_held_request_bodies`), gauges.
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    /// use mcp_id_guard::protect::metrics::Metrics;
+    /// use prometheus_client::registry::Registry;
+    ///
+    /// let budget = BodyBudget::new(64 * 1024 * 1024);
+    /// let mut registry = Registry::default();
+    /// Metrics::register_body_budget(&mut registry, budget.clone());
+    /// let mut body = budget.hold();
+    /// body.grow_to(40)?;
+    ///
+    /// let mut text = String::new();
+    /// prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    /// assert!(text.contains("mcp_id_guard_held_request_body_bytes 40\n"));
+    /// assert!(text.contains("mcp_id_guard_held_request_bodies 1\n"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_body_budget(registry: &mut Registry, budget: BodyBudget) {
+        registry.register_collector(Box::new(BudgetCollector(budget)));
     }
 
     /// A response left for the client `elapsed` after its request arrived;
@@ -337,6 +363,23 @@ impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         for (name, value) in (self.0)().series() {
             single(&mut encoder, name, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a [`BodyBudget`] holds, read at each scrape.
+#[derive(Debug)]
+struct BudgetCollector(BodyBudget);
+
+impl Collector for BudgetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let gauges = [
+            (names::HELD_REQUEST_BODY_BYTES, self.0.used()),
+            (names::HELD_REQUEST_BODIES, self.0.bodies()),
+        ];
+        for (name, value) in gauges {
+            single(&mut encoder, name, u64::try_from(value).unwrap_or(u64::MAX))?;
         }
         Ok(())
     }
