@@ -220,8 +220,24 @@ async fn call(
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
     });
+    // Some calls of a hiding client claim revision 2026-07-28 and name that
+    // header in `Connection` (chosen by the marker, so the seed's other
+    // draws stay as they were).
+    let hides = quirks.hiding && {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(marker, &mut hasher);
+        std::hash::Hasher::finish(&hasher) % 4 == 0
+    };
+    let extra: &[(&str, &str)] = if hides {
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("connection", "keep-alive, MCP-Protocol-Version"),
+        ]
+    } else {
+        &[]
+    };
     let exchange = async {
-        let (status, mut got) = read(post(Some(session), &message)).await?;
+        let (status, mut got) = read(post_with(Some(session), &message, extra)).await?;
         answer_server(session, &got.asked, quirks, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
@@ -327,6 +343,17 @@ async fn call(
             if read.answer.is_none() && timed_out_inside(quirks, status) =>
         {
             oracle.ended(marker, Outcome::TimedOut);
+        }
+        // The guard refuses a call that hides a header it reads (400, a
+        // JSON-RPC error with `id: null`: it refuses on the headers).
+        (Ok(Ok((status, read, _))), _)
+            if hides
+                && status == StatusCode::BAD_REQUEST
+                && read.answer.as_ref().is_some_and(|answer| {
+                    answer["id"].is_null() && answer["error"]["code"] == json!(-32600)
+                }) =>
+        {
+            oracle.ended(marker, Outcome::Error(400));
         }
         (Ok(Ok((status, read, polls))), _) => {
             judge(marker, status, &read, polls, oracle);
@@ -557,12 +584,24 @@ async fn post(
     session: Option<&str>,
     message: &Value,
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
+    post_with(session, message, &[]).await
+}
+
+/// [`post`] with `extra` headers.
+async fn post_with(
+    session: Option<&str>,
+    message: &Value,
+    extra: &[(&str, &str)],
+) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
     let mut request = Request::post("/mcp")
         .header("host", format!("{GUARD_HOST}:{GUARD_PORT}"))
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream");
     if let Some(session) = session {
         request = request.header("mcp-session-id", session);
+    }
+    for (name, value) in extra {
+        request = request.header(*name, *value);
     }
     send(request.body(Full::new(Bytes::from(message.to_string())))?).await
 }

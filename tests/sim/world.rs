@@ -87,6 +87,9 @@ pub struct Setup {
     /// large for the clock (`u64::MAX` s, which the binary takes): abandoned
     /// ids are remembered, never forgotten at once (#28 item 5).
     pub huge_ttl_rate: f64,
+    /// The share of seeds whose clients hide a session call's revision
+    /// behind `Connection` (see [`Quirks::hiding`]).
+    pub hiding_rate: f64,
     /// Under faults, the share of seeds that partition the guard from the
     /// upstream for up to `max_hold`: turmoil drops what is sent meanwhile,
     /// so the connections open then stall for good (the proxy's timeouts
@@ -125,6 +128,7 @@ impl Default for Setup {
             codings_rate: 0.3,
             bom_rate: 0.3,
             huge_ttl_rate: 0.2,
+            hiding_rate: 0.3,
             partition_rate: 0.3,
             reset_rate: 0.3,
         }
@@ -144,6 +148,11 @@ pub struct Quirks {
     pub bom: bool,
     /// The guard's abandoned-id TTL is `u64::MAX` seconds.
     pub huge_ttl: bool,
+    /// Clients send some calls claiming revision 2026-07-28 with a
+    /// `Connection` header that names `MCP-Protocol-Version`: the proxy drops
+    /// it, and the server routes the call into the session by id (#42 item
+    /// 1). The guard must refuse such calls.
+    pub hiding: bool,
 }
 
 impl Quirks {
@@ -158,6 +167,7 @@ impl Quirks {
             codings: rng.random_bool(setup.codings_rate),
             bom: rng.random_bool(setup.bom_rate),
             huge_ttl: rng.random_bool(setup.huge_ttl_rate),
+            hiding: rng.random_bool(setup.hiding_rate),
         }
     }
 }
