@@ -36,6 +36,10 @@ use world::{Report, Setup};
 ///   reached it as `1` (item 1); answers labelled `identity` (or `identity,
 ///   identity`, or empty) went unread, and clients got server-side ids
 ///   (item 3, the list reading too);
+///   With #42's first fix reverted (a session POST claiming 2026-07-28
+///   untracked, a `Connection` that hides a header not refused), the same
+///   seed's hiding clients were cross-wired (10 of the first 60 seeds from
+///   1000 failed so);
 /// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
 ///   resumed stream went unread, and its client got a server-side id (item
 ///   4; a BOM-led JSON answer, the review's fix, the same);
