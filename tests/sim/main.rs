@@ -38,7 +38,7 @@ use world::{Report, Setup};
 ///   (item 3, the list reading too);
 ///   With #42's first fix reverted (a session POST claiming 2026-07-28
 ///   untracked, a `Connection` that hides a header not refused), the same
-///   seed's hiding clients were cross-wired (10 of the first 60 seeds from
+///   seed's hiding clients were cross-wired (11 of the first 60 seeds from
 ///   1000 failed so);
 /// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
 ///   resumed stream went unread, and its client got a server-side id (item
