@@ -95,6 +95,87 @@ async fn unread_admin_connections_are_cut_at_the_send_timeout() -> anyhow::Resul
     Ok(())
 }
 
+/// The address of a binary's admin listener, started with `extra` flags
+/// behind a dead upstream (the admin endpoints need none).
+async fn admin_guard(extra: &[&str]) -> anyhow::Result<(Guard, std::net::SocketAddr, String)> {
+    let refused = refused_port();
+    let dead = format!("http://127.0.0.1:{}", refused.port);
+    let mut args = vec!["--upstream", &dead, "--admin-listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let guard = Guard::start(&args).await?;
+    let admin = admin_base(&guard).await?;
+    let address = admin.trim_start_matches("http://").parse()?;
+    Ok((guard, address, admin))
+}
+
+/// `GET /healthz` on a fresh connection, answered `200` within `within` (a
+/// liveness probe's patience).
+async fn probe(admin: &str, within: Duration, behind: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let healthz = tokio::time::timeout(within, get(&format!("{admin}/healthz"))).await;
+    println!("/healthz after {:?} behind {behind}", started.elapsed());
+    let (status, _) = healthz
+        .with_context(|| format!("/healthz unanswered for {within:?} behind {behind}"))??;
+    assert_eq!(status, 200);
+    Ok(())
+}
+
+/// At default settings, `--admin-max-connections` (16) idle keep-alive
+/// connections, each answered once, held `/healthz` unanswered for the
+/// keep-alive timeout (75 s), and their client simply opened them again.
+/// Now an idle connection is closed to make room for a new one at the cap,
+/// as nginx closes its idle keep-alive connections when it runs out.
+#[tokio::test]
+async fn idle_admin_connections_make_room_at_the_cap() -> anyhow::Result<()> {
+    let (_guard, address, admin) = admin_guard(&[]).await?;
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(healthz).await?;
+        let mut head = [0u8; 12];
+        tokio::time::timeout(OK_TIMEOUT, stream.read_exact(&mut head)).await??;
+        assert_eq!(&head, b"HTTP/1.1 200");
+        idle.push(stream);
+    }
+    probe(
+        &admin,
+        Duration::from_secs(3),
+        "16 idle keep-alive connections",
+    )
+    .await
+}
+
+/// At default settings, 16 connections pipelining requests and never
+/// reading held `/healthz` unanswered for the client send timeout (60 s).
+/// The admin listener's own send timeout (`--admin-send-timeout`, a couple
+/// of seconds) cuts them well within a probe's patience.
+#[tokio::test]
+async fn unread_admin_connections_lose_their_slot_in_seconds() -> anyhow::Result<()> {
+    let (_guard, address, admin) = admin_guard(&[]).await?;
+    let attackers = 16;
+    let (accepted, mut answered) = tokio::sync::mpsc::channel(attackers);
+    let mut attacks = JoinSet::new();
+    for _ in 0..attackers {
+        attacks.spawn(unread_pipeline(address, accepted.clone()));
+    }
+    for _ in 0..attackers {
+        tokio::time::timeout(OK_TIMEOUT, answered.recv())
+            .await
+            .context("an attacking connection was never served")?;
+    }
+    // The admin send timeout (2 s), after the few milliseconds it takes to
+    // fill the socket buffers, plus room for a loaded machine.
+    let probed = probe(
+        &admin,
+        Duration::from_secs(5),
+        "16 unread pipelining connections",
+    )
+    .await;
+    attacks.abort_all();
+    probed
+}
+
 /// `--admin-max-connections` bounds the admin connections open at once: with
 /// 2, a third connection is not served while two are open and idle, and is
 /// once one of them closes.
