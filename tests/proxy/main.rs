@@ -9,6 +9,9 @@ mod support;
 // The admin listener of the binary under the main listener's limits.
 #[cfg(feature = "cli")]
 mod admin;
+// The library server's connection cap: idle connections make room.
+#[cfg(feature = "server")]
+mod capacity;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;
