@@ -94,11 +94,14 @@ impl Args {
             .max_header_bytes(Some(self.max_header_bytes))
     }
 
-    /// The admin listener's server: the client connections' timeouts and
-    /// per-connection budgets, its own connection cap, and no metrics (its
-    /// connections are not clients').
+    /// The admin listener's server: the client connections' head and
+    /// keep-alive timeouts and per-connection budgets, its own connection
+    /// cap and send timeout, and no metrics (its connections are not
+    /// clients'). Idle admin connections make room at the cap (the
+    /// library's default), as client connections do.
     pub(crate) fn admin_server(&self) -> ServerBuilder {
         self.server(self.admin_max_connections())
+            .send_timeout(enabled(self.admin_send_timeout))
     }
 
     /// `--admin-max-connections` as a count.
