@@ -1,9 +1,10 @@
 //! The admin listener (`--admin-listen`) under the connection limits of the
 //! main one (issue 30, item 3), so that `/healthz` stays available to a
 //! liveness probe whatever its other connections do: clients that pipeline
-//! requests and never read their answers are cut at the admin send timeout
-//! (`--admin-send-timeout`, a couple of seconds), idle connections make room
-//! at the cap, and `--admin-max-connections` sets how many admin connections
+//! requests and never read their answers, or never finish a head, are cut
+//! at the admin send or head timeout (`--admin-send-timeout`,
+//! `--admin-header-read-timeout`, a couple of seconds), idle connections
+//! make room at the cap, and `--admin-max-connections` sets how many admin connections
 //! may be open at once.
 
 use std::time::{Duration, Instant};
@@ -179,6 +180,29 @@ async fn unread_admin_connections_lose_their_slot_in_seconds() -> anyhow::Result
     .await;
     attacks.abort_all();
     probed
+}
+
+/// At default settings, 16 connections each part-way through a request
+/// head (a slow-head client) are not idle and cannot make room: they held
+/// `/healthz` unanswered for the head timeout (`--header-read-timeout`,
+/// 10 s). The admin listener's own head timeout (`--admin-header-read-timeout`,
+/// a couple of seconds) cuts them within a probe's patience.
+#[tokio::test]
+async fn slow_admin_heads_lose_their_slot_in_seconds() -> anyhow::Result<()> {
+    let (_guard, address, admin) = admin_guard(&[]).await?;
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(b"GET /healthz HTTP/1.1\r\n").await?;
+        slow.push(stream);
+    }
+    // The admin head timeout (2 s), plus room for a loaded machine.
+    probe(
+        &admin,
+        Duration::from_secs(5),
+        "16 connections part-way through a request head",
+    )
+    .await
 }
 
 /// `--admin-max-connections` bounds the admin connections open at once: with

@@ -106,6 +106,8 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
         "--admin-send-timeout",
         "MCP_ID_GUARD_ADMIN_SEND_TIMEOUT",
+        "--admin-header-read-timeout",
+        "MCP_ID_GUARD_ADMIN_HEADER_READ_TIMEOUT",
         "--max-body-memory-bytes",
         "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
         "--max-body-memory-per-connection",

@@ -414,9 +414,9 @@ pub(crate) struct Args {
     /// connection idle the longest closes to make room for a new one (as
     /// client connections do at --max-connections); while none is idle, new
     /// ones wait until one closes. Admin connections have the head and
-    /// keep-alive timeouts of client connections (--header-read-timeout,
-    /// --keep-alive-timeout) and a send timeout of their own
-    /// (--admin-send-timeout). Probes and a scraper need a few.
+    /// keep-alive timeout of client connections (--keep-alive-timeout), and
+    /// head and send timeouts of their own (--admin-header-read-timeout,
+    /// --admin-send-timeout). Probes and a scraper need a few.
     #[arg(
         long,
         env = "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
@@ -438,6 +438,20 @@ pub(crate) struct Args {
         value_parser = parse_duration
     )]
     pub(crate) admin_send_timeout: Duration,
+
+    /// How long an admin client may take to send a whole request head (from
+    /// its first byte, or from the connection's start): --header-read-timeout
+    /// for admin connections, but short, so that clients that start heads
+    /// and never finish them, which are not idle and do not make room at the
+    /// cap, lose their slots in seconds. Probes and scrapers send a small
+    /// head at once. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ADMIN_HEADER_READ_TIMEOUT",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub(crate) admin_header_read_timeout: Duration,
 
     /// Label each tools/call in /metrics with its tool's name
     /// (gen_ai_tool_name), for the first N distinct names; later names are
@@ -601,6 +615,7 @@ mod tests {
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
         assert_eq!(args.admin_max_connections, 16);
         assert_eq!(args.admin_send_timeout, Duration::from_secs(2));
+        assert_eq!(args.admin_header_read_timeout, Duration::from_secs(2));
         assert!(!args.trust_forwarded);
         assert_eq!(args.max_body_memory_bytes, 64 * 1024 * 1024);
         assert_eq!(args.max_body_memory_per_connection, None);
