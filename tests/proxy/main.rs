@@ -23,6 +23,8 @@ mod failures;
 #[cfg(feature = "cli")]
 mod hardening;
 mod headers;
+// TRACE, CONNECT and OPTIONS * answered by the proxy itself.
+mod methods;
 // The protection layers composed with the guard and the proxy in an axum app.
 mod layers;
 #[cfg(feature = "cli")]
