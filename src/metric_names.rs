@@ -131,7 +131,7 @@ pub(crate) const REFUSED: MetricName = counter!(
 );
 pub(crate) const CONNECTIONS_CLOSED: MetricName = counter!(
     "mcp_id_guard_connections_closed",
-    "Client connections the proxy closed itself, by reason (request_cap: --max-requests-per-connection; client_resets: --max-client-resets)."
+    "Client connections the proxy closed itself, by reason (request_cap: --max-requests-per-connection; client_resets: --max-client-resets; idle_at_capacity: idle, closed for a new connection waiting at the connection cap)."
 );
 pub(crate) const CLIENT_RESETS: MetricName = counter!(
     "mcp_id_guard_client_resets",

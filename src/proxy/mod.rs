@@ -65,11 +65,13 @@
 //!   `http` upstreams are supported (run the guard next to the server).
 //!   Requests that could leave the prefix or name another target than the
 //!   one checked are answered `400` and never forwarded: a path with a `.`
-//!   or `..` segment (also percent-encoded), `CONNECT` and authority-form
-//!   targets, and a `Host` header that differs from the target's authority
+//!   or `..` segment (also percent-encoded), authority-form targets, and a `Host` header that differs from the target's authority
 //!   (absolute-form targets, HTTP/2 `:authority`).
 //! - **Methods and bodies.** Every method passes (POST, GET for standalone and
-//!   resumed SSE streams, DELETE, ...). Request and response bodies stream
+//!   resumed SSE streams, DELETE, ...) but `TRACE` and `CONNECT`, which the
+//!   proxy answers itself with `405` and an `Allow` header, and `OPTIONS *`
+//!   (asterisk form: the server in general), which it answers with `200`
+//!   and `Allow`; none of them reaches the upstream. Request and response bodies stream
 //!   frame by frame: each server-sent event reaches the client as soon as the
 //!   upstream sends it. The one exception is described under *Errors*.
 //! - **End-to-end headers** pass both ways untouched: `Mcp-Session-Id`,
@@ -99,7 +101,8 @@
 //!   terminator), [`ProxyBuilder::trust_forwarded`] keeps the ones a request
 //!   arrives with and appends the client's IP to `X-Forwarded-For`.
 //! - Requests go to the upstream over HTTP/1.1 on pooled keep-alive
-//!   connections, whatever version the client used. The task that serves a
+//!   connections, whatever version the client used. The `Cookie` fields an
+//!   HTTP/2 client split are joined with `"; "` into one (RFC 9113 §8.2.3). The task that serves a
 //!   request drives its upstream connection itself (no task per connection,
 //!   no hand-offs between tasks), and an answer that has already arrived is
 //!   passed on in one write, head and end included.
@@ -174,8 +177,10 @@ mod body;
 mod capped;
 mod collect;
 mod connect;
+mod cookie;
 mod failure;
 mod headers;
+mod methods;
 mod pool;
 mod upstream;
 mod warnings;
@@ -661,6 +666,9 @@ impl Proxy {
     {
         let this = &*self.shared;
         let (mut parts, body) = request.into_parts();
+        if let Some(response) = methods::answered_here(&parts) {
+            return response;
+        }
         if let Some(message) = upstream::refused(&parts) {
             tracing::debug!(method = %parts.method, "request target refused: {message}");
             let mut response = local(
@@ -693,6 +701,10 @@ impl Proxy {
             this.preserve_host,
             this.trust_forwarded,
         );
+        // An HTTP/2 client's split `Cookie` fields go as one on HTTP/1.1.
+        if parts.version == Version::HTTP_2 {
+            cookie::join(&mut parts.headers);
+        }
         // HTTP/1.1 requests name their target in origin form.
         parts.uri = this.upstream.target(std::mem::take(&mut parts.uri));
         // For log lines, which name the whole upstream URL.

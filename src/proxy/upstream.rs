@@ -129,7 +129,8 @@ impl Upstream {
                 .cloned()
                 .map_or_else(Uri::default, Uri::from);
         }
-        // `OPTIONS *` and other forms without a leading slash get one.
+        // Forms without a leading slash (asterisk form with a method other
+        // than `OPTIONS`, whose `OPTIONS *` the proxy answers) get one.
         let slash = if tail.starts_with('/') { "" } else { "/" };
         let mut joined = String::with_capacity(self.prefix.len() + slash.len() + tail.len());
         joined.push_str(&self.prefix);
@@ -174,8 +175,9 @@ impl Upstream {
 }
 
 /// Why a request is not forwarded, if it is not (the proxy answers `400`):
-/// - `CONNECT` and authority-form targets: the proxy is no tunnel, and the
-///   target names no path under the upstream.
+/// - `CONNECT` (which the proxy answers `405` before this is asked) and
+///   authority-form targets: the proxy is no tunnel, and the target names
+///   no path under the upstream.
 /// - A path with a `.` or `..` segment, plain or percent-encoded (`%2e`),
 ///   also between encoded slashes: joined under the upstream's prefix,
 ///   `/../admin` would name something outside it once the upstream

@@ -27,6 +27,9 @@ pub(crate) enum Closing {
     RequestCap,
     /// Its client reset too many streams (--max-client-resets).
     ClientResets,
+    /// It was idle while a new connection waited at the connection cap
+    /// (see [`Activity::make_room`]).
+    Room,
 }
 
 impl Closing {
@@ -34,6 +37,7 @@ impl Closing {
         match self {
             Self::RequestCap => 1,
             Self::ClientResets => 2,
+            Self::Room => 3,
         }
     }
 
@@ -41,6 +45,7 @@ impl Closing {
         match code {
             1 => Some(Self::RequestCap),
             2 => Some(Self::ClientResets),
+            3 => Some(Self::Room),
             _ => None,
         }
     }
@@ -50,6 +55,7 @@ impl Closing {
         match self {
             Self::RequestCap => "request_cap",
             Self::ClientResets => "client_resets",
+            Self::Room => "idle_at_capacity",
         }
     }
 
@@ -58,6 +64,9 @@ impl Closing {
         match self {
             Self::RequestCap => "this connection has carried its last request",
             Self::ClientResets => "this connection reset too many requests",
+            // Never sent: a request that races with the close is served
+            // (see `Activity::request_started`).
+            Self::Room => "this connection was closed to make room for another",
         }
     }
 
@@ -67,6 +76,7 @@ impl Closing {
             Self::ClientResets => {
                 "its client reset too many streams before their response (--max-client-resets)"
             }
+            Self::Room => "it was idle while a new connection waited at the connection cap",
         }
     }
 }
@@ -106,6 +116,11 @@ pub(crate) struct Activity {
     head_started: AtomicU64,
     /// Whether a request has arrived (protocol detection is over).
     served: AtomicBool,
+    /// Whether the last read of the socket found nothing to read: hyper
+    /// waits for the client. `false` while hyper may still hold bytes it
+    /// read (pipelined requests it answers one after the other, with no
+    /// request active in between).
+    read_waiting: AtomicBool,
     /// Whether the connection speaks HTTP/2, where bytes arrive while idle
     /// (pings, settings) and do not start a request head.
     http2: AtomicBool,
@@ -156,6 +171,7 @@ impl Activity {
             head_started: AtomicU64::new(NONE),
             write_blocked: AtomicU64::new(NONE),
             served: AtomicBool::new(false),
+            read_waiting: AtomicBool::new(false),
             http2: AtomicBool::new(false),
             close: AtomicBool::new(false),
             signals: AtomicU64::new(0),
@@ -183,7 +199,15 @@ impl Activity {
         self.head_started.store(NONE, Ordering::Relaxed);
         let count = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         let admission = if let Some(closing) = self.closing() {
-            Allowance::Refuse(closing)
+            // A request that arrived as an idle connection was told to make
+            // room had already left its client: it is served, as the
+            // connection's last, rather than refused with a 503 that the
+            // client did nothing to earn.
+            if closing == Closing::Room {
+                Allowance::Last
+            } else {
+                Allowance::Refuse(closing)
+            }
         } else if self.max_requests.is_some_and(|max| count >= max) {
             if self.close_for(Closing::RequestCap) {
                 Allowance::Last
@@ -223,6 +247,47 @@ impl Activity {
             self.request_close();
         }
         first
+    }
+
+    /// Since when the connection has been idle, if it is: no request in
+    /// progress, hyper waiting for the client to send (not answering
+    /// pipelined requests it already read), no byte of a next request head
+    /// (or of the first one, or of the HTTP/2 preface) arrived, no write to
+    /// the client blocked, and not already closing. Such a connection can
+    /// close without losing anything its client sent or was sent: a
+    /// blocked write may be the end of a response that hyper still holds
+    /// (its request no longer counts as active), which a close would cut;
+    /// a client that reads nothing is the send timeout's.
+    pub(super) fn idle_since(&self) -> Option<Instant> {
+        let idle = !self.gone.load(Ordering::Acquire)
+            && self.active.load(Ordering::Acquire) == 0
+            && self.read_waiting.load(Ordering::Relaxed)
+            && self.head_started.load(Ordering::Relaxed) == NONE
+            && self.write_blocked.load(Ordering::Relaxed) == NONE
+            && self.closing.load(Ordering::Acquire) == 0
+            && !self.close.load(Ordering::Relaxed);
+        idle.then(|| self.at(self.idle_since.load(Ordering::Relaxed)))
+    }
+
+    /// Closes the connection, gracefully, for a new one waiting at the
+    /// connection cap (as nginx closes idle keep-alive connections when it
+    /// runs out): `false` when it is no longer idle or was already closing.
+    /// A request that arrives meanwhile is still served, as its last.
+    pub(super) fn make_room(&self) -> bool {
+        self.idle_since().is_some() && self.close_for(Closing::Room)
+    }
+
+    /// Whether a connection told to [make room](Self::make_room) is about
+    /// to free its slot (or, ended, to hand back its permit): it is not,
+    /// when a request raced with the close and is being served, and the
+    /// room has to come from elsewhere.
+    pub(super) fn leaving(&self) -> bool {
+        self.active.load(Ordering::Acquire) == 0
+    }
+
+    /// The connection has ended (its watchdog let go of it).
+    pub(super) fn ended(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
     /// The client reset an HTTP/2 stream before its response ended.
@@ -268,11 +333,22 @@ impl Activity {
     /// deadline is at least the shortest limit away, and the watchdog never
     /// sleeps longer than that (see [`drive`]).
     pub(super) fn bytes_read(&self) {
+        if self.read_waiting.load(Ordering::Relaxed) {
+            self.read_waiting.store(false, Ordering::Relaxed);
+        }
         if self.active.load(Ordering::Acquire) == 0
             && self.head_started.load(Ordering::Relaxed) == NONE
             && !self.http2.load(Ordering::Relaxed)
         {
             self.head_started.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// A read of the socket found nothing: whatever hyper read before, it
+    /// has taken in.
+    pub(super) fn read_waiting(&self) {
+        if !self.read_waiting.load(Ordering::Relaxed) {
+            self.read_waiting.store(true, Ordering::Relaxed);
         }
     }
 
@@ -429,6 +505,46 @@ mod tests {
             ]
         );
         assert!(activity.close.load(Ordering::Relaxed));
+    }
+
+    /// Only a connection with no request in progress and no byte of a next
+    /// head makes room; one that does keeps serving what arrives after it
+    /// was told to, as its last request.
+    #[tokio::test]
+    async fn only_idle_connections_make_room() {
+        let fresh = Activity::new(&limits(None, None), None);
+        assert!(fresh.idle_since().is_none(), "not read from yet");
+        fresh.read_waiting();
+        assert!(fresh.idle_since().is_some(), "a connection yet to speak");
+        let busy = Activity::new(&limits(None, None), None);
+        let (request, _) = busy.request_started(false);
+        busy.read_waiting();
+        assert!(!busy.make_room());
+        // Pipelined requests arrive during the first one.
+        busy.bytes_read();
+        drop(request);
+        assert!(!busy.make_room(), "pipelined requests may be buffered");
+        busy.read_waiting();
+        assert!(busy.make_room(), "control: idle now");
+        let busy = Activity::new(&limits(None, None), None);
+        drop(busy.request_started(false).0);
+        busy.read_waiting();
+        busy.write_blocked();
+        assert!(!busy.make_room(), "its answer is not all sent");
+        busy.write_progressed();
+        busy.bytes_read();
+        assert!(!busy.make_room(), "a next head has started");
+
+        let idle = Activity::new(&limits(None, None), None);
+        drop(idle.request_started(false).0);
+        idle.read_waiting();
+        assert!(idle.make_room());
+        assert!(!idle.make_room(), "already closing");
+        assert!(idle.leaving());
+        assert_eq!(idle.closing(), Some(Closing::Room));
+        let (_raced, admission) = idle.request_started(false);
+        assert_eq!(admission, Allowance::Last);
+        assert!(!idle.leaving());
     }
 
     /// Resets close the connection only once they are the budget and at

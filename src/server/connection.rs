@@ -33,7 +33,9 @@ pub(super) struct Ending {
 }
 
 /// Serves `stream` on a task of its own, which holds `permit` (one of the
-/// connection cap's) until the connection is gone.
+/// connection cap's) until the connection is gone. The connection's
+/// activity comes back, for the accept loop to find idle connections at
+/// the cap.
 pub(super) fn spawn<I, A, S, B>(
     shared: &Arc<Setup>,
     stream: I,
@@ -41,7 +43,8 @@ pub(super) fn spawn<I, A, S, B>(
     service: S,
     ending: Ending,
     permit: OwnedSemaphorePermit,
-) where
+) -> Arc<Activity>
+where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     A: fmt::Debug + Send + 'static,
     S: Service<Request<ClientBody>, Response = Response<B>> + Clone + Send + 'static,
@@ -68,11 +71,12 @@ pub(super) fn spawn<I, A, S, B>(
     );
     let limits = shared.limits;
     let Ending { stop, mut cut } = ending;
+    let watched = Arc::clone(&activity);
     tokio::spawn(async move {
         let driven = watchdog::drive(
             served,
             |served| served.graceful_shutdown(),
-            activity,
+            watched,
             limits,
             stop,
             peer,
@@ -85,6 +89,7 @@ pub(super) fn spawn<I, A, S, B>(
         drop(open);
         drop(permit);
     });
+    activity
 }
 
 /// Admits one request: to the service, or answered here when its connection

@@ -29,7 +29,9 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        if result.is_pending() {
+            self.activity.read_waiting();
+        } else if buf.filled().len() > before {
             self.activity.bytes_read();
         }
         result

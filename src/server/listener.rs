@@ -16,6 +16,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// reset budgets. An `accept` error is taken as passing (out of
 /// descriptors and the like): the server backs off and calls again, so an
 /// error that will never go away should instead keep `accept` pending.
+/// `accept` must be cancel-safe, as Tokio's is: the server drops a pending
+/// `accept` when it shuts down, or when a connection closes at the cap
+/// while it waited for one to make room for.
 ///
 /// A listener over a transport of one's own:
 ///

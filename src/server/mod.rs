@@ -3,8 +3,9 @@
 //! request head (protocol detection and the HTTP/2 preface included), stay
 //! idle between requests, or leave a response unread; how many requests one
 //! connection may carry and how many HTTP/2 streams its client may reset
-//! (a "rapid reset" flood); how many connections are open at once; backing
-//! off when `accept` fails; and a graceful shutdown with a grace period.
+//! (a "rapid reset" flood); how many connections are open at once (idle
+//! ones making room for new ones at the cap); backing off when `accept`
+//! fails; and a graceful shutdown with a grace period.
 //!
 //! hyper's own header timer covers neither hyper-util's protocol detection
 //! (which reads the first bytes with no timer at all) nor HTTP/2, so a
@@ -136,6 +137,7 @@ type ServiceError = Box<dyn std::error::Error + Send + Sync>;
 struct Setup {
     limits: Limits,
     max_connections: usize,
+    close_idle_at_capacity: bool,
     grace_period: Duration,
     metrics: Option<Metrics>,
     http: auto::Builder<TokioExecutor>,
@@ -146,6 +148,10 @@ impl fmt::Debug for Server {
         f.debug_struct("Server")
             .field("limits", &self.shared.limits)
             .field("max_connections", &self.shared.max_connections)
+            .field(
+                "close_idle_at_capacity",
+                &self.shared.close_idle_at_capacity,
+            )
             .field("grace_period", &self.shared.grace_period)
             .finish_non_exhaustive()
     }
@@ -200,6 +206,7 @@ impl Server {
 pub struct ServerBuilder {
     limits: Limits,
     max_connections: usize,
+    close_idle_at_capacity: bool,
     grace_period: Duration,
     max_header_bytes: Option<usize>,
     metrics: Option<Metrics>,
@@ -219,6 +226,7 @@ impl Default for ServerBuilder {
                 }),
             },
             max_connections: 1024,
+            close_idle_at_capacity: true,
             grace_period: Duration::from_secs(5),
             max_header_bytes: Some(32 * 1024),
             metrics: None,
@@ -253,9 +261,26 @@ impl ServerBuilder {
     /// are, the server stops accepting (the kernel's backlog holds new ones)
     /// instead of running out of file descriptors. Size it from the
     /// descriptor limit, leaving room for each connection's upstream
-    /// connection if the service opens one.
+    /// connection if the service opens one (and one more descriptor: see
+    /// [`close_idle_at_capacity`](Self::close_idle_at_capacity)).
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
+        self
+    }
+
+    /// Whether idle connections make room at the
+    /// [connection cap](Self::max_connections) (default on), as nginx
+    /// closes its idle keep-alive connections when it runs out: with all
+    /// connections open, the next one is accepted to wait (one over the
+    /// cap), and the connection idle the longest — no request in progress,
+    /// no byte of a next request head — is closed gracefully for it. A
+    /// request that races with that close is still served, as its
+    /// connection's last. While none is idle, the new connection waits for
+    /// one to close or become idle. Off, the server stops accepting at the
+    /// cap, and connections that sit idle keep it full until their
+    /// keep-alive timeout.
+    pub fn close_idle_at_capacity(mut self, on: bool) -> Self {
+        self.close_idle_at_capacity = on;
         self
     }
 
@@ -321,6 +346,7 @@ impl ServerBuilder {
             shared: Arc::new(Setup {
                 limits: self.limits,
                 max_connections: self.max_connections,
+                close_idle_at_capacity: self.close_idle_at_capacity,
                 grace_period: self.grace_period,
                 metrics: self.metrics,
                 http,

@@ -104,6 +104,10 @@ async fn help_lists_the_new_options_and_their_env_vars() -> anyhow::Result<()> {
         "MCP_ID_GUARD_ADMIN_LISTEN",
         "--admin-max-connections",
         "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
+        "--admin-send-timeout",
+        "MCP_ID_GUARD_ADMIN_SEND_TIMEOUT",
+        "--admin-header-read-timeout",
+        "MCP_ID_GUARD_ADMIN_HEADER_READ_TIMEOUT",
         "--max-body-memory-bytes",
         "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
         "--max-body-memory-per-connection",
@@ -1650,9 +1654,9 @@ async fn raw_status(addr: &str, raw: &str) -> anyhow::Result<u16> {
 
 /// Targets that could leave the upstream's prefix or name another target
 /// than the one the Host policy checked get 400 and never reach the
-/// upstream: dot segments (plain or percent-encoded), `CONNECT`, and, under
+/// upstream: dot segments (plain or percent-encoded), and, under
 /// `--preserve-host`, a `Host` header that differs from an absolute-form
-/// target's or HTTP/2 `:authority`.
+/// target's or HTTP/2 `:authority`. `CONNECT` never gets that far (`405`).
 #[tokio::test]
 async fn escaping_and_mismatched_targets_get_400() -> anyhow::Result<()> {
     let (upstream, mut started, _dropped) = flood_upstream(false).await?;
@@ -1678,7 +1682,8 @@ async fn escaping_and_mismatched_targets_get_400() -> anyhow::Result<()> {
         assert_eq!(raw_status(&addr, &raw).await?, 400, "{target}");
     }
     let connect = format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
-    assert_eq!(raw_status(&addr, &connect).await?, 400, "CONNECT");
+    // Answered before the target is looked at: no tunnel here.
+    assert_eq!(raw_status(&addr, &connect).await?, 405, "CONNECT");
     // The policy checks the absolute-form target's authority (a loopback
     // name); the Host header names another host.
     let mismatched = format!("GET http://{addr}/x HTTP/1.1\r\nHost: evil.example\r\n\r\n");

@@ -22,18 +22,19 @@ use crate::support::OK_TIMEOUT;
 
 /// One request as the upstream received it.
 #[derive(Debug)]
-struct Seen {
-    method: Method,
-    version: http::Version,
-    target: String,
-    headers: HeaderMap,
-    body: Bytes,
+pub(crate) struct Seen {
+    pub(crate) method: Method,
+    pub(crate) version: http::Version,
+    pub(crate) target: String,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 /// An upstream that reports every request it gets and answers with a mix of
 /// end-to-end and hop-by-hop headers. Paths ending in `/missing` get 404,
 /// DELETE gets 204.
-async fn recording_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver<Seen>)> {
+pub(crate) async fn recording_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver<Seen>)>
+{
     let (seen_tx, seen_rx) = mpsc::unbounded_channel();
     let service = tower::service_fn(move |request: Request<Incoming>| {
         let seen_tx = seen_tx.clone();
@@ -78,7 +79,7 @@ async fn recording_upstream() -> anyhow::Result<(Served, mpsc::UnboundedReceiver
     Ok((serve_service(service).await?, seen_rx))
 }
 
-async fn next_seen(seen: &mut mpsc::UnboundedReceiver<Seen>) -> anyhow::Result<Seen> {
+pub(crate) async fn next_seen(seen: &mut mpsc::UnboundedReceiver<Seen>) -> anyhow::Result<Seen> {
     tokio::time::timeout(OK_TIMEOUT, seen.recv())
         .await?
         .ok_or_else(|| anyhow::anyhow!("upstream gone"))
@@ -86,7 +87,10 @@ async fn next_seen(seen: &mut mpsc::UnboundedReceiver<Seen>) -> anyhow::Result<S
 
 /// Sends raw bytes to `addr` and reads until the server closes; returns the
 /// status code and the response headers.
-async fn raw_exchange(addr: SocketAddr, request: &str) -> anyhow::Result<(u16, HeaderMap)> {
+pub(crate) async fn raw_exchange(
+    addr: SocketAddr,
+    request: &str,
+) -> anyhow::Result<(u16, HeaderMap)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
@@ -110,7 +114,7 @@ async fn raw_exchange(addr: SocketAddr, request: &str) -> anyhow::Result<(u16, H
     Ok((status, headers))
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
@@ -350,6 +354,36 @@ async fn h2c_client_authority_becomes_x_forwarded_host() -> anyhow::Result<()> {
     assert_eq!(header(&seen.headers, "last-event-id"), Some("7"));
     assert_eq!(header(&seen.headers, "authorization"), Some("Bearer h2"));
     assert_eq!(header(&seen.headers, "x-forwarded-for"), Some("127.0.0.1"));
+    Ok(())
+}
+
+/// An HTTP/2 client may send each cookie in a field of its own; the
+/// HTTP/1.1 upstream gets them joined with `"; "` into one `Cookie` field
+/// (RFC 9113 §8.2.3), not as separate lines of which servers read only the
+/// first.
+#[tokio::test]
+async fn h2c_split_cookies_reach_the_upstream_as_one_field() -> anyhow::Result<()> {
+    let (upstream, mut seen) = recording_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let request = Request::get(format!("http://{}/mcp", proxy.addr))
+        .header("cookie", "session=s1")
+        .header("cookie", "theme=dark")
+        .header("cookie", "auth=a2; lang=en")
+        .body(Empty::new())?;
+    let response = tokio::time::timeout(OK_TIMEOUT, client.request(request)).await??;
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    let seen = next_seen(&mut seen).await?;
+    let cookies: Vec<_> = seen.headers.get_all("cookie").iter().collect();
+    assert_eq!(
+        cookies,
+        ["session=s1; theme=dark; auth=a2; lang=en"],
+        "the upstream's Cookie fields"
+    );
     Ok(())
 }
 

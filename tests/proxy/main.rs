@@ -9,6 +9,9 @@ mod support;
 // The admin listener of the binary under the main listener's limits.
 #[cfg(feature = "cli")]
 mod admin;
+// The library server's connection cap: idle connections make room.
+#[cfg(feature = "server")]
+mod capacity;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;
@@ -20,6 +23,8 @@ mod failures;
 #[cfg(feature = "cli")]
 mod hardening;
 mod headers;
+// TRACE, CONNECT and OPTIONS * answered by the proxy itself.
+mod methods;
 // The protection layers composed with the guard and the proxy in an axum app.
 mod layers;
 #[cfg(feature = "cli")]

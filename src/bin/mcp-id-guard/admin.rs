@@ -76,11 +76,13 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 
 /// Serves the admin endpoints on `listener` until the process ends, with
 /// the main listener's connection machinery (`mcp_id_guard::server`): its
-/// head, keep-alive and send timeouts and per-connection request budget,
-/// and a connection cap of its own (`--admin-max-connections`). A client
-/// that pipelines requests and never reads the answers is dropped at the
-/// send timeout instead of holding a slot for as long as it likes, so a
-/// liveness probe still gets through.
+/// keep-alive timeout and per-connection request budget, and a connection
+/// cap and head and send timeouts of its own (`--admin-max-connections`,
+/// `--admin-header-read-timeout`, `--admin-send-timeout`). At the cap, idle
+/// connections make room for new ones; a client that pipelines requests and
+/// never reads the answers, or never finishes a head, is dropped within
+/// seconds instead of holding a slot for as long as it likes, so a liveness
+/// probe still gets through whatever the other connections do.
 pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>, server: ServerBuilder) {
     let server = server.build();
     let service = AdminService(admin);

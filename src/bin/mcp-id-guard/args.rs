@@ -323,9 +323,12 @@ pub(crate) struct Args {
     )]
     pub(crate) upstream_idle_timeout: Duration,
 
-    /// Most client connections open at once; past it the proxy stops
-    /// accepting until one closes. Default: half the descriptor limit
-    /// (ulimit -n) after a reserve, so client and upstream connections fit.
+    /// Most client connections open at once. At the cap, the connection
+    /// idle the longest (no request in progress) closes gracefully for each
+    /// new one, as nginx closes idle keep-alive connections when it runs
+    /// out; while none is idle, new ones wait until one closes. Default:
+    /// half the descriptor limit (ulimit -n) after a reserve, so client and
+    /// upstream connections fit.
     #[arg(
         long,
         env = "MCP_ID_GUARD_MAX_CONNECTIONS",
@@ -417,12 +420,13 @@ pub(crate) struct Args {
     #[arg(long, env = "MCP_ID_GUARD_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<SocketAddr>,
 
-    /// Most admin connections open at once; past it the admin listener
-    /// stops accepting until one closes. Admin connections have the
-    /// timeouts of client connections (--header-read-timeout,
-    /// --keep-alive-timeout, --send-timeout), so a client that does not read
-    /// its answers loses its slot at the send timeout. Probes and a scraper
-    /// need a few.
+    /// Most admin connections open at once. At the cap, the admin
+    /// connection idle the longest closes to make room for a new one (as
+    /// client connections do at --max-connections); while none is idle, new
+    /// ones wait until one closes. Admin connections have the head and
+    /// keep-alive timeout of client connections (--keep-alive-timeout), and
+    /// head and send timeouts of their own (--admin-header-read-timeout,
+    /// --admin-send-timeout). Probes and a scraper need a few.
     #[arg(
         long,
         env = "MCP_ID_GUARD_ADMIN_MAX_CONNECTIONS",
@@ -430,6 +434,34 @@ pub(crate) struct Args {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub(crate) admin_max_connections: u32,
+
+    /// How long a write to an admin client may stay blocked before its
+    /// connection is dropped: --send-timeout for admin connections, but
+    /// short, so that a client that pipelines requests and never reads the
+    /// answers loses its slot in seconds and a liveness probe's /healthz
+    /// still gets through. Admin answers are small; a scraper that reads
+    /// does not block for long. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ADMIN_SEND_TIMEOUT",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub(crate) admin_send_timeout: Duration,
+
+    /// How long an admin client may take to send a whole request head (from
+    /// its first byte, or from the connection's start): --header-read-timeout
+    /// for admin connections, but short, so that clients that start heads
+    /// and never finish them, which are not idle and do not make room at the
+    /// cap, lose their slots in seconds. Probes and scrapers send a small
+    /// head at once. 0: off.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_ADMIN_HEADER_READ_TIMEOUT",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub(crate) admin_header_read_timeout: Duration,
 
     /// Label each tools/call in /metrics with its tool's name
     /// (gen_ai_tool_name), for the first N distinct names; later names are
@@ -592,6 +624,8 @@ mod tests {
         assert_eq!(args.max_client_resets, 250);
         assert_eq!(args.client_reset_window, Duration::from_secs(60));
         assert_eq!(args.admin_max_connections, 16);
+        assert_eq!(args.admin_send_timeout, Duration::from_secs(2));
+        assert_eq!(args.admin_header_read_timeout, Duration::from_secs(2));
         assert!(!args.trust_forwarded);
         assert_eq!(args.max_body_memory_bytes, 64 * 1024 * 1024);
         assert_eq!(args.max_body_memory_per_connection, None);

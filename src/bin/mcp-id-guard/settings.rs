@@ -94,11 +94,16 @@ impl Args {
             .max_header_bytes(Some(self.max_header_bytes))
     }
 
-    /// The admin listener's server: the client connections' timeouts and
-    /// per-connection budgets, its own connection cap, and no metrics (its
-    /// connections are not clients').
+    /// The admin listener's server: the client connections' keep-alive
+    /// timeout and per-connection budgets, its own connection cap and head
+    /// and send timeouts, and no metrics (its connections are not
+    /// clients'). Idle admin connections make room at the cap (the
+    /// library's default), as client connections do; the short timeouts
+    /// free the slots of those that are not idle but never get anywhere.
     pub(crate) fn admin_server(&self) -> ServerBuilder {
         self.server(self.admin_max_connections())
+            .header_read_timeout(enabled(self.admin_header_read_timeout))
+            .send_timeout(enabled(self.admin_send_timeout))
     }
 
     /// `--admin-max-connections` as a count.
