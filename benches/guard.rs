@@ -527,7 +527,10 @@ fn overhead_rmcp(c: &mut Criterion) {
                 after.passed_total - before.passed_total,
                 after.remapped_total - before.remapped_total,
             );
+            // A criterion filter may leave every timed function of the
+            // group out: then nothing was measured, and nothing to check.
             match case {
+                _ if passed + remapped == 0 => {}
                 Case::Remapped => assert!(passed == 0 && remapped > 0, "{after:?}"),
                 _ => assert!(passed > 0 && remapped == 0, "{after:?}"),
             }
