@@ -90,6 +90,9 @@ pub struct Setup {
     /// The share of seeds whose clients hide a session call's revision
     /// behind `Connection` (see [`Quirks::hiding`]).
     pub hiding_rate: f64,
+    /// The share of seeds with a slow-body attacker (see
+    /// [`Quirks::slow_bodies`]).
+    pub slow_bodies_rate: f64,
     /// Under faults, the share of seeds that partition the guard from the
     /// upstream for up to `max_hold`: turmoil drops what is sent meanwhile,
     /// so the connections open then stall for good (the proxy's timeouts
@@ -129,6 +132,7 @@ impl Default for Setup {
             bom_rate: 0.3,
             huge_ttl_rate: 0.2,
             hiding_rate: 0.3,
+            slow_bodies_rate: 0.3,
             partition_rate: 0.3,
             reset_rate: 0.3,
         }
@@ -153,6 +157,10 @@ pub struct Quirks {
     /// it, and the server routes the call into the session by id (#42 item
     /// 1). The guard must refuse such calls.
     pub hiding: bool,
+    /// An attacker holds bodies announcing the size cap and sends them at
+    /// just above the minimum rate, all the while the clients run (#42
+    /// item 2): the clients' requests must keep flowing.
+    pub slow_bodies: bool,
 }
 
 impl Quirks {
@@ -168,6 +176,7 @@ impl Quirks {
             bom: rng.random_bool(setup.bom_rate),
             huge_ttl: rng.random_bool(setup.huge_ttl_rate),
             hiding: rng.random_bool(setup.hiding_rate),
+            slow_bodies: rng.random_bool(setup.slow_bodies_rate),
         }
     }
 }
@@ -434,6 +443,16 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
+    // The slow-body attacker, for as long as the clients run.
+    let clients_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if quirks.slow_bodies {
+        let (oracle, clients_done) = (oracle.clone(), Arc::clone(&clients_done));
+        sim.client("attacker", async move {
+            client::hold_bodies(&clients_done, &oracle).await;
+            Ok(())
+        });
+    }
+
     // Once every client is done: nothing in flight; once the TTL has
     // passed, nothing left at all.
     let final_stats = Arc::new(std::sync::Mutex::new(None));
@@ -445,9 +464,11 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             Arc::clone(&final_stats),
         );
         let sessions = Arc::clone(&sessions);
+        let clients_done = Arc::clone(&clients_done);
         sim.client("checker", async move {
             let clients = u32::try_from(setup.clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
+            clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
             // The last bodies' ends reach the guard.
             tokio::time::sleep(Duration::from_secs(1)).await;
             // The guard running now (a restarted one's table starts empty).
