@@ -45,8 +45,9 @@ impl Counter {
     }
 }
 
-/// The shared budget: every byte held, and the bytes of large bodies, which
-/// may not reach into the reserve.
+/// The shared budget: every byte held, and the bytes of bodies that may not
+/// reach into the reserve (every body but a small one whose bytes have all
+/// arrived).
 #[derive(Debug)]
 pub(super) struct Shared {
     limit: usize,
@@ -62,14 +63,15 @@ pub(super) struct Shared {
 struct Held {
     /// Every body's bytes: at most the limit.
     bytes: usize,
-    /// The bytes of bodies over the small size: at most the limit less the
-    /// reserve.
-    large: usize,
+    /// The bytes of bodies the reserve is not for: at most the limit less
+    /// the reserve.
+    unreserved: usize,
 }
 
 impl Shared {
-    /// A body holding `from` bytes grows to `to`, if that fits.
-    fn grow(&self, from: usize, to: usize) -> bool {
+    /// A body holding `from` bytes grows to `to`, if that fits; `reserved`
+    /// says, before and after, whether the reserve is for it.
+    fn grow(&self, (from, to): (usize, usize), (was, is): (bool, bool)) -> bool {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(bytes) = held
             .bytes
@@ -78,26 +80,19 @@ impl Shared {
         else {
             return false;
         };
-        let large = if to <= self.small_body_bytes {
-            held.large
-        } else if from <= self.small_body_bytes {
-            // No longer small: all of it moves out of the reserve's reach.
-            held.large.saturating_add(to)
-        } else {
-            held.large.saturating_add(to - from)
-        };
-        if large > self.limit - self.reserve {
+        let unreserved = held.unreserved - if was { 0 } else { from } + if is { 0 } else { to };
+        if unreserved > held.unreserved && unreserved > self.limit - self.reserve {
             return false;
         }
-        *held = Held { bytes, large };
+        *held = Held { bytes, unreserved };
         true
     }
 
-    fn give_back(&self, bytes: usize) {
+    fn give_back(&self, bytes: usize, reserved: bool) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         held.bytes -= bytes;
-        if bytes > self.small_body_bytes {
-            held.large -= bytes;
+        if !reserved {
+            held.unreserved -= bytes;
         }
     }
 }
@@ -152,8 +147,10 @@ impl BodyBudget {
 
     /// A new budget of the same size that keeps `reserve_bytes` of it
     /// (at most all of it) for bodies of at most `small_body_bytes`: bodies
-    /// larger than that together hold at most the rest. `0` keeps nothing
-    /// back.
+    /// larger than that, and bodies still arriving, together hold at most
+    /// the rest: the reserve is for small bodies whose bytes have all
+    /// arrived ([`HeldBody::complete`]), which the server can take at once.
+    /// `0` keeps nothing back.
     ///
     /// ```
     /// use mcp_id_guard::protect::buffer::BodyBudget;
@@ -165,22 +162,25 @@ impl BodyBudget {
     /// let mut large = budget.hold();
     /// assert!(large.grow_to(768 << 10).is_ok());
     /// assert!(large.grow_to((768 << 10) + 1).is_err(), "the reserve is not for it");
+    /// let mut slow = budget.hold();
+    /// assert!(slow.grow_to(10).is_err(), "nor for a body still arriving");
     /// let mut small = budget.hold();
-    /// assert!(small.grow_to(4096).is_ok(), "the reserve is for it");
+    /// assert!(small.complete(4096).is_ok(), "the reserve is for it");
     /// ```
     pub fn reserve_for_small_bodies(self, reserve_bytes: usize, small_body_bytes: usize) -> Self {
         let per_client = self.per_client_limit();
         Self::with(self.limit(), reserve_bytes, small_body_bytes, per_client)
     }
 
-    /// A new budget of the same size whose large bodies from one client
+    /// A new budget of the same size whose bodies from one client
     /// address hold at most `max_bytes` together, across its connections,
     /// when they are held for the address ([`hold_for`](Self::hold_for),
     /// [`BodyBufferLayer::for_client`](super::BodyBufferLayer::for_client)).
-    /// Small bodies do not count against it: they draw on the reserve, so
-    /// that behind a TLS terminator or a balancer, where every client has
-    /// its address, one client filling the address's share does not lock
-    /// the others' small requests out. A bound on one address, not on one
+    /// Every body still arriving counts against it, whatever its size; a
+    /// small body whose bytes have all arrived does not (it draws on the
+    /// reserve), so that behind a TLS terminator or a balancer, where every
+    /// client has its address, one client filling the address's share does
+    /// not lock the others' small requests out. A bound on one address, not on one
     /// attacker (addresses are cheap to come by): charging what arrived
     /// and the reserve do not depend on it.
     ///
@@ -195,7 +195,7 @@ impl BodyBudget {
     /// let mut second = budget.hold_for(client);
     /// assert!(first.grow_to(60).is_ok());
     /// assert!(second.grow_to(41).is_err(), "the address holds 60 of its 100");
-    /// assert!(second.grow_to(10).is_ok(), "a small body draws on the reserve");
+    /// assert!(second.complete(10).is_ok(), "a small body draws on the reserve");
     /// let mut other = budget.hold_for("192.0.2.2".parse()?);
     /// assert!(other.grow_to(100).is_ok());
     /// # Ok::<(), std::net::AddrParseError>(())
@@ -252,8 +252,8 @@ impl BodyBudget {
     }
 
     /// Starts holding one body whose bytes the caller reads: it is charged
-    /// as it grows ([`HeldBody::grow_to`]) and gives its bytes back when
-    /// dropped. For a server that reads bodies without
+    /// as it grows ([`HeldBody::grow_to`], [`HeldBody::complete`] for the
+    /// last bytes) and gives its bytes back when dropped. For a server that reads bodies without
     /// [`BodyBufferLayer`](super::BodyBufferLayer).
     ///
     /// ```
@@ -263,8 +263,14 @@ impl BodyBudget {
     /// let mut body = budget.hold();
     /// assert_eq!(budget.bodies(), 1);
     /// let mut read = Vec::new();
-    /// for chunk in [&b"{\"jsonrpc\":"[..], &b"\"2.0\"}"[..]] {
-    ///     body.grow_to(read.len() + chunk.len())?;
+    /// let chunks = [&b"{\"jsonrpc\":"[..], &b"\"2.0\"}"[..]];
+    /// for (index, chunk) in chunks.iter().enumerate() {
+    ///     let size = read.len() + chunk.len();
+    ///     if index + 1 < chunks.len() {
+    ///         body.grow_to(size)?;
+    ///     } else {
+    ///         body.complete(size)?;
+    ///     }
     ///     read.extend_from_slice(chunk);
     /// }
     /// assert_eq!((budget.used(), body.held()), (17, 17));
@@ -292,11 +298,19 @@ impl BodyBudget {
 pub struct HeldBody(Charge);
 
 impl HeldBody {
-    /// Holds `bytes` in all (never less than already held), if they fit
-    /// what the budget has left; else holds what it held and the body
-    /// should be refused (`503`).
+    /// Holds `bytes` in all (never less than already held) of a body still
+    /// arriving, if they fit what the budget has left for such bodies (not
+    /// the reserve); else holds what it held and the body should be refused
+    /// (`503`).
     pub fn grow_to(&mut self, bytes: usize) -> Result<(), OverBudget> {
-        self.0.grow_to(bytes).map_err(|_| OverBudget)
+        self.0.grow_to(bytes, false).map_err(|_| OverBudget)
+    }
+
+    /// Holds `bytes` in all of a body whose bytes have now all arrived: a
+    /// small one may draw on the reserve. Refused (`503`) as
+    /// [`grow_to`](Self::grow_to) is.
+    pub fn complete(&mut self, bytes: usize) -> Result<(), OverBudget> {
+        self.0.grow_to(bytes, true).map_err(|_| OverBudget)
     }
 
     /// The bytes held.
@@ -336,6 +350,8 @@ pub(super) struct Charge {
     connection: Option<Arc<Counter>>,
     shared: Arc<Shared>,
     held: usize,
+    /// The body is small and all of it has arrived: the reserve is for it.
+    reserved: bool,
 }
 
 impl Charge {
@@ -349,7 +365,13 @@ impl Charge {
             connection,
             shared,
             held: 0,
+            reserved: false,
         }
+    }
+
+    /// The bytes held.
+    pub(super) fn held(&self) -> usize {
+        self.held
     }
 
     /// The largest body that may draw on the reserve.
@@ -357,21 +379,29 @@ impl Charge {
         self.shared.small_body_bytes
     }
 
-    /// What the client's share holds of a body of `bytes`.
-    fn client_part(&self, bytes: usize) -> usize {
-        if bytes > self.shared.small_body_bytes {
-            bytes
-        } else {
+    /// What the client's share holds of this body: all of it, unless the
+    /// reserve is for it (a small body whose bytes have all arrived).
+    fn client_part(&self) -> usize {
+        if self.reserved {
             0
+        } else {
+            self.held
         }
     }
 
-    /// Holds `bytes` in all, taking the difference from every budget.
-    pub(super) fn grow_to(&mut self, bytes: usize) -> Result<(), Over> {
-        let Some(more) = bytes.checked_sub(self.held).filter(|more| *more > 0) else {
+    /// Holds `bytes` in all, taking the difference from every budget;
+    /// `complete`: every byte of the body has arrived (a small body may then
+    /// draw on the reserve, and leaves its client's share).
+    pub(super) fn grow_to(&mut self, bytes: usize, complete: bool) -> Result<(), Over> {
+        let bytes = bytes.max(self.held);
+        let more = bytes - self.held;
+        let reserved = complete && bytes <= self.shared.small_body_bytes;
+        if more == 0 && reserved == self.reserved {
             return Ok(());
-        };
-        let client_more = self.client_part(bytes) - self.client_part(self.held);
+        }
+        let client_before = self.client_part();
+        let client_after = if reserved { 0 } else { bytes };
+        let client_more = client_after.saturating_sub(client_before);
         let give_back = |client: bool, connection: bool| {
             if let (true, Some(share)) = (client, &self.client) {
                 share.give_back(client_more);
@@ -391,11 +421,17 @@ impl Charge {
                 return Err(Over::Budget);
             }
         }
-        if !self.shared.grow(self.held, bytes) {
+        if !self
+            .shared
+            .grow((self.held, bytes), (self.reserved, reserved))
+        {
             give_back(true, true);
             return Err(Over::Budget);
         }
-        self.held = bytes;
+        if let (Some(share), true) = (&self.client, client_before > client_after) {
+            share.give_back(client_before - client_after);
+        }
+        (self.held, self.reserved) = (bytes, reserved);
         Ok(())
     }
 }
@@ -404,12 +440,12 @@ impl Drop for Charge {
     fn drop(&mut self) {
         if self.held > 0 {
             if let Some(share) = &self.client {
-                share.give_back(self.client_part(self.held));
+                share.give_back(self.client_part());
             }
             if let Some(share) = &self.connection {
                 share.give_back(self.held);
             }
-            self.shared.give_back(self.held);
+            self.shared.give_back(self.held, self.reserved);
         }
         self.shared.bodies.fetch_sub(1, Ordering::AcqRel);
     }
@@ -425,20 +461,24 @@ mod tests {
         let budget = BodyBudget::new(15).reserve_for_small_bodies(0, 0);
         let total = &budget.shared;
         let mut first = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
-        assert_eq!(first.grow_to(6), Ok(()));
-        assert_eq!(first.grow_to(4), Ok(()), "never shrinks");
+        assert_eq!(first.grow_to(6, false), Ok(()));
+        assert_eq!(first.grow_to(4, false), Ok(()), "never shrinks");
         let mut second = Charge::new((None, Some(Arc::clone(&connection))), Arc::clone(total));
         assert_eq!(
-            second.grow_to(5),
+            second.grow_to(5, false),
             Err(Over::Budget),
             "the connection's share"
         );
         assert_eq!((connection.used(), budget.used()), (6, 6));
         let other = Arc::new(Counter::new(10));
         let mut third = Charge::new((None, Some(Arc::clone(&other))), Arc::clone(total));
-        assert_eq!(third.grow_to(10), Err(Over::Budget), "the shared budget");
+        assert_eq!(
+            third.grow_to(10, false),
+            Err(Over::Budget),
+            "the shared budget"
+        );
         assert_eq!((other.used(), budget.used()), (0, 6), "nothing kept");
-        assert_eq!(third.grow_to(9), Ok(()));
+        assert_eq!(third.grow_to(9, false), Ok(()));
         assert_eq!(budget.bodies(), 3, "held bodies, bytes or not");
         drop(first);
         drop(third);
@@ -447,35 +487,46 @@ mod tests {
         assert_eq!(budget.bodies(), 0);
     }
 
-    /// Large bodies stop short of the reserve; small ones may use all of
-    /// the budget; a small body that grows large leaves the reserve, or is
-    /// refused if the rest has no room for it.
+    /// Bodies still arriving, and large ones, stop short of the reserve;
+    /// small complete ones may use all of the budget; a complete body that
+    /// is not small, or a small one not complete, stays out of it.
     #[test]
-    fn the_reserve_is_for_small_bodies() {
+    fn the_reserve_is_for_small_complete_bodies() {
         let budget = BodyBudget::new(100).reserve_for_small_bodies(30, 10);
         let mut large = budget.hold();
         assert_eq!(large.grow_to(71), Err(OverBudget), "into the reserve");
         assert_eq!(large.grow_to(60), Ok(()));
-        let mut small: Vec<HeldBody> = (0..4).map(|_| budget.hold()).collect();
+        let mut arriving = budget.hold();
+        assert_eq!(arriving.grow_to(10), Ok(()), "within the rest");
+        assert_eq!(
+            arriving.grow_to(11),
+            Err(OverBudget),
+            "not into the reserve"
+        );
+        let mut small: Vec<HeldBody> = (0..3).map(|_| budget.hold()).collect();
         for body in &mut small {
-            assert_eq!(body.grow_to(10), Ok(()));
+            assert_eq!(body.complete(10), Ok(()));
         }
-        assert_eq!(budget.used(), 100, "small bodies may take all of it");
+        assert_eq!(budget.used(), 100, "small complete bodies take the rest");
         let mut last = budget.hold();
-        assert_eq!(last.grow_to(1), Err(OverBudget), "the budget is full");
+        assert_eq!(last.complete(1), Err(OverBudget), "the budget is full");
         drop(small.pop());
         assert_eq!(
-            small[0].grow_to(11),
+            last.complete(11),
             Err(OverBudget),
-            "no longer small, and 60 + 11 bytes of large bodies reach into the reserve"
+            "complete, but not small: 70 + 11 bytes would reach into the reserve"
         );
-        assert_eq!(budget.used(), 90, "it holds what it held");
+        assert_eq!(
+            arriving.complete(10),
+            Ok(()),
+            "its last bytes came: it moves into the reserve"
+        );
+        assert_eq!(last.grow_to(10), Ok(()), "room it left");
+        assert_eq!(budget.used(), 100);
         drop(large);
-        assert_eq!(small[0].grow_to(11), Ok(()));
-        assert_eq!(small[1].grow_to(59), Ok(()));
-        assert_eq!(small[2].grow_to(11), Err(OverBudget), "11 + 59 + 11 > 70");
-        assert_eq!(budget.used(), 80);
         drop(small);
-        assert_eq!((budget.used(), budget.bodies()), (0, 1));
+        drop(arriving);
+        drop(last);
+        assert_eq!((budget.used(), budget.bodies()), (0, 0));
     }
 }

@@ -42,6 +42,9 @@ where
         charge: Option<Charge>,
         /// The most `read` may need: the `Content-Length`, or the cap.
         expected: usize,
+        /// The `Content-Length`, if the body has one: reaching it completes
+        /// the body.
+        exact: Option<usize>,
         max_body_bytes: usize,
         close: bool,
     },
@@ -124,7 +127,7 @@ where
         (parts, body): (http::request::Parts, B),
         service: S,
         charge: Charge,
-        expected: usize,
+        (expected, exact): (usize, Option<usize>),
         max_body_bytes: usize,
         close: bool,
     ) -> Self {
@@ -137,6 +140,7 @@ where
                 read: Vec::new(),
                 charge: Some(charge),
                 expected,
+                exact,
                 max_body_bytes,
                 close,
             },
@@ -148,23 +152,36 @@ where
 /// doubles (fewer copies) within what the body may need and, while the body
 /// is small, within the small size; or grows exactly if the budget has no
 /// room for the doubling.
+///
+/// `complete`: these are the body's last bytes. Then exactly what is needed
+/// is charged (no more will come), and a small body moves into the reserve.
 fn make_room(
     read: &mut Vec<u8>,
     size: usize,
     expected: usize,
     charge: &mut Charge,
+    complete: bool,
 ) -> Result<(), Over> {
     if size <= read.capacity() {
-        return Ok(());
+        // Nothing more to hold; a completed body may still move into the
+        // reserve (which frees room elsewhere, so it cannot fail).
+        return if complete {
+            charge.grow_to(charge.held(), true)
+        } else {
+            Ok(())
+        };
     }
     let mut capacity = read.capacity().saturating_mul(2).min(expected);
-    if size <= charge.small_body_bytes() {
+    if size <= charge.small_body_bytes() || complete {
         capacity = capacity.min(charge.small_body_bytes());
     }
+    if complete {
+        capacity = size;
+    }
     let capacity = capacity.max(size);
-    let capacity = match charge.grow_to(capacity) {
+    let capacity = match charge.grow_to(capacity, complete) {
         Ok(()) => capacity,
-        Err(_) => charge.grow_to(size).map(|()| size)?,
+        Err(_) => charge.grow_to(size, complete).map(|()| size)?,
     };
     read.reserve_exact(capacity - read.len());
     Ok(())
@@ -199,6 +216,7 @@ where
                     read,
                     charge,
                     expected,
+                    exact,
                     max_body_bytes,
                     close,
                 } => loop {
@@ -209,11 +227,14 @@ where
                                 continue;
                             };
                             let size = read.len().saturating_add(data.len());
+                            // The last bytes: the body says so, or its
+                            // `Content-Length` is reached.
+                            let complete = body.is_end_stream() || Some(size) == *exact;
                             let over = if size > *max_body_bytes {
                                 Some(Over::Size)
                             } else {
                                 charge.as_mut().and_then(|charge| {
-                                    make_room(read, size, *expected, charge).err()
+                                    make_room(read, size, *expected, charge, complete).err()
                                 })
                             };
                             if let Some(over) = over {

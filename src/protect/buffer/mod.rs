@@ -19,12 +19,13 @@
 //! - a [`BodyBudget`] shared by every connection (64 MiB in the binary),
 //!   like the session table's byte budget, of which a part (an eighth by
 //!   default, [`BodyBudget::reserve_for_small_bodies`]) is kept for small
-//!   bodies (64 KiB at most by default): larger bodies together hold at
-//!   most the rest;
+//!   bodies (64 KiB at most by default) whose bytes have all arrived:
+//!   bodies still arriving, and larger ones, together hold at most the
+//!   rest;
 //! - a share per client address, if the budget has one
-//!   ([`BodyBudget::per_client`], half the budget in the binary), for the
-//!   bytes of large bodies, across the address's connections
-//!   ([`BodyBufferLayer::for_client`]);
+//!   ([`BodyBudget::per_client`], half the budget in the binary), for every
+//!   body of the address still arriving (and every large one), across the
+//!   address's connections ([`BodyBufferLayer::for_client`]);
 //! - a share per connection ([`BodyBufferLayer::per_connection`], 4 MiB):
 //!   the streams of one HTTP/2 connection count together, as Envoy bounds
 //!   buffering per connection.
@@ -70,19 +71,32 @@
 //! and to hold N bytes a client must send N bytes and keep sending at
 //! [`BodyPaceLayer`](super::pace::BodyPaceLayer)'s minimum rate (Kestrel's),
 //! which bounds how long it holds them. The reserve keeps small requests
-//! (pings, tool calls) flowing while large slow bodies fill the rest; the
-//! per-connection share (Envoy's) and the per-address share bound one
-//! connection and one address. A per-address share alone would not do:
+//! (pings, tool calls, whose bytes come in one piece) flowing while slow
+//! bodies fill the rest: it is only for bodies whose bytes have all
+//! arrived, so slow bodies cannot take it, however small they stay (16
+//! slow bodies of 64 KiB each took a whole 1 MiB budget while any small
+//! body could draw on it). The per-connection share (Envoy's) and the
+//! per-address share bound one connection and one address; the address's
+//! share counts every body of it still arriving, small ones included (one
+//! address keeping a thousand bodies of 64 KiB open held all 64 MiB while
+//! it counted large bodies only). A per-address share alone would not do:
 //! behind a TLS terminator every client has the terminator's address, and
-//! addresses are cheap to come by; so it counts large bodies only (small
-//! ones draw on the reserve, and one client filling its address's share
-//! does not lock out the small requests of the others behind it). Envoy's
-//! reset of the largest holders is not done: the body refused is the one
-//! that grows past what is left.
+//! addresses are cheap to come by; so a small body whose bytes have all
+//! arrived leaves the share (it draws on the reserve), and one client
+//! filling its address's share does not lock out the small requests of the
+//! others behind it.
+//!
+//! What is left: clients from many addresses that each keep slow bodies
+//! at the minimum rate hold the budget less the reserve for as long as
+//! they keep pace, and a legitimate large body arriving meanwhile can find
+//! no room (small ones still pass). Envoy's answer, resetting the largest
+//! or oldest holders to make room, is not done: the body refused is the
+//! one that grows past what is left.
 //!
 //! Another face reading bodies itself (an ASGI server, say, where uvicorn
 //! bounds no body) charges the same budget with [`BodyBudget::hold`] or
-//! [`BodyBudget::hold_for`] and [`HeldBody::grow_to`] as bytes arrive.
+//! [`BodyBudget::hold_for`], [`HeldBody::grow_to`] as bytes arrive and
+//! [`HeldBody::complete`] for the last ones.
 //!
 //! Since the inner service is called only once the body is complete, a
 //! body that trickles holds no upstream connection; put

@@ -68,8 +68,9 @@ where
         // announces is never held for up front: a body is charged for what
         // has arrived of it (see the module docs).
         let bytes = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
-        let announced = body.size_hint().upper().map_or(usize::MAX, bytes);
-        if bytes(body.size_hint().lower()) > self.max_body_bytes {
+        let hint = body.size_hint();
+        let announced = hint.upper().map_or(usize::MAX, bytes);
+        if bytes(hint.lower()) > self.max_body_bytes {
             return BufferFuture::refused(Over::Size, self.max_body_bytes, close);
         }
         let shares = (self.client.clone(), Some(Arc::clone(&self.connection)));
@@ -82,7 +83,7 @@ where
             (parts, body),
             service,
             charge,
-            announced.min(self.max_body_bytes),
+            (announced.min(self.max_body_bytes), hint.exact().map(bytes)),
             self.max_body_bytes,
             close,
         )

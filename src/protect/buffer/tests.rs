@@ -202,3 +202,87 @@ async fn one_client_address_holds_at_most_its_share() {
     drop(slow);
     assert_eq!((budget.used(), budget.bodies()), (0, 0));
 }
+
+/// Slow bodies that stay small (64 KiB each, the small size, of the 512 KiB
+/// they announce) cannot take the reserve either: it is for small bodies
+/// whose bytes have all arrived, which the server can answer at once.
+/// Before, sixteen such bodies held the whole 1 MiB and every ping got 503;
+/// now they stop short of the reserve and pings pass.
+#[tokio::test]
+async fn slow_small_bodies_cannot_take_the_reserve() {
+    let budget = BodyBudget::new(1024 * 1024);
+    let layer = BodyBufferLayer::new(budget.clone());
+    let mut slow = Vec::new();
+    let mut refused = 0;
+    for _ in 0..16 {
+        let (send, body) = fed(Some(512 * 1024));
+        send.unbounded_send(Bytes::from(vec![b' '; 64 * 1024]))
+            .unwrap();
+        let mut answer = post(&layer, body);
+        match futures::poll!(&mut answer) {
+            Poll::Pending => slow.push((send, answer)),
+            Poll::Ready(answer) => {
+                assert_eq!(answer.unwrap().status(), 503);
+                refused += 1;
+            }
+        }
+    }
+    let pings: Vec<u16> = futures::future::join_all((0..10).map(|_| ping(&layer))).await;
+    assert_eq!(
+        pings,
+        [200; 10],
+        "small bodies while slow small ones hold {} bytes",
+        budget.used()
+    );
+    assert_eq!((slow.len(), refused), (14, 2), "the reserve is not theirs");
+    drop(slow);
+    assert_eq!((budget.used(), budget.bodies()), (0, 0));
+}
+
+/// One address's slow bodies count against its share whatever their size:
+/// small ones (60 KiB each, still arriving) too. Before, bodies of at most
+/// the small size never counted, and one address holding a thousand of
+/// them took the whole budget; now it holds its share, another address's
+/// large body still fits, and pings pass.
+#[tokio::test]
+async fn one_address_cannot_hold_more_than_its_share_in_small_bodies() {
+    let budget = BodyBudget::new(1024 * 1024).per_client(256 * 1024);
+    let layer = BodyBufferLayer::new(budget.clone());
+    let attacker = layer.for_client("192.0.2.1".parse().unwrap());
+    let mut slow = Vec::new();
+    let mut refused = 0;
+    for _ in 0..16 {
+        let (send, body) = fed(Some(512 * 1024));
+        send.unbounded_send(Bytes::from(vec![b' '; 60 * 1024]))
+            .unwrap();
+        let mut answer = post(&attacker, body);
+        match futures::poll!(&mut answer) {
+            Poll::Pending => slow.push((send, answer)),
+            Poll::Ready(answer) => {
+                assert_eq!(answer.unwrap().status(), 503);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(
+        (slow.len(), refused),
+        (4, 12),
+        "4 x 64 KiB charged fill 256 KiB"
+    );
+    let other = layer.for_client("192.0.2.2".parse().unwrap());
+    let (send, body) = fed(None);
+    send.unbounded_send(Bytes::from(vec![b' '; 200 * 1024]))
+        .unwrap();
+    let mut large = post(&other, body);
+    assert!(
+        futures::poll!(&mut large).is_pending(),
+        "another address's body fits"
+    );
+    let pings: Vec<u16> = futures::future::join_all((0..10).map(|_| ping(&attacker))).await;
+    assert_eq!(
+        pings, [200; 10],
+        "complete small bodies are not the share's"
+    );
+    drop((slow, send, large));
+    assert_eq!((budget.used(), budget.bodies()), (0, 0));
+}
