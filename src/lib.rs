@@ -98,7 +98,11 @@
 //! `Content-*`, `Transfer-Encoding`, `Accept`, `Accept-Encoding`, the trace
 //! context, `Host`, `Origin`) is refused: every proxy on the way drops the
 //! headers `Connection` names, so the server would read another request than
-//! the layers did. The rule holds in every face alike, in process too.
+//! the layers did. The rule holds in every face alike, in process too. So
+//! is a session id with a byte outside visible ASCII (the transport allows
+//! 0x21 to 0x7E only): HTTP/2 keeps a space or tab at either end of a value,
+//! which an HTTP/1.1 parser on the way strips, so the guard would track
+//! another session than the one the server routes into.
 //!
 //! In a session:
 //! - **every `POST` is read, whatever its `Content-Type`**: servers check it
@@ -238,6 +242,7 @@
 //! | a request or cancellation id that servers read differently | 400 | `-32600`, `id: null` |
 //! | more than one `Mcp-Session-Id` header on a POST | 400 | `-32600`, `id: null` |
 //! | in a session, a `Connection` header naming a header a layer reads (any method) | 400 | `-32600`, `id: null` |
+//! | an `Mcp-Session-Id` with a byte outside visible ASCII (0x21 to 0x7E; any method) | 400 | `-32600`, `id: null` |
 //!
 //! # Where to put other layers
 //! `examples/full_stack.rs` is the stack this section is written from

@@ -497,6 +497,10 @@ struct Sent {
     /// guard's layers read: a proxy on the way would drop it, so the guard
     /// refuses the request, whatever its method.
     hides: bool,
+    /// In a session, an `Mcp-Session-Id` with a byte outside visible ASCII
+    /// (HTTP/1.1 parsers strip spaces and tabs at its ends, HTTP/2 keeps
+    /// them): refused, whatever the method.
+    odd_session: bool,
     frames: Vec<usize>,
     body_error: bool,
     /// The session (the first header's), when the request is in a legacy
@@ -861,7 +865,7 @@ impl Harness {
     /// answers, for a reason the model agrees with.
     fn check_guard_answer(&mut self, sent: &Sent, response: &mut Response<ResponseBody<Chunks>>) {
         assert!(
-            sent.tracked || sent.hides,
+            sent.tracked || sent.hides || sent.odd_session,
             "the guard answered a request it does not track: {sent:?}"
         );
         let status = response.status();
@@ -876,6 +880,12 @@ impl Harness {
             assert_eq!(status, StatusCode::BAD_REQUEST, "Connection");
             assert_eq!(errors, [("null".to_owned(), -32600)]);
             assert!(messages[0].contains("Connection"), "{messages:?}");
+            return;
+        }
+        if sent.odd_session {
+            assert_eq!(status, StatusCode::BAD_REQUEST, "odd session id");
+            assert_eq!(errors, [("null".to_owned(), -32600)]);
+            assert!(messages[0].contains("visible ASCII"), "{messages:?}");
             return;
         }
         if let Some(reason) = self.too_large(sent) {
@@ -975,8 +985,9 @@ impl Harness {
     ) -> Result<Vec<Entry>, KnownBug> {
         assert_eq!(forwarded.method, sent.method);
         assert!(
-            !sent.hides,
-            "a request whose Connection hides a header the guard read was forwarded: {sent:?}"
+            !sent.hides && !sent.odd_session,
+            "a request whose Connection hides a header the guard read, or whose session id a \
+             later parser reads otherwise, was forwarded: {sent:?}"
         );
         if !sent.tracked {
             // A GET stream in a legacy session is asked for uncompressed, so
@@ -1712,9 +1723,16 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
                 DECIDED_ON.iter().any(|name| token == name.as_bytes())
             })
         });
+    let odd_session = in_legacy_session
+        && headers.get_all("mcp-session-id").iter().any(|value| {
+            value
+                .as_bytes()
+                .iter()
+                .any(|byte| !(0x21..=0x7e).contains(byte))
+        });
     // Every POST of a session is read, whatever its content type: servers
     // check it loosely.
-    let tracked = in_legacy_session && method == Method::POST && !hides;
+    let tracked = in_legacy_session && method == Method::POST && !hides && !odd_session;
     let several_sessions = headers.get_all("mcp-session-id").iter().count() > 1;
     let session = in_legacy_session.then(|| headers["mcp-session-id"].as_bytes().to_vec());
     let stripped = body.strip_prefix(BOM).unwrap_or(&body).to_vec();
@@ -1748,6 +1766,7 @@ fn build_request(input: &mut Input<'_>, serial: u64) -> (Request<Chunks>, Sent) 
         stripped,
         several_sessions,
         hides,
+        odd_session,
         frames,
         body_error,
         session,

@@ -146,13 +146,20 @@ impl<S> IdGuard<S> {
         // The guard decides on the request the server will see: one whose
         // `Connection` names a header it reads would reach the server
         // without it (see `RequestHeaders::hides_decided_on`).
-        if headers.hides_decided_on && headers.in_legacy_session() {
+        // Nor one whose session id a later parser reads otherwise.
+        let refusal = match () {
+            _ if !headers.in_legacy_session() => None,
+            _ if headers.hides_decided_on => Some(answer::hides_decided_on()),
+            _ if headers.odd_session => Some(answer::odd_session()),
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
             let exchange = if request.method() == Method::POST {
                 Exchange::one(McpMethod::Other, GuardDecision::Refused)
             } else {
                 Exchange::default()
             };
-            return ResponseFuture::answered(answer::hides_decided_on(), exchange, record);
+            return ResponseFuture::answered(refusal, exchange, record);
         }
         // A tracked POST is refused once its body is read, with its ids.
         if handling != Handling::Read

@@ -180,6 +180,17 @@ pub(crate) fn hides_decided_on() -> Response<Full<Bytes>> {
     )
 }
 
+/// `400` for a request whose `Mcp-Session-Id` is not visible ASCII: parsers
+/// on the way would read it differently.
+pub(crate) fn odd_session() -> Response<Full<Bytes>> {
+    single(
+        StatusCode::BAD_REQUEST,
+        "null",
+        INVALID_REQUEST,
+        "Invalid Request: an Mcp-Session-Id may hold visible ASCII only (0x21 to 0x7E)",
+    )
+}
+
 pub(crate) const OVER_BUDGET_MESSAGE: &str =
     "The guard's table is full: too many requests in flight or recently abandoned; try again later";
 

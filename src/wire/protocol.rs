@@ -43,6 +43,9 @@ pub(crate) struct RequestHeaders {
     pub(crate) session: Option<HeaderValue>,
     /// There is more than one `Mcp-Session-Id`.
     pub(crate) several_sessions: bool,
+    /// Some `Mcp-Session-Id` holds a byte outside visible ASCII (see
+    /// [`is_session_id`]).
+    pub(crate) odd_session: bool,
     /// The first `MCP-Protocol-Version` names a revision without sessions.
     pub(crate) sessionless: bool,
     /// The first `Content-Length`, when it is a number.
@@ -85,6 +88,16 @@ const DECIDED_ON: [&str; 15] = [
     "host",
     "origin",
 ];
+
+/// Whether a session id is what the transport allows: visible ASCII only,
+/// 0x21 to 0x7E (spec 2025-03-26 and later, transports). Anything else is
+/// read differently on the way: HTTP/2 (the h2 crate) accepts a value with
+/// a space or tab at either end, which every HTTP/1.1 parser strips, so
+/// `abc ` was another session to the guard and session `abc` to the server
+/// behind the proxy, and two `id: 1` of `abc` reached it in flight together.
+fn is_session_id(value: &[u8]) -> bool {
+    value.iter().all(|byte| (0x21..=0x7e).contains(byte))
+}
 
 /// Whether a `Connection` value names a header of [`DECIDED_ON`]. Read as
 /// bytes, not only when the value is text: a proxy that reads a value with
@@ -151,6 +164,7 @@ impl RequestHeaders {
                 "content-encoding" => read.encoded |= encodes(value),
                 "connection" => read.hides_decided_on |= names_decided_on(value),
                 SESSION_ID => {
+                    read.odd_session |= !is_session_id(value.as_bytes());
                     if read.session.is_some() {
                         read.several_sessions = true;
                     } else {
@@ -287,6 +301,10 @@ mod tests {
         RequestHeaders {
             session: sessions.next().cloned(),
             several_sessions: sessions.next().is_some(),
+            odd_session: headers
+                .get_all(&MCP_SESSION_ID)
+                .iter()
+                .any(|value| value.as_bytes().iter().any(|byte| !byte.is_ascii_graphic())),
             sessionless: headers
                 .get(PROTOCOL_VERSION)
                 .is_some_and(|version| is_sessionless_revision(version.as_bytes())),
@@ -371,6 +389,9 @@ mod tests {
                     prop_oneof![
                         Just("s1".to_owned()),
                         Just("s2".to_owned()),
+                        Just("s1 ".to_owned()),
+                        Just("\ts2".to_owned()),
+                        Just("s 1".to_owned()),
                         Just("2025-11-25".to_owned()),
                         Just("2026-07-28".to_owned()),
                         Just("identity".to_owned()),

@@ -626,34 +626,40 @@ async fn ten_thousand_equal_ids_in_one_batch() {
 // Session headers
 // ---------------------------------------------------------------------------
 
-/// A session id of 8 KiB and ones with non-visible bytes (obs-text, a tab)
-/// are sessions like any other, compared as raw bytes: a duplicate in the
-/// same session is refused, the same id in a session that differs by one
-/// byte (`a\tb` vs `a b`) passes; each counts as a tracked session while
-/// held, and all drain.
+/// A session id of 8 KiB is a session like any other: a duplicate in it is
+/// refused. Ids with bytes outside visible ASCII (obs-text, a tab, a space,
+/// one at either end) are refused whatever the method (400, `-32600`,
+/// `id: null`), before anything reaches the server: the transport allows
+/// 0x21 to 0x7E only, and parsers on the way read the others differently
+/// (HTTP/2 keeps `abc ` as it is, HTTP/1.1 strips it to `abc`, so the guard
+/// tracked another session than the server behind the proxy routed into).
 #[tokio::test]
-async fn odd_session_headers_are_sessions_compared_by_bytes() {
-    let sessions: [&[u8]; 4] = [&[b's'; 8 * 1024], b"\x80\xff\xfe", b"a\tb", b"a b"];
+async fn odd_session_headers_are_refused() {
+    let long: &[u8] = &[b's'; 8 * 1024];
     let layer = IdGuardLayer::new().on_duplicate(OnDuplicate::Reject);
     let echo = Echo::default();
     let service = layer.layer(echo.clone());
-    let mut held = Vec::new();
-    for session in sessions {
-        let request = post_in(session, Full::new(Bytes::from(request_text("1"))));
-        held.push(call(&service, request).await);
+    let held = call(
+        &service,
+        post_in(long, Full::new(Bytes::from(request_text("1")))),
+    )
+    .await;
+    let request = post_in(long, Full::new(Bytes::from(request_text("1"))));
+    let (status, body) = read(call(&service, request).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_guard_error(&body, -32600, &["1"]);
+    let odd: [&[u8]; 5] = [b"\x80\xff\xfe", b"a\tb", b"a b", b"abc ", b"\tabc"];
+    for session in odd {
+        for method in [http::Method::POST, http::Method::GET, http::Method::DELETE] {
+            let mut request = post_in(session, Full::new(Bytes::from(request_text("1"))));
+            *request.method_mut() = method.clone();
+            let (status, body) = read(call(&service, request).await).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {session:?}");
+            assert_guard_error(&body, -32600, &["null"]);
+        }
     }
-    let stats = layer.stats();
-    assert_eq!((stats.in_flight_sessions, stats.in_flight_requests), (4, 4));
-    for session in sessions {
-        let request = post_in(session, Full::new(Bytes::from(request_text("1"))));
-        let (status, body) = read(call(&service, request).await).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert_guard_error(&body, -32600, &["1"]);
-    }
-    assert_eq!(echo.calls(), 4);
-    for response in held {
-        read(response).await;
-    }
+    assert_eq!(echo.calls(), 1, "only the first request reached the server");
+    read(held).await;
     assert_drained(&layer);
 }
 

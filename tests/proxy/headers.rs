@@ -503,3 +503,43 @@ async fn trusted_forwarding_claims_pass_for_chains() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An HTTP/2 client's `Mcp-Session-Id` with a space at its end is refused
+/// at the proxy (400, `-32600`): HTTP/2 keeps the space, the HTTP/1.1
+/// upstream's parser strips it, so the guard would track session `abc `
+/// while the upstream routes into `abc`, and two `id: 1` of `abc` could be
+/// in flight there together (found by review; before, this POST reached
+/// the upstream as session `abc` with id 1, untracked as `abc`).
+#[tokio::test]
+async fn an_h2_session_id_with_a_space_at_its_end_is_refused() -> anyhow::Result<()> {
+    let (upstream, mut seen) = recording_upstream().await?;
+    let guard = IdGuardLayer::new();
+    let proxy = serve_proxy(&format!("http://{}", upstream.addr), &guard).await?;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let request = Request::post(format!("http://{}/mcp", proxy.addr))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", "abc ")
+        .body(Full::new(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+        )))?;
+    let response = tokio::time::timeout(OK_TIMEOUT, client.request(request)).await??;
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    let answer: serde_json::Value = serde_json::from_slice(&body)?;
+    assert_eq!(
+        (status, &answer["id"], &answer["error"]["code"]),
+        (
+            StatusCode::BAD_REQUEST,
+            &serde_json::Value::Null,
+            &serde_json::json!(-32600)
+        ),
+        "{answer}"
+    );
+    assert!(seen.try_recv().is_err(), "nothing reached the upstream");
+    drained(&guard).await?;
+    Ok(())
+}
