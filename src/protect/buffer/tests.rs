@@ -95,6 +95,35 @@ async fn ping(layer: &BodyBufferLayer) -> u16 {
     answer.status().as_u16()
 }
 
+/// Bodies held open, each with the sender that would feed it more.
+type Held = Vec<(mpsc::UnboundedSender<Bytes>, Answer<'static>)>;
+
+/// Opens `count` slow bodies on `layer`, each announcing `length` and
+/// sending `sent` bytes: the ones held (still being read), and how many
+/// were refused with `503` at once.
+async fn slow_bodies(
+    layer: &BodyBufferLayer,
+    count: usize,
+    length: Option<u64>,
+    sent: usize,
+) -> (Held, usize) {
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..count {
+        let (send, body) = fed(length);
+        send.unbounded_send(Bytes::from(vec![b' '; sent])).unwrap();
+        let mut answer = post(layer, body);
+        match futures::poll!(&mut answer) {
+            Poll::Pending => held.push((send, answer)),
+            Poll::Ready(answer) => {
+                assert_eq!(answer.unwrap().status(), 503);
+                refused += 1;
+            }
+        }
+    }
+    (held, refused)
+}
+
 /// The attack: slow bodies that announce large lengths and send a few
 /// bytes. Reserving each announced length up front, 2 of them held the
 /// whole 1 MiB budget and every small body got 503; counting what arrived,
@@ -133,21 +162,7 @@ async fn slow_bodies_announcing_large_lengths_do_not_lock_out_small_ones() {
 async fn small_bodies_keep_a_reserve_large_bodies_cannot_take() {
     let budget = BodyBudget::new(1024 * 1024);
     let layer = BodyBufferLayer::new(budget.clone());
-    let mut slow = Vec::new();
-    let mut refused = 0;
-    for _ in 0..4 {
-        let (send, body) = fed(None);
-        send.unbounded_send(Bytes::from(vec![b' '; 256 * 1024]))
-            .unwrap();
-        let mut answer = post(&layer, body);
-        match futures::poll!(&mut answer) {
-            Poll::Pending => slow.push((send, answer)),
-            Poll::Ready(answer) => {
-                assert_eq!(answer.unwrap().status(), 503);
-                refused += 1;
-            }
-        }
-    }
+    let (slow, refused) = slow_bodies(&layer, 4, None, 256 * 1024).await;
     let pings: Vec<u16> = futures::future::join_all((0..10).map(|_| ping(&layer))).await;
     assert_eq!(
         pings,
@@ -212,21 +227,7 @@ async fn one_client_address_holds_at_most_its_share() {
 async fn slow_small_bodies_cannot_take_the_reserve() {
     let budget = BodyBudget::new(1024 * 1024);
     let layer = BodyBufferLayer::new(budget.clone());
-    let mut slow = Vec::new();
-    let mut refused = 0;
-    for _ in 0..16 {
-        let (send, body) = fed(Some(512 * 1024));
-        send.unbounded_send(Bytes::from(vec![b' '; 64 * 1024]))
-            .unwrap();
-        let mut answer = post(&layer, body);
-        match futures::poll!(&mut answer) {
-            Poll::Pending => slow.push((send, answer)),
-            Poll::Ready(answer) => {
-                assert_eq!(answer.unwrap().status(), 503);
-                refused += 1;
-            }
-        }
-    }
+    let (slow, refused) = slow_bodies(&layer, 16, Some(512 * 1024), 64 * 1024).await;
     let pings: Vec<u16> = futures::future::join_all((0..10).map(|_| ping(&layer))).await;
     assert_eq!(
         pings,
@@ -249,21 +250,7 @@ async fn one_address_cannot_hold_more_than_its_share_in_small_bodies() {
     let budget = BodyBudget::new(1024 * 1024).per_client(256 * 1024);
     let layer = BodyBufferLayer::new(budget.clone());
     let attacker = layer.for_client("192.0.2.1".parse().unwrap());
-    let mut slow = Vec::new();
-    let mut refused = 0;
-    for _ in 0..16 {
-        let (send, body) = fed(Some(512 * 1024));
-        send.unbounded_send(Bytes::from(vec![b' '; 60 * 1024]))
-            .unwrap();
-        let mut answer = post(&attacker, body);
-        match futures::poll!(&mut answer) {
-            Poll::Pending => slow.push((send, answer)),
-            Poll::Ready(answer) => {
-                assert_eq!(answer.unwrap().status(), 503);
-                refused += 1;
-            }
-        }
-    }
+    let (slow, refused) = slow_bodies(&attacker, 16, Some(512 * 1024), 60 * 1024).await;
     assert_eq!(
         (slow.len(), refused),
         (4, 12),
