@@ -164,7 +164,7 @@ impl IdGuardLayer {
     /// Pick a value above your longest tool call. Abandoned ids count against
     /// [`max_table_bytes`](Self::max_table_bytes), and at most 65 536 are kept
     /// per layer: past either bound the oldest are forgotten first (logged at
-    /// most once a second, counted in
+    /// most once every 10 s, counted in
     /// [`Stats::abandoned_evicted_total`]).
     pub fn abandoned_id_ttl(mut self, ttl: Duration) -> Self {
         self.config.abandoned_id_ttl = ttl;
