@@ -103,6 +103,9 @@ fn regression_inputs_pass() {
         "compressed-body-forwarded-untracked",
         "long-server-id-not-restored",
         "response-with-a-non-string-method",
+        // The envelope reader and the restorer read a malformed `null!…`
+        // `result` apart (a response, a null): both decide at its first byte.
+        "null-led-malformed-result",
         // Where the SSE oracle was stricter than the rewriter's documented
         // behaviour (bytes no client reads).
         "restored-unterminated-tail",

@@ -497,7 +497,12 @@ fn classify(
         Some(range) => Some(string_text(&input[range.clone()]).ok_or(Unreadable::Malformed)?),
         None => None,
     };
-    let answers = |range: Option<Range<usize>>| range.is_some_and(|range| &input[range] != b"null");
+    // A `result` or `error` answers unless it is `null`: decided at the
+    // value's first byte, as the restorer decides it (in JSON only `null`
+    // starts with `n`), so the two read a malformed `nul…` alike.
+    let answers = |range: Option<Range<usize>>| {
+        range.is_some_and(|range| input.get(range.start) != Some(&b'n'))
+    };
     let kind = match (&method_text, &id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,

@@ -29,6 +29,14 @@ fn kinds() {
     );
     assert_eq!(single(r#"{"id":1,"method":7}"#).kind, Kind::Other);
     assert_eq!(single(r#"{"id":1}"#).kind, Kind::Other);
+    // A null `result` answers nothing, and so does a malformed value that
+    // starts as `null` does: the restorer decides at that first byte too
+    // (the sse_rewriter fuzz target found the two reading `null!…` apart).
+    assert_eq!(single(r#"{"id":1,"result":null}"#).kind, Kind::Other);
+    let malformed = read(b"{\"id\":1,\"result\":null!\x19!}");
+    if let Reading::Read(Peeked::Single(message)) = malformed {
+        assert_eq!(message.kind, Kind::Other);
+    }
 }
 
 #[test]
