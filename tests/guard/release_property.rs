@@ -63,7 +63,7 @@
 //! else an ended one known by the client's own id) and the exact `requestId`
 //! the inner service receives (that request's server-visible id text).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -435,8 +435,47 @@ struct Harness {
     /// Every exchange the inner service was called for, live or ended, in
     /// the order it was called: what a GET stream may replay answers to.
     history: Vec<Record>,
+    /// Per session, where its resumed streams went on from, as the table
+    /// keeps it: the last few event ids that passed on a resumed `GET`, each
+    /// with the stream it continues.
+    links: HashMap<usize, Links>,
     clock: u64,
     expected: Counters,
+}
+
+/// The model of a session's resumption links: fixed in number, the oldest
+/// replaced first, an id seen again relinked in place.
+#[derive(Debug, Default)]
+struct Links {
+    links: [Option<(String, String)>; 4],
+    next: usize,
+}
+
+impl Links {
+    fn origin(&self, at: &str) -> String {
+        self.links
+            .iter()
+            .flatten()
+            .find(|(later, _)| later == at)
+            .map_or_else(|| at.to_owned(), |(_, origin)| origin.clone())
+    }
+
+    fn link(&mut self, at: &str, origin: &str) {
+        if at == origin {
+            return;
+        }
+        if let Some(link) = self
+            .links
+            .iter_mut()
+            .flatten()
+            .find(|(later, _)| later == at)
+        {
+            link.1 = origin.to_owned();
+            return;
+        }
+        self.links[self.next] = Some((at.to_owned(), origin.to_owned()));
+        self.next = (self.next + 1) % self.links.len();
+    }
 }
 
 fn context() -> Context<'static> {
@@ -459,6 +498,7 @@ impl Harness {
             live: Vec::new(),
             shadows: Vec::new(),
             history: Vec::new(),
+            links: HashMap::new(),
             clock: 0,
             expected: Counters::default(),
         }
@@ -562,7 +602,26 @@ impl Harness {
             Op::Replay(replay) => self.replay(replay),
         }
         self.poll_queued();
+        self.forget_links();
         self.check();
+    }
+
+    /// Whether the table holds `session`: while it has requests in flight
+    /// or abandoned ids.
+    fn holds(&self, session: usize) -> bool {
+        self.live.iter().any(|exchange| exchange.session == session)
+            || self.shadows.iter().any(|shadow| shadow.session == session)
+    }
+
+    /// A session leaves the table with its links once it holds nothing.
+    fn forget_links(&mut self) {
+        let held: HashSet<usize> = self
+            .links
+            .keys()
+            .copied()
+            .filter(|s| self.holds(*s))
+            .collect();
+        self.links.retain(|session, _| held.contains(session));
     }
 
     fn post(session: usize, body: String) -> Request<Full<Bytes>> {
@@ -1069,14 +1128,35 @@ impl Harness {
         if versioned {
             request = request.header("mcp-protocol-version", "2025-11-25");
         }
-        let streams: Vec<String> = self
+        // Where to resume from: an abandoned request's own stream, a later
+        // event id of a resumption, or (past them) an id of no stream.
+        let mut streams: Vec<String> = self
             .shadows
             .iter()
             .filter(|shadow| shadow.session == session)
             .filter_map(|shadow| shadow.stream.clone())
             .collect();
+        if let Some(links) = self.links.get(&session) {
+            streams.extend(links.links.iter().flatten().map(|(later, _)| later.clone()));
+        }
         let resumed = usize::from(from) % (streams.len() + 1);
         let resumed = streams.get(resumed).cloned().unwrap_or_else(|| "0".into());
+        // The stream the GET continues: a later event id of an earlier
+        // resumption stands for the stream that one continued.
+        let origin = self
+            .links
+            .get(&session)
+            .map_or_else(|| resumed.clone(), |links| links.origin(&resumed));
+        // Each event's id, if it has one: a client resumes from the last one
+        // dispatched.
+        let event_ids: Vec<Option<String>> = events
+            .iter()
+            .map(|event| {
+                let rest = event.0.strip_prefix("id: ")?;
+                Some(rest[..rest.find(['\r', '\n'])?].to_owned())
+            })
+            .collect();
+        let mut linked: Option<String> = None;
         if resume {
             request = request.header("last-event-id", resumed.as_str());
         }
@@ -1182,7 +1262,21 @@ impl Harness {
                         end - usize::from(event.0.ends_with("\r\n")) <= fed
                     })
                     .count();
-                self.answered_on_stream(session, &resumed, &mut own_answers, dispatched);
+                // The table links where the client would resume from now to
+                // the stream this continues (while the session is held),
+                // then frees what was answered.
+                let last = event_ids[..dispatched].iter().flatten().last().cloned();
+                if last.is_some() && last != linked {
+                    linked.clone_from(&last);
+                    if self.holds(session) {
+                        self.links
+                            .entry(session)
+                            .or_default()
+                            .link(last.as_deref().unwrap(), &origin);
+                    }
+                }
+                self.answered_on_stream(session, &origin, &mut own_answers, dispatched);
+                self.forget_links();
             }
             self.check();
             if drop_half {
@@ -1201,7 +1295,8 @@ impl Harness {
         );
         assert_eq!(complete_after(wire.len(), true), events.len());
         if resume {
-            self.answered_on_stream(session, &resumed, &mut own_answers, events.len());
+            self.answered_on_stream(session, &origin, &mut own_answers, events.len());
+            self.forget_links();
             self.check();
         }
         self.expected.restored =
@@ -1217,12 +1312,13 @@ impl Harness {
     /// among the first `complete` events frees the session's abandoned id of
     /// that key, if there is one (at most one: while an id is abandoned, new
     /// requests with it go remapped), and only if the stream resumed is that
-    /// abandoned request's own (`resumed`, its `Last-Event-ID`): an answer
-    /// replayed on another request's stream frees nothing.
+    /// abandoned request's own (`origin`: its `Last-Event-ID`, or the stream
+    /// an earlier resumption that reached it continued): an answer replayed
+    /// on another request's stream frees nothing.
     fn answered_on_stream(
         &mut self,
         session: usize,
-        resumed: &str,
+        origin: &str,
         own_answers: &mut Vec<(usize, String)>,
         complete: usize,
     ) {
@@ -1233,7 +1329,7 @@ impl Harness {
             if let Some(position) = self.shadows.iter().position(|shadow| {
                 shadow.session == session
                     && key(&shadow.server_id) == key(server_id)
-                    && shadow.stream.as_deref() == Some(resumed)
+                    && shadow.stream.as_deref() == Some(origin)
             }) {
                 self.shadows.remove(position);
             }
