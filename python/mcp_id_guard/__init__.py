@@ -1,0 +1,257 @@
+"""mcp-id-guard for Python: an ASGI middleware that keeps MCP answers apart.
+
+In a stateful MCP streamable-HTTP session the Python SDK routes each answer to
+the POST that asked for it by ``str(id)`` alone, so two concurrent POSTs of one
+``Mcp-Session-Id`` that carry the same JSON-RPC id (a major client sends every
+call with ``id: 1``) get each other's results, or hang. ``IdGuard`` wraps the
+ASGI app (``mcp.streamable_http_app()`` of FastMCP, or any streamable-HTTP
+app) and gives a duplicate id a unique server-side id, restoring the client's
+id in the answer (JSON or SSE); or it rejects or queues the duplicate.
+
+Why at the ASGI level: FastMCP's own middleware and the SDK's request handlers
+run after the streamable-HTTP transport has parsed the message and filed its
+response stream under the request's id, which is where the two requests are
+already crossed. Only a layer in front of the transport sees both requests as
+HTTP requests and can change an id before the transport reads it.
+
+Every rule (what is tracked, when an id is free, what a client is answered)
+lives in the Rust crate ``mcp-id-guard``, the same code as its Tower layer and
+reverse proxy, reached through the native module ``mcp_id_guard._core``. This
+module only carries bytes between the ASGI server, the app and that core, and
+does the awaiting (with anyio: asyncio and trio servers both work).
+
+Use::
+
+    from mcp_id_guard import IdGuard
+    app = IdGuard(mcp.streamable_http_app())
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Tuple
+
+import anyio
+
+from ._core import Core, Exchange
+
+__all__ = ["IdGuard"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Response extensions that would let the app send a body the core never sees
+# (a file by path, zero-copy): taken out of the scope of a guarded exchange, so
+# that the app falls back to ``http.response.body`` messages.
+_BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")
+
+
+class IdGuard:
+    """Pure ASGI 3 middleware: duplicate JSON-RPC ids in one MCP session are kept apart.
+
+    ``on_duplicate``: ``"remap"`` (default; the duplicate goes to the app with a
+    unique server-side id and gets its own answer with its own id back),
+    ``"reject"`` (a JSON-RPC error, the app is not called) or ``"queue"`` (it
+    waits until the earlier request with that id has been answered, at most
+    ``max_queue_wait`` seconds, then ``503``). The limits are those of the Rust
+    crate's ``IdGuardLayer``: ``max_body_bytes`` of a tracked request body
+    (``413`` above it), ``abandoned_id_ttl`` seconds an id whose answer never
+    reached its client stays remembered, and the optional
+    ``max_in_flight_per_session`` (``429``), ``max_session_id_bytes``
+    (``400``) and ``max_table_bytes`` (``503``).
+
+    Scopes other than ``"http"`` (``lifespan``, ``websocket``) go to the app
+    untouched. One instance keeps one table: use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        on_duplicate: str = "remap",
+        max_body_bytes: int = 4 * 1024 * 1024,
+        max_queue_wait: float = 30.0,
+        abandoned_id_ttl: float = 300.0,
+        max_in_flight_per_session: Optional[int] = None,
+        max_session_id_bytes: Optional[int] = None,
+        max_table_bytes: Optional[int] = None,
+    ) -> None:
+        self.app = app
+        self._core = Core(
+            on_duplicate=on_duplicate,
+            max_body_bytes=max_body_bytes,
+            max_queue_wait=max_queue_wait,
+            abandoned_id_ttl=abandoned_id_ttl,
+            max_in_flight_per_session=max_in_flight_per_session,
+            max_session_id_bytes=max_session_id_bytes,
+            max_table_bytes=max_table_bytes,
+        )
+        self._max_queue_wait = float(max_queue_wait)
+        # Queued exchanges waiting for their turn: token -> the event that
+        # wakes the waiter. Only touched from the event loop.
+        self._waiters: Dict[int, anyio.Event] = {}
+
+    def stats(self) -> Dict[str, int]:
+        """The guard's counters and gauges (``in_flight_requests``, ``remapped_total``, ...)."""
+        return self._core.stats()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        exchange = self._core.exchange(scope["method"], list(scope.get("headers", ())))
+        try:
+            await self._drive(exchange, scope, receive, send)
+        finally:
+            # Ends the exchange however it went: an id whose answer did not
+            # pass to the client stays abandoned (the core decides).
+            exchange.close()
+            self._wake()
+
+    def _wake(self) -> None:
+        for token in self._core.take_woken():
+            event = self._waiters.get(token)
+            if event is not None:
+                event.set()
+
+    async def _drive(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        action = exchange.action
+        if action == "pass":
+            await self.app(scope, receive, send)
+            return
+        if action == "read":
+            read = await self._read_body(exchange, receive)
+            if read is None:
+                return  # the client left before its body was complete
+            action = read
+        if action == "wait":
+            turn = await self._await_turn(exchange, receive)
+            if turn is None:
+                return  # the client left while queued
+            action = turn
+        if action == "answer":
+            status, headers, body = exchange.answer()
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        if action == "forward":
+            app_receive = _replaced_body(exchange.request_body(), receive)
+        elif action == "stream":
+            app_receive = receive
+        else:
+            raise RuntimeError(f"mcp_id_guard: unknown action {action!r} from the core")
+        app_scope = dict(scope)
+        app_scope["headers"] = exchange.request_headers()
+        extensions = scope.get("extensions")
+        if extensions and any(name in extensions for name in _BYPASSING_EXTENSIONS):
+            app_scope["extensions"] = {
+                name: value for name, value in extensions.items() if name not in _BYPASSING_EXTENSIONS
+            }
+        await self.app(app_scope, app_receive, _restoring_send(exchange, send))
+
+    async def _read_body(self, exchange: Exchange, receive: Receive) -> Optional[str]:
+        """Feeds the whole request body to the core; the next action, or None if the client left."""
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "http.disconnect":
+                return None
+            if kind != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            if chunk and not exchange.feed(_as_bytes(chunk)):
+                return exchange.action  # over max_body_bytes: "answer"
+            if not message.get("more_body", False):
+                action = exchange.admit()
+                self._wake()
+                return action
+
+    async def _await_turn(self, exchange: Exchange, receive: Receive) -> Optional[str]:
+        """Waits while queued; "forward" or "answer", or None if the client left meanwhile."""
+        gone = False
+        action: Optional[str] = None
+        async with anyio.create_task_group() as group:
+
+            async def watch_disconnect() -> None:
+                nonlocal gone
+                # The body is complete: what receive() gives now is the
+                # client's disconnect.
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        gone = True
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(watch_disconnect)
+            try:
+                action = await self._turn(exchange)
+            finally:
+                group.cancel_scope.cancel()
+        return None if gone else action
+
+    async def _turn(self, exchange: Exchange) -> str:
+        token = exchange.token
+        deadline = anyio.current_time() + self._max_queue_wait
+        event = anyio.Event()
+        self._waiters[token] = event
+        try:
+            while True:
+                action = exchange.poll_turn()
+                if action != "wait":
+                    return action
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    exchange.time_out()
+                    return exchange.action
+                with anyio.move_on_after(remaining):
+                    await event.wait()
+                if event.is_set():
+                    event = anyio.Event()
+                    self._waiters[token] = event
+        finally:
+            self._waiters.pop(token, None)
+
+
+def _as_bytes(data: Any) -> bytes:
+    return data if type(data) is bytes else bytes(data)
+
+
+def _replaced_body(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the core's body as one message, then the server's messages."""
+    delivered = False
+
+    async def replaced() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replaced
+
+
+def _restoring_send(exchange: Exchange, send: Send) -> Send:
+    """A send that routes the app's response through the core (ids restored)."""
+
+    async def restoring(message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            headers: List[Tuple[bytes, bytes]] = [
+                (_as_bytes(name), _as_bytes(value)) for name, value in message.get("headers", ())
+            ]
+            message = dict(message)
+            message["headers"] = exchange.response_start(message["status"], headers)
+        elif kind == "http.response.body":
+            more_body = bool(message.get("more_body", False))
+            out = exchange.response_body(_as_bytes(message.get("body", b"")), more_body)
+            if not out and more_body:
+                return  # held back: nothing to send yet
+            message = dict(message)
+            message["body"] = out
+        await send(message)
+
+    return restoring

@@ -1,0 +1,63 @@
+"""The native core of mcp-id-guard (Rust, PyO3): every rule of the guard lives here.
+
+Not a public API: ``mcp_id_guard.IdGuard`` drives it. All calls are
+synchronous and short; the driver does all awaiting.
+"""
+
+from typing import Dict, List, Literal, Optional, Tuple
+
+Header = Tuple[bytes, bytes]
+Action = Literal["pass", "read", "forward", "stream", "answer", "wait"]
+
+class Core:
+    def __init__(
+        self,
+        *,
+        on_duplicate: Literal["remap", "reject", "queue"] = "remap",
+        max_body_bytes: int = 4 * 1024 * 1024,
+        max_queue_wait: float = 30.0,
+        abandoned_id_ttl: float = 300.0,
+        max_in_flight_per_session: Optional[int] = None,
+        max_session_id_bytes: Optional[int] = None,
+        max_table_bytes: Optional[int] = None,
+    ) -> None: ...
+    def stats(self) -> Dict[str, int]:
+        """Counters and gauges: in_flight_requests, in_flight_sessions, remapped_total,
+        rejected_total, queued_total, restored_total, abandoned_ids, ..."""
+    def exchange(self, method: str, headers: List[Header]) -> "Exchange":
+        """One per HTTP request (ASGI scope type "http"); headers as in the scope (lower-case names)."""
+    def take_woken(self) -> List[int]:
+        """Tokens of queued exchanges whose turn may have come (call after admit() and close())."""
+
+class Exchange:
+    action: Action
+    """What the driver does next:
+
+    - "pass": forward request and response untouched
+    - "read": feed() each body chunk, then admit()
+    - "forward": call the app with request_headers() and request_body() (which
+      replaces the client's body), route the response through response_start()
+      and response_body()
+    - "stream": call the app with request_headers() and the original body,
+      route the response through response_start() and response_body()
+    - "answer": do not call the app; send answer()
+    - "wait": queued; poll_turn() when take_woken() names ``token``
+    """
+    token: int
+    """While "wait": the token take_woken() reports when the turn may have come."""
+    def feed(self, chunk: bytes) -> bool:
+        """False: over max_body_bytes, the action is now "answer"; stop reading."""
+    def admit(self) -> Action:
+        """The body is complete: decides, and returns the new action."""
+    def request_headers(self) -> List[Header]: ...
+    def request_body(self) -> bytes: ...
+    def answer(self) -> Tuple[int, List[Header], bytes]: ...
+    def response_start(self, status: int, headers: List[Header]) -> List[Header]:
+        """The response headers to send instead."""
+    def response_body(self, chunk: bytes, more_body: bool) -> bytes:
+        """The bytes to send now (b"" while an id is held back); once with more_body=False at the end."""
+    def poll_turn(self) -> Literal["wait", "forward", "answer"]: ...
+    def time_out(self) -> None:
+        """The wait ran past max_queue_wait: the action becomes "answer" (503)."""
+    def close(self) -> None:
+        """Ends the exchange (idempotent). An id is freed only if its answer passed response_body()."""
