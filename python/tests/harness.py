@@ -324,6 +324,26 @@ def explain(outcomes: List[Outcome]) -> str:
     return "\n".join(lines)
 
 
+async def wait_until(condition: Callable[[], bool], what: str, deadline: float = CALL_DEADLINE_S) -> None:
+    """Until the condition holds (checked every 10 ms), at most `deadline` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError(f"not within {deadline} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def wait_in_flight(guard: Any, count: int) -> None:
+    """Until the guard has `count` requests in flight."""
+    await wait_until(lambda: guard.stats()["in_flight_requests"] >= count, f"{count} in flight")
+
+
+def tool_calls_seen(recorder: Recorder) -> int:
+    """How many `tools/call` requests the app behind the guard has received whole."""
+    return sum(1 for seen in recorder.seen if b'"tools/call"' in seen.body)
+
+
 # ---------------------------------------------------------------------------
 # The app under test, guarded or bare
 
