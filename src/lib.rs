@@ -353,6 +353,7 @@ macro_rules! inner_accessors {
     };
 }
 
+pub mod core;
 pub mod exchange;
 pub mod guard;
 pub mod inner;

@@ -46,6 +46,15 @@ impl<B> RequestBody<B> {
         }
     }
 
+    /// The bytes of a body the guard read (and maybe rewrote); `None` for
+    /// one that passes untouched.
+    pub(crate) fn into_buffered(self) -> Option<Bytes> {
+        match self.kind {
+            RequestKind::Buffered { data, .. } => Some(data.unwrap_or_default()),
+            RequestKind::Original(_) => None,
+        }
+    }
+
     pub(crate) fn buffered(data: Bytes, trailers: Option<Box<HeaderMap>>) -> Self {
         Self {
             kind: RequestKind::Buffered {
@@ -206,76 +215,8 @@ impl<B: Body> ResponseBody<B> {
             return response.map(|body| Self::inner(body, None));
         }
         let (mut parts, body) = response.into_parts();
-        // An answer given in the server's place is no response from it. Only
-        // a forwarder that knows says so (`Unanswered`). A status alone says
-        // nothing: a `408` from a timeout inside the guard, a `413` from a
-        // body limit there, or a `5xx` may come after the server started the
-        // request, which it then keeps running under its id. Such a response
-        // is read like any other: the server's own JSON-RPC answer (a
-        // refusal carrying the id) frees the id, anything else leaves it
-        // abandoned.
-        //
-        // A `502`, `503` or `504` is a gateway's (RFC 9110 §15.6): a proxy
-        // in front of the server answering for it, however its body reads.
-        // Its JSON-RPC error may carry the request's id (the `mcp-id-guard`
-        // proxy's own do), but an `Unanswered` mark does not cross HTTP.
-        let gateway = matches!(
-            parts.status,
-            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-        );
-        let stand_in = parts
-            .extensions
-            .get::<Unanswered>()
-            .copied()
-            .or(gateway.then_some(Unanswered::Sent));
-        if stand_in == Some(Unanswered::NotSent) {
-            if let Some(registration) = registration.take() {
-                registration.unsent();
-            }
-        }
-        let awaits =
-            stand_in.is_none() && registration.as_ref().is_some_and(Registration::awaits_any);
-        let restores = restoring
-            .as_ref()
-            .is_some_and(|restoring| restoring.restore);
-        let resumes = restoring
-            .as_ref()
-            .and_then(|restoring| restoring.resumes)
-            .filter(|_| stand_in.is_none());
-        let watch = awaits || resumes.is_some();
-        // A compressed body cannot be read: nothing in it counts as answered.
-        // `identity` is no compression (as on requests).
-        let readable = (watch || restores) && !is_encoded(&parts.headers);
-        let json = has_media_type(&parts.headers, "application/json");
-        let (Some(restoring), true, true) = (
-            restoring,
-            readable,
-            json || has_media_type(&parts.headers, "text/event-stream"),
-        ) else {
+        let Some(reading) = read_response(&mut parts, &mut registration, restoring) else {
             return Response::from_parts(parts, Self::inner(body, registration));
-        };
-        // Only restoring changes the bytes; a body only watched keeps its
-        // length.
-        if restores {
-            parts.headers.remove(CONTENT_LENGTH);
-        }
-        // A tracked request always has a session; an empty one matches no id
-        // issued for a real session.
-        let session = restoring
-            .session
-            .as_ref()
-            .map_or(&[][..], HeaderValue::as_bytes);
-        let reading = Reader {
-            session: restoring.table.minter().session_digest(session),
-            resumes: restoring.session.zip(resumes),
-            event_ids: 0,
-            table: restoring.table,
-            max_id: restoring.max_id,
-            restores,
-            watch,
-            json,
-            requests: registration.as_ref().map_or(0, Registration::requests),
-            streaming: None,
         };
         let kind = ResponseKind::Read {
             body,
@@ -286,6 +227,87 @@ impl<B: Body> ResponseBody<B> {
         };
         Response::from_parts(parts, Self { kind })
     }
+}
+
+/// How a response is read, decided on its head: the step after the inner
+/// service answered, in every face. `None`: the body passes as it is (what
+/// the registration holds is abandoned when it ends). Restoring removes the
+/// response's `Content-Length`.
+pub(crate) fn read_response(
+    parts: &mut http::response::Parts,
+    registration: &mut Option<Registration>,
+    restoring: Option<Restoring>,
+) -> Option<Reader> {
+    // An answer given in the server's place is no response from it. Only
+    // a forwarder that knows says so (`Unanswered`). A status alone says
+    // nothing: a `408` from a timeout inside the guard, a `413` from a
+    // body limit there, or a `5xx` may come after the server started the
+    // request, which it then keeps running under its id. Such a response
+    // is read like any other: the server's own JSON-RPC answer (a
+    // refusal carrying the id) frees the id, anything else leaves it
+    // abandoned.
+    //
+    // A `502`, `503` or `504` is a gateway's (RFC 9110 §15.6): a proxy
+    // in front of the server answering for it, however its body reads.
+    // Its JSON-RPC error may carry the request's id (the `mcp-id-guard`
+    // proxy's own do), but an `Unanswered` mark does not cross HTTP.
+    let gateway = matches!(
+        parts.status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    );
+    let stand_in = parts
+        .extensions
+        .get::<Unanswered>()
+        .copied()
+        .or(gateway.then_some(Unanswered::Sent));
+    if stand_in == Some(Unanswered::NotSent) {
+        if let Some(registration) = registration.take() {
+            registration.unsent();
+        }
+    }
+    let awaits = stand_in.is_none() && registration.as_ref().is_some_and(Registration::awaits_any);
+    let restores = restoring
+        .as_ref()
+        .is_some_and(|restoring| restoring.restore);
+    let resumes = restoring
+        .as_ref()
+        .and_then(|restoring| restoring.resumes)
+        .filter(|_| stand_in.is_none());
+    let watch = awaits || resumes.is_some();
+    // A compressed body cannot be read: nothing in it counts as answered.
+    // `identity` is no compression (as on requests).
+    let readable = (watch || restores) && !is_encoded(&parts.headers);
+    let json = has_media_type(&parts.headers, "application/json");
+    let (Some(restoring), true, true) = (
+        restoring,
+        readable,
+        json || has_media_type(&parts.headers, "text/event-stream"),
+    ) else {
+        return None;
+    };
+    // Only restoring changes the bytes; a body only watched keeps its
+    // length.
+    if restores {
+        parts.headers.remove(CONTENT_LENGTH);
+    }
+    // A tracked request always has a session; an empty one matches no id
+    // issued for a real session.
+    let session = restoring
+        .session
+        .as_ref()
+        .map_or(&[][..], HeaderValue::as_bytes);
+    Some(Reader {
+        session: restoring.table.minter().session_digest(session),
+        resumes: restoring.session.zip(resumes),
+        event_ids: 0,
+        table: restoring.table,
+        max_id: restoring.max_id,
+        restores,
+        watch,
+        json,
+        requests: registration.as_ref().map_or(0, Registration::requests),
+        streaming: None,
+    })
 }
 
 impl<B> Body for ResponseBody<B>
@@ -331,13 +353,8 @@ where
                 match ready!(body.as_mut().poll_frame(cx)) {
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(mut data) => {
-                            let next = reading.push(data.copy_to_bytes(data.remaining()));
-                            // Every awaited response passed: the ids are
-                            // free before the answer's last bytes go on,
-                            // even if the server keeps the stream open.
-                            if !reading.settle(registration) {
-                                registration.take();
-                            }
+                            let next =
+                                reading.chunk(data.copy_to_bytes(data.remaining()), registration);
                             if let Some(piece) = next {
                                 return Poll::Ready(Some(Ok(Frame::data(piece))));
                             }
@@ -350,12 +367,7 @@ where
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     None => {
                         *finished = true;
-                        let last = reading.finish();
-                        reading.settle(registration);
-                        // Released before the last pieces go on; what did
-                        // not pass stays abandoned.
-                        registration.take();
-                        if let Some(piece) = last {
+                        if let Some(piece) = reading.end(registration) {
                             return Poll::Ready(Some(Ok(Frame::data(piece))));
                         }
                     }

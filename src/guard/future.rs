@@ -247,10 +247,10 @@ impl<S> ReadBody<S> {
             match ready!(body.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(mut data) => {
-                        if self.buffer.len() + data.remaining() > limit {
-                            break Err(body_too_large(limit));
+                        let data = data.copy_to_bytes(data.remaining());
+                        if let Err(response) = read_chunk(&mut self.buffer, data, limit) {
+                            break Err(response);
                         }
-                        self.buffer.push(data.copy_to_bytes(data.remaining()));
                     }
                     Err(frame) => self.trailers = frame.into_trailers().ok().map(Box::new),
                 },
@@ -279,35 +279,30 @@ impl<S> ReadBody<S> {
         let (Some(parts), Some(mut service)) = (self.parts.take(), self.service.take()) else {
             unreachable!("ResponseFuture polled after completion")
         };
-        let bytes = std::mem::take(&mut self.buffer).into_bytes();
-        let starts = (self.watch_start && is_initialize(&bytes))
-            .then(|| Box::new((Arc::clone(&self.table), self.config)));
-        let admission = admit(
-            PendingForward::new(parts, bytes, self.trailers.take()),
+        let decided = decide(
+            parts,
+            std::mem::take(&mut self.buffer).into_bytes(),
+            self.trailers.take(),
             &self.headers,
             &self.config,
             &self.table,
+            self.watch_start,
             exchange,
             record,
         );
-        match admission {
-            Admission::Forward {
+        match decided {
+            Decided::Call {
                 request,
                 registration,
-                restore,
+                restoring,
+                starts,
             } => State::Calling {
                 future: service.call(request),
-                restore: (restore || registration.is_some()).then(|| Restoring {
-                    table: Arc::clone(&self.table),
-                    max_id: self.config.max_body_bytes,
-                    restore,
-                    session: self.headers.session.clone(),
-                    resumes: None,
-                }),
+                restore: restoring,
                 registration,
-                starts,
+                starts: starts.then(|| Box::new((Arc::clone(&self.table), self.config))),
             },
-            Admission::Queue {
+            Decided::Queue {
                 pending,
                 registration,
                 ticket,
@@ -323,11 +318,127 @@ impl<S> ReadBody<S> {
                     session: self.headers.session.clone(),
                 }),
             },
-            Admission::Answer(response) => State::Answered {
+            Decided::Answer(response) => State::Answered {
                 response: Some(response),
             },
         }
     }
+}
+
+/// Takes a chunk of a tracked POST's body, within `limit`: past it, the
+/// guard's answer.
+pub(crate) fn read_chunk(
+    buffer: &mut Accumulated,
+    data: Bytes,
+    limit: usize,
+) -> Result<(), Response<Full<Bytes>>> {
+    if buffer.len() + data.len() > limit {
+        return Err(body_too_large(limit));
+    }
+    buffer.push(data);
+    Ok(())
+}
+
+/// What becomes of a read POST: the step after [`head`](super::service::head)
+/// in every face.
+pub(crate) enum Decided<B> {
+    /// Call the inner service with `request`, read the response as
+    /// `restoring` says; `starts`: an `initialize` whose answer starts a
+    /// session to record.
+    Call {
+        request: Request<RequestBody<B>>,
+        registration: Option<Registration>,
+        restoring: Option<Restoring>,
+        starts: bool,
+    },
+    /// Wait for the ticket (policy `Queue`), then [`turn`].
+    Queue {
+        pending: PendingForward,
+        registration: Registration,
+        ticket: Arc<Waiter>,
+    },
+    /// Answer in the server's place.
+    Answer(Response<Full<Bytes>>),
+}
+
+/// Asks the table about a read body.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decide<B>(
+    parts: http::request::Parts,
+    bytes: Bytes,
+    trailers: Option<Box<HeaderMap>>,
+    headers: &RequestHeaders,
+    config: &Config,
+    table: &Arc<Table>,
+    watch_start: bool,
+    exchange: &mut Exchange,
+    record: bool,
+) -> Decided<B> {
+    let starts = watch_start && is_initialize(&bytes);
+    let admission = admit(
+        PendingForward::new(parts, bytes, trailers),
+        headers,
+        config,
+        table,
+        exchange,
+        record,
+    );
+    match admission {
+        Admission::Forward {
+            request,
+            registration,
+            restore,
+        } => Decided::Call {
+            request,
+            restoring: (restore || registration.is_some()).then(|| Restoring {
+                table: Arc::clone(table),
+                max_id: config.max_body_bytes,
+                restore,
+                session: headers.session.clone(),
+                resumes: None,
+            }),
+            registration,
+            starts,
+        },
+        Admission::Queue {
+            pending,
+            registration,
+            ticket,
+        } => Decided::Queue {
+            pending,
+            registration,
+            ticket,
+        },
+        Admission::Answer(response) => Decided::Answer(response),
+    }
+}
+
+/// A queued request's turn came (`server_id`: with a server-side id): the
+/// request to forward, and how to read its response.
+pub(crate) fn turn<B>(
+    pending: PendingForward,
+    registration: &mut Registration,
+    server_id: Option<Arc<[u8]>>,
+    max_id: usize,
+    session: Option<http::HeaderValue>,
+) -> (Request<RequestBody<B>>, Restoring) {
+    let remapped = server_id.is_some();
+    let restoring = Restoring {
+        table: Arc::clone(registration.table()),
+        max_id,
+        restore: remapped,
+        session,
+        resumes: None,
+    };
+    let request = pending.into_request(server_id);
+    registration.forwarded(remapped);
+    (request, restoring)
+}
+
+/// A queued request waited past its deadline: the guard's `503`. The
+/// caller drops the registration first, which takes it out of line.
+pub(crate) fn timed_out(pending: Option<&PendingForward>) -> Response<Full<Bytes>> {
+    queue_timeout(pending.map_or("null", PendingForward::queued_id))
 }
 
 impl<S> Queued<S> {
@@ -345,20 +456,17 @@ impl<S> Queued<S> {
             ) else {
                 unreachable!("ResponseFuture polled after completion")
             };
-            let remapped = server_id.is_some();
-            let restore = Some(Restoring {
-                table: Arc::clone(registration.table()),
-                max_id: self.max_id,
-                restore: remapped,
-                session: self.session.take(),
-                resumes: None,
-            });
-            let future = service.call(pending.into_request(server_id));
-            registration.forwarded(remapped);
+            let (request, restoring) = turn(
+                pending,
+                &mut registration,
+                server_id,
+                self.max_id,
+                self.session.take(),
+            );
             return Poll::Ready(State::Calling {
-                future,
+                future: service.call(request),
                 registration: Some(registration),
-                restore,
+                restore: Some(restoring),
                 starts: None,
             });
         }
@@ -370,12 +478,8 @@ impl<S> Queued<S> {
         // Leaving the queue: dropping the registration takes the request out
         // of line.
         self.registration.take();
-        let id = self
-            .pending
-            .as_ref()
-            .map_or("null", PendingForward::queued_id);
         Poll::Ready(State::Answered {
-            response: Some(queue_timeout(id)),
+            response: Some(timed_out(self.pending.as_ref())),
         })
     }
 }
@@ -394,7 +498,7 @@ fn with_exchange<B>(
 }
 
 /// Records the session an `initialize`'s successful answer starts.
-fn note_started<B>(response: &Response<B>, table: &Table, config: &Config) {
+pub(crate) fn note_started<B>(response: &Response<B>, table: &Table, config: &Config) {
     let session = response.headers().get(&MCP_SESSION_ID);
     if let Some(session) = session.filter(|_| response.status().is_success()) {
         table.note_started(session.as_bytes(), config);

@@ -254,8 +254,8 @@ impl IdGuardLayer {
         self.table.stats()
     }
 
-    /// Its settings and table, for the crate's benchmarks.
-    #[cfg(feature = "internals")]
+    /// Its settings and table: for [`crate::core`], and the crate's
+    /// benchmarks.
     pub(crate) fn parts(&self) -> (Config, Arc<Table>) {
         (self.config, Arc::clone(&self.table))
     }

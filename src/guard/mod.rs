@@ -38,12 +38,12 @@
 // How the guard works inside: it reads each POST's envelope, asks the session
 // table for a decision (`admit`), and follows the response until the id is
 // released.
-mod admit;
+pub(crate) mod admit;
 pub(crate) mod body;
 pub(crate) mod exchange;
-mod future;
+pub(crate) mod future;
 pub(crate) mod layer;
-mod reader;
+pub(crate) mod reader;
 pub(crate) mod service;
 pub(crate) mod unanswered;
 
@@ -58,6 +58,7 @@ pub use future::ResponseFuture as GuardFuture;
 // used only under some features).
 #[allow(unused_imports)]
 pub(crate) use crate::wire::method::McpMethod;
+pub(crate) use admit::PendingForward;
 pub(crate) use body::RequestBody;
 #[allow(unused_imports)]
 pub(crate) use exchange::{Exchange, GuardDecision, Handled};

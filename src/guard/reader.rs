@@ -18,7 +18,7 @@ use crate::wire::sse::Rewriter;
 /// A body being read. What reading needs is made at its first chunk: an
 /// exchange held open before its body is polled costs no allocation here.
 #[derive(Debug)]
-pub(super) struct Reader {
+pub(crate) struct Reader {
     pub(super) table: Arc<Table>,
     /// The digest of the session whose ids are restored.
     pub(super) session: u64,
@@ -135,6 +135,31 @@ impl Reader {
         };
         stream.finish(scratch);
         scratch.clear();
+        last
+    }
+
+    /// Reads a chunk of the body and hands what passed on: what can go on
+    /// now. Every awaited response passed: the registration is released
+    /// before the answer's last bytes go on, even if the server keeps the
+    /// stream open.
+    pub(crate) fn chunk(
+        &mut self,
+        chunk: Bytes,
+        registration: &mut Option<Registration>,
+    ) -> Option<Bytes> {
+        let next = self.push(chunk);
+        if !self.settle(registration) {
+            registration.take();
+        }
+        next
+    }
+
+    /// The body ended: what was held goes on. The registration is released
+    /// before the last pieces go on; what did not pass stays abandoned.
+    pub(crate) fn end(&mut self, registration: &mut Option<Registration>) -> Option<Bytes> {
+        let last = self.finish();
+        self.settle(registration);
+        registration.take();
         last
     }
 

@@ -1,9 +1,11 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::header::ACCEPT_ENCODING;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
+use http_body_util::Full;
 use tower_service::Service;
 
 use crate::guard::body::{RequestBody, ResponseBody, Restoring};
@@ -125,123 +127,176 @@ impl<S> IdGuard<S> {
     /// built).
     fn respond<ReqBody, ResBody>(
         &mut self,
-        request: Request<ReqBody>,
+        mut request: Request<ReqBody>,
         record: bool,
     ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     {
-        // Outside a session nothing is tracked; unless a layer outside wants
-        // the account of the POST or the restart window is open, none of the
-        // headers read below changes what happens, and one lookup costs a
-        // fraction of reading them all.
-        if !record
-            && !request.headers().contains_key(&MCP_SESSION_ID)
-            && !self.table.watches_starts(&self.config)
-        {
-            return self.untouched(request, Exchange::default(), false);
+        let method = request.method().clone();
+        match head(
+            &method,
+            request.headers_mut(),
+            &self.config,
+            &self.table,
+            record,
+        ) {
+            Head::Untouched { exchange } => self.untouched(request, exchange, record),
+            Head::Answer { response, exchange } => {
+                ResponseFuture::answered(response, exchange, record)
+            }
+            Head::Stream(restoring) => ResponseFuture::called(
+                self.inner.call(request.map(RequestBody::new)),
+                Some(restoring),
+                Exchange::default(),
+                record,
+            ),
+            Head::Read {
+                headers,
+                watch_start,
+            } => self.read_first(request, headers, watch_start, record),
         }
-        let headers = RequestHeaders::read(request.headers());
-        let handling = handling(request.method(), &headers);
-        // The guard decides on the request the server will see: one whose
-        // `Connection` names a header it reads would reach the server
-        // without it (see `RequestHeaders::hides_decided_on`).
-        // Nor one whose session id a later parser reads otherwise.
-        let refusal = match () {
-            _ if !headers.in_legacy_session() => None,
-            _ if headers.hides_decided_on => Some(answer::hides_decided_on()),
-            _ if headers.odd_session => Some(answer::odd_session()),
-            _ => None,
+    }
+}
+
+/// What the guard does with a request, decided on its head: the first step
+/// of every face (the tower service here, [`crate::core`] for the others).
+pub(crate) enum Head {
+    /// Call the inner service with the request as it came; read neither it
+    /// nor its response.
+    Untouched { exchange: Exchange },
+    /// Answer in the server's place.
+    Answer {
+        response: Response<Full<Bytes>>,
+        exchange: Exchange,
+    },
+    /// A `GET` stream: call the inner service with the request (its
+    /// `Accept-Encoding` removed), read the response as `Restoring` says.
+    Stream(Restoring),
+    /// Read the body first, then [`decide`](crate::guard::future::decide).
+    /// `watch_start`: a POST without a session read only to see whether it
+    /// is an `initialize` (during the restart window).
+    Read {
+        headers: RequestHeaders,
+        watch_start: bool,
+    },
+}
+
+/// Decides on a request's head. `headers` are the request's: a stream's
+/// loses its `Accept-Encoding` (restoring needs the stream as the server
+/// wrote it). `record`: a layer outside reads the [`Exchange`].
+pub(crate) fn head(
+    method: &Method,
+    request_headers: &mut HeaderMap,
+    config: &Config,
+    table: &Arc<Table>,
+    record: bool,
+) -> Head {
+    // Outside a session nothing is tracked; unless a layer outside wants
+    // the account of the POST or the restart window is open, none of the
+    // headers read below changes what happens, and one lookup costs a
+    // fraction of reading them all.
+    if !record && !request_headers.contains_key(&MCP_SESSION_ID) && !table.watches_starts(config) {
+        return Head::Untouched {
+            exchange: Exchange::default(),
         };
-        if let Some(refusal) = refusal {
-            let exchange = if request.method() == Method::POST {
-                Exchange::one(McpMethod::Other, GuardDecision::Refused)
+    }
+    let headers = RequestHeaders::read(request_headers);
+    let handling = handling(method, &headers);
+    // The guard decides on the request the server will see: one whose
+    // `Connection` names a header it reads would reach the server
+    // without it (see `RequestHeaders::hides_decided_on`).
+    // Nor one whose session id a later parser reads otherwise.
+    let refusal = match () {
+        _ if !headers.in_legacy_session() => None,
+        _ if headers.hides_decided_on => Some(answer::hides_decided_on()),
+        _ if headers.odd_session => Some(answer::odd_session()),
+        _ => None,
+    };
+    if let Some(response) = refusal {
+        let exchange = if method == Method::POST {
+            Exchange::one(McpMethod::Other, GuardDecision::Refused)
+        } else {
+            Exchange::default()
+        };
+        return Head::Answer { response, exchange };
+    }
+    // A tracked POST is refused once its body is read, with its ids.
+    if handling != Handling::Read
+        && headers.in_legacy_session()
+        && headers
+            .session
+            .as_ref()
+            .is_some_and(|id| id.len() > config.max_session_id_bytes)
+    {
+        return Head::Answer {
+            response: answer::session_id_too_long(&[], false, config.max_session_id_bytes),
+            exchange: Exchange::default(),
+        };
+    }
+    match handling {
+        // During the restart window the guard reads `initialize`
+        // requests, to learn from their answers which sessions start.
+        // The window's flag first: it is off for nearly every request.
+        Handling::Untouched
+            if table.watches_starts(config)
+                && may_start_session(method, request_headers, &headers)
+                && !declared_length_over(&headers, config.max_body_bytes) =>
+        {
+            Head::Read {
+                headers,
+                watch_start: true,
+            }
+        }
+        Handling::Untouched => {
+            // A POST the guard does not read counts as one message, by
+            // the method its `Mcp-Method` header names (2026-07-28).
+            let exchange = if record && method == Method::POST {
+                Exchange::one(headers.method, GuardDecision::Passed)
             } else {
                 Exchange::default()
             };
-            return ResponseFuture::answered(refusal, exchange, record);
+            Head::Untouched { exchange }
         }
-        // A tracked POST is refused once its body is read, with its ids.
-        if handling != Handling::Read
-            && headers.in_legacy_session()
-            && headers
-                .session
-                .as_ref()
-                .is_some_and(|id| id.len() > self.config.max_session_id_bytes)
-        {
-            return ResponseFuture::answered(
-                answer::session_id_too_long(&[], false, self.config.max_session_id_bytes),
-                Exchange::default(),
-                record,
-            );
+        // A standalone or resumed stream may carry (or replay) responses to
+        // remapped requests; restoring is stateless, by the id encoding.
+        // It may also carry the answer to a request whose own stream the
+        // server closed early (SEP-1699 polling): that frees its id.
+        Handling::RestoreStream => {
+            // Restoring needs the stream as the server wrote it.
+            request_headers.remove(ACCEPT_ENCODING);
+            // Only a resumed stream replays answers (spec 2025-11-25,
+            // resumability); a standalone one carries none. What it
+            // resumes is the stream whose last event id the client
+            // names; more than one names none.
+            let session = headers.session.clone();
+            let mut resumed = request_headers.get_all("last-event-id").iter();
+            let resumes = match (resumed.next(), resumed.next(), &session) {
+                (Some(event_id), None, Some(session)) => Some(Resumed {
+                    origin: table.resumed_stream(session.as_bytes(), event_id.as_bytes()),
+                    max_table_bytes: config.max_table_bytes,
+                }),
+                _ => None,
+            };
+            Head::Stream(Restoring {
+                table: Arc::clone(table),
+                max_id: config.max_body_bytes,
+                restore: true,
+                session,
+                resumes,
+            })
         }
-        match handling {
-            // During the restart window the guard reads `initialize`
-            // requests, to learn from their answers which sessions start.
-            // The window's flag first: it is off for nearly every request.
-            Handling::Untouched
-                if self.table.watches_starts(&self.config)
-                    && may_start_session(&request, &headers)
-                    && !declared_length_over(&headers, self.config.max_body_bytes) =>
-            {
-                self.read_first(request, headers, true, record)
-            }
-            Handling::Untouched => {
-                // A POST the guard does not read counts as one message, by
-                // the method its `Mcp-Method` header names (2026-07-28).
-                let exchange = if record && request.method() == Method::POST {
-                    Exchange::one(headers.method, GuardDecision::Passed)
-                } else {
-                    Exchange::default()
+        Handling::Read => {
+            let limit = config.max_body_bytes;
+            if declared_length_over(&headers, limit) {
+                return Head::Answer {
+                    response: answer::body_too_large(limit),
+                    exchange: Exchange::one(McpMethod::Other, GuardDecision::Refused),
                 };
-                self.untouched(request, exchange, record)
             }
-            // A standalone or resumed stream may carry (or replay) responses to
-            // remapped requests; restoring is stateless, by the id encoding.
-            // It may also carry the answer to a request whose own stream the
-            // server closed early (SEP-1699 polling): that frees its id.
-            Handling::RestoreStream => {
-                let mut request = request;
-                // Restoring needs the stream as the server wrote it.
-                request.headers_mut().remove(ACCEPT_ENCODING);
-                // Only a resumed stream replays answers (spec 2025-11-25,
-                // resumability); a standalone one carries none. What it
-                // resumes is the stream whose last event id the client
-                // names; more than one names none.
-                let session = headers.session.clone();
-                let mut resumed = request.headers().get_all("last-event-id").iter();
-                let resumes = match (resumed.next(), resumed.next(), &session) {
-                    (Some(event_id), None, Some(session)) => Some(Resumed {
-                        origin: self
-                            .table
-                            .resumed_stream(session.as_bytes(), event_id.as_bytes()),
-                        max_table_bytes: self.config.max_table_bytes,
-                    }),
-                    _ => None,
-                };
-                ResponseFuture::called(
-                    self.inner.call(request.map(RequestBody::new)),
-                    Some(Restoring {
-                        table: Arc::clone(&self.table),
-                        max_id: self.config.max_body_bytes,
-                        restore: true,
-                        session,
-                        resumes,
-                    }),
-                    Exchange::default(),
-                    record,
-                )
-            }
-            Handling::Read => {
-                let limit = self.config.max_body_bytes;
-                if declared_length_over(&headers, limit) {
-                    return ResponseFuture::answered(
-                        answer::body_too_large(limit),
-                        Exchange::one(McpMethod::Other, GuardDecision::Refused),
-                        record,
-                    );
-                }
-                self.read_first(request, headers, false, record)
+            Head::Read {
+                headers,
+                watch_start: false,
             }
         }
     }
@@ -317,11 +372,15 @@ fn declared_length_over(headers: &RequestHeaders, limit: usize) -> bool {
 /// A POST that may be an `initialize` request: JSON, without a session
 /// header, in a revision that has sessions. (Some clients send
 /// `MCP-Protocol-Version` on `initialize` too, so its presence says nothing.)
-fn may_start_session<B>(request: &Request<B>, headers: &RequestHeaders) -> bool {
-    request.method() == Method::POST
+fn may_start_session(
+    method: &Method,
+    request_headers: &HeaderMap,
+    headers: &RequestHeaders,
+) -> bool {
+    method == Method::POST
         && headers.session.is_none()
         && !headers.sessionless
-        && has_media_type(request.headers(), "application/json")
+        && has_media_type(request_headers, "application/json")
 }
 
 fn handling(method: &Method, headers: &RequestHeaders) -> Handling {

@@ -1,0 +1,550 @@
+//! The guard without a runtime, for faces other than the tower one: the
+//! Python ASGI middleware (`mcp_id_guard.IdGuard`), and later others.
+//!
+//! A [`Core`] holds the rules and the session table; a [`Passage`] is one
+//! HTTP request's way through them. Both are sans-IO, in the manner of
+//! h11 or quinn-proto: a driver hands in heads and bytes, reads the
+//! [`Action`] to take, and hands out what the passage gives back. Nothing
+//! here awaits, spawns or reads a socket; every call is synchronous and
+//! short. The steps are the ones [`IdGuard`](crate::IdGuard) takes (its
+//! head decision, admission, queue turn, response reading), the same
+//! functions, so no rule is written twice.
+//!
+//! A queued duplicate's wait is the driver's: [`Passage::poll_turn`] says
+//! whether the turn came, [`Core::take_woken`] which waiting passages may
+//! have had theirs since (the driver wakes those, in its own runtime), and
+//! [`Passage::time_out`] ends a wait past
+//! [`max_queue_wait`](crate::IdGuardLayer::max_queue_wait) by the driver's
+//! clock.
+//!
+//! Ending is explicit: [`Passage::close`] releases what the request holds
+//! (an id whose answer went out is free; any other stays abandoned), and a
+//! driver calls it however the exchange ended. Dropping a passage does the
+//! same, as a last resort.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{HeaderMap, Method, StatusCode};
+//! use mcp_id_guard::core::{Action, Core};
+//! use mcp_id_guard::IdGuardLayer;
+//!
+//! let core = Core::new(&IdGuardLayer::new());
+//! let mut headers = HeaderMap::new();
+//! headers.insert("mcp-session-id", "s-1".parse().unwrap());
+//! headers.insert("content-type", "application/json".parse().unwrap());
+//! let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#;
+//!
+//! // Two calls with `id: 1` in one session: the second goes on remapped.
+//! let mut first = core.start(&Method::POST, headers.clone());
+//! assert_eq!(first.action(), Action::Read);
+//! assert!(first.feed(Bytes::from_static(call)));
+//! assert_eq!(first.admit(), Action::Forward);
+//! let mut second = core.start(&Method::POST, headers);
+//! assert!(second.feed(Bytes::from_static(call)));
+//! assert_eq!(second.admit(), Action::Forward);
+//! let sent = second.take_request_body().unwrap();
+//! assert_ne!(&sent[..], &call[..]);
+//!
+//! // The server answers the second under the id it saw; the client gets 1.
+//! let id = serde_json::from_slice::<serde_json::Value>(&sent).unwrap()["id"].clone();
+//! let mut response = HeaderMap::new();
+//! response.insert("content-type", "application/json".parse().unwrap());
+//! second.respond(StatusCode::OK, &mut response);
+//! let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
+//! let out = [second.body(Bytes::from(answer), true), second.body(Bytes::new(), false)].concat();
+//! assert_eq!(out, br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+//! second.close();
+//! first.close(); // never answered: its id stays abandoned
+//! assert_eq!(core.stats().in_flight_requests, 0);
+//! assert_eq!(core.stats().abandoned_ids, 1);
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::Body as _;
+use http_body_util::{Empty, Full};
+
+use crate::guard::body::{read_response, Accumulated, RequestBody, Restoring};
+use crate::guard::exchange::Exchange;
+use crate::guard::future::{decide, read_chunk, timed_out, turn, Decided};
+use crate::guard::reader::Reader;
+use crate::guard::service::{head, Head};
+use crate::guard::IdGuardLayer;
+use crate::guard::PendingForward;
+use crate::table::config::Config;
+use crate::table::{Registration, Stats, Table, Waiter};
+use crate::wire::protocol::RequestHeaders;
+
+/// The guard's rules and session table, driven without a runtime. Cheap to
+/// clone: clones share the table.
+#[derive(Debug, Clone)]
+pub struct Core {
+    config: Config,
+    table: Arc<Table>,
+    woken: Arc<Woken>,
+}
+
+/// The tokens of waiting passages whose turn may have come.
+#[derive(Debug, Default)]
+struct Woken {
+    tokens: Mutex<Vec<u64>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Woken {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The waker a waiting passage leaves with the table: it only notes the
+/// token, so granting a turn runs no driver code under the table's lock.
+struct Note {
+    woken: Arc<Woken>,
+    token: u64,
+}
+
+impl Wake for Note {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.lock().push(self.token);
+    }
+}
+
+impl Core {
+    /// A core with `layer`'s settings, sharing its table (and so its
+    /// [`stats`](IdGuardLayer::stats)) with every service it builds.
+    pub fn new(layer: &IdGuardLayer) -> Self {
+        let (config, table) = layer.parts();
+        Self {
+            config,
+            table,
+            woken: Arc::default(),
+        }
+    }
+
+    /// A snapshot of the table's counters.
+    pub fn stats(&self) -> Stats {
+        self.table.stats()
+    }
+
+    /// The tokens ([`Passage::token`]) of waiting passages whose turn may
+    /// have come since the last call: the driver wakes their waits, which
+    /// then call [`Passage::poll_turn`].
+    pub fn take_woken(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.woken.lock())
+    }
+
+    /// A request whose head the driver could not hand over (a header name
+    /// or value HTTP does not allow): the guard cannot read it as the
+    /// server will, so it answers `400` itself.
+    pub fn refuse_head(&self) -> Passage {
+        Passage {
+            core: self.clone(),
+            step: Step::Answer(crate::wire::answer::unread(
+                StatusCode::BAD_REQUEST,
+                -32600,
+                "Bad Request: a request header HTTP does not allow",
+            )),
+            reader: None,
+            registration: None,
+        }
+    }
+
+    /// A request's way through the guard begins with its head. `headers`
+    /// are the request's as the server will receive them.
+    pub fn start(&self, method: &Method, mut headers: HeaderMap) -> Passage {
+        let step = match head(method, &mut headers, &self.config, &self.table, false) {
+            Head::Untouched { .. } => Step::Pass,
+            Head::Answer { response, .. } => Step::Answer(response),
+            Head::Stream(restoring) => Step::Forward {
+                headers,
+                body: None,
+                registration: None,
+                restoring: Some(restoring),
+                starts: false,
+            },
+            Head::Read {
+                headers: read,
+                watch_start,
+            } => {
+                let mut request = Request::new(());
+                *request.method_mut() = method.clone();
+                *request.headers_mut() = headers;
+                let (parts, ()) = request.into_parts();
+                Step::Read(Box::new(Reading {
+                    parts,
+                    headers: read,
+                    buffer: Accumulated::default(),
+                    watch_start,
+                }))
+            }
+        };
+        Passage {
+            core: self.clone(),
+            step,
+            reader: None,
+            registration: None,
+        }
+    }
+}
+
+/// What the driver does next with a [`Passage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Hand the request and its response on untouched: the guard reads
+    /// neither.
+    Pass,
+    /// Read the request's body: [`Passage::feed`] each chunk, then
+    /// [`Passage::admit`].
+    Read,
+    /// Call the server with [`Passage::request_headers`] (and, for a read
+    /// POST, [`Passage::take_request_body`] instead of the client's body),
+    /// then hand its response head to [`Passage::respond`] and its body to
+    /// [`Passage::body`].
+    Forward,
+    /// Do not call the server: send [`Passage::answer`].
+    Answer,
+    /// A duplicate waits for its id: see [`Passage::poll_turn`].
+    Wait,
+    /// The request was handed on; its response goes through
+    /// [`Passage::body`].
+    Respond,
+    /// [`Passage::close`] was called.
+    Closed,
+}
+
+/// One request's way through a [`Core`]; see the [module docs](self).
+#[derive(Debug)]
+pub struct Passage {
+    core: Core,
+    step: Step,
+    /// How the response body is read, once its head is known.
+    reader: Option<Reader>,
+    /// The request's ids, held until their answers pass or the passage
+    /// closes.
+    registration: Option<Registration>,
+}
+
+#[derive(Debug)]
+enum Step {
+    Pass,
+    Read(Box<Reading>),
+    Forward {
+        headers: HeaderMap,
+        body: Option<Bytes>,
+        registration: Option<Registration>,
+        restoring: Option<Restoring>,
+        starts: bool,
+    },
+    Answer(Response<Full<Bytes>>),
+    Wait(Box<Waiting>),
+    Respond,
+    Closed,
+}
+
+#[derive(Debug)]
+struct Reading {
+    parts: http::request::Parts,
+    headers: RequestHeaders,
+    buffer: Accumulated,
+    watch_start: bool,
+}
+
+struct Waiting {
+    pending: Option<PendingForward>,
+    registration: Registration,
+    ticket: Arc<Waiter>,
+    waker: Waker,
+    token: u64,
+    session: Option<http::HeaderValue>,
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Passage {
+    /// What the driver does next.
+    pub fn action(&self) -> Action {
+        match self.step {
+            Step::Pass => Action::Pass,
+            Step::Read(_) => Action::Read,
+            Step::Forward { .. } => Action::Forward,
+            Step::Answer(_) => Action::Answer,
+            Step::Wait(_) => Action::Wait,
+            Step::Respond => Action::Respond,
+            Step::Closed => Action::Closed,
+        }
+    }
+
+    /// Takes a chunk of the request's body (under [`Action::Read`]). `false`:
+    /// the body is over the limit; the action is now [`Action::Answer`] and
+    /// the rest need not be read.
+    pub fn feed(&mut self, chunk: Bytes) -> bool {
+        let Step::Read(reading) = &mut self.step else {
+            return !matches!(self.step, Step::Answer(_));
+        };
+        match read_chunk(&mut reading.buffer, chunk, self.core.config.max_body_bytes) {
+            Ok(()) => true,
+            Err(response) => {
+                self.step = Step::Answer(response);
+                false
+            }
+        }
+    }
+
+    /// The request's body is complete (under [`Action::Read`]): the guard
+    /// decides. Returns the action that follows.
+    pub fn admit(&mut self) -> Action {
+        if !matches!(self.step, Step::Read(_)) {
+            return self.action();
+        }
+        let Step::Read(reading) = std::mem::replace(&mut self.step, Step::Closed) else {
+            unreachable!("checked above")
+        };
+        let Reading {
+            parts,
+            headers,
+            buffer,
+            watch_start,
+        } = *reading;
+        let core = &self.core;
+        let mut exchange = Exchange::default();
+        let decided = decide::<Empty<Bytes>>(
+            parts,
+            buffer.into_bytes(),
+            None,
+            &headers,
+            &core.config,
+            &core.table,
+            watch_start,
+            &mut exchange,
+            false,
+        );
+        self.step = match decided {
+            Decided::Call {
+                request,
+                registration,
+                restoring,
+                starts,
+            } => forward(request, registration, restoring, starts),
+            Decided::Queue {
+                pending,
+                registration,
+                ticket,
+            } => {
+                let token = core
+                    .woken
+                    .next
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let waker = Waker::from(Arc::new(Note {
+                    woken: Arc::clone(&core.woken),
+                    token,
+                }));
+                Step::Wait(Box::new(Waiting {
+                    pending: Some(pending),
+                    registration,
+                    ticket,
+                    waker,
+                    token,
+                    session: headers.session,
+                }))
+            }
+            Decided::Answer(response) => Step::Answer(response),
+        };
+        self.action()
+    }
+
+    /// While [`Action::Wait`]: whether the turn came (then
+    /// [`Action::Forward`]). Until it does, the driver waits for the token
+    /// in [`Core::take_woken`], by its own clock no longer than
+    /// `max_queue_wait`.
+    pub fn poll_turn(&mut self) -> Action {
+        let Step::Wait(waiting) = &mut self.step else {
+            return self.action();
+        };
+        let mut cx = Context::from_waker(&waiting.waker);
+        let Poll::Ready(server_id) = waiting.ticket.poll_turn(&mut cx) else {
+            return Action::Wait;
+        };
+        let Step::Wait(waiting) = std::mem::replace(&mut self.step, Step::Closed) else {
+            unreachable!("checked above")
+        };
+        let Waiting {
+            pending,
+            mut registration,
+            session,
+            ..
+        } = *waiting;
+        let pending = pending.expect("a waiting passage holds its request");
+        let (request, restoring) = turn::<Empty<Bytes>>(
+            pending,
+            &mut registration,
+            server_id,
+            self.core.config.max_body_bytes,
+            session,
+        );
+        self.step = forward(request, Some(registration), Some(restoring), false);
+        self.action()
+    }
+
+    /// The token [`Core::take_woken`] reports when this waiting passage's
+    /// turn may have come (`None` unless [`Action::Wait`]).
+    pub fn token(&self) -> Option<u64> {
+        match &self.step {
+            Step::Wait(waiting) => Some(waiting.token),
+            _ => None,
+        }
+    }
+
+    /// The wait ran past `max_queue_wait` by the driver's clock: the
+    /// request leaves the line, and the guard answers `503`.
+    pub fn time_out(&mut self) {
+        if let Step::Wait(waiting) = std::mem::replace(&mut self.step, Step::Closed) {
+            let Waiting {
+                pending,
+                registration,
+                ..
+            } = *waiting;
+            drop(registration);
+            self.step = Step::Answer(timed_out(pending.as_ref()));
+        }
+    }
+
+    /// The headers to call the server with (under [`Action::Forward`]).
+    pub fn request_headers(&self) -> Option<&HeaderMap> {
+        match &self.step {
+            Step::Forward { headers, .. } => Some(headers),
+            _ => None,
+        }
+    }
+
+    /// The body to call the server with, in place of the client's (under
+    /// [`Action::Forward`] after [`Action::Read`]); `None` for a stream,
+    /// whose request body goes on as it came.
+    pub fn take_request_body(&mut self) -> Option<Bytes> {
+        match &mut self.step {
+            Step::Forward { body, .. } => body.take(),
+            _ => None,
+        }
+    }
+
+    /// The guard's own answer (under [`Action::Answer`]): status, headers
+    /// and the whole body.
+    pub fn answer(&self) -> Option<(StatusCode, &HeaderMap, Bytes)> {
+        let Step::Answer(response) = &self.step else {
+            return None;
+        };
+        Some((
+            response.status(),
+            response.headers(),
+            whole(response.body()),
+        ))
+    }
+
+    /// The server's response head (under [`Action::Forward`]): `headers`
+    /// become the ones to send (restoring drops `Content-Length`). The
+    /// action becomes [`Action::Respond`].
+    pub fn respond(&mut self, status: StatusCode, headers: &mut HeaderMap) {
+        let Step::Forward {
+            registration,
+            restoring,
+            starts,
+            ..
+        } = std::mem::replace(&mut self.step, Step::Respond)
+        else {
+            return;
+        };
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.headers_mut() = std::mem::take(headers);
+        if starts {
+            crate::guard::future::note_started(&response, &self.core.table, &self.core.config);
+        }
+        let (mut parts, ()) = response.into_parts();
+        let mut registration = registration;
+        if registration.is_some() || restoring.is_some() {
+            self.reader = read_response(&mut parts, &mut registration, restoring);
+        }
+        self.registration = registration;
+        *headers = parts.headers;
+    }
+
+    /// A chunk of the server's response body (under [`Action::Respond`]);
+    /// `more`: more follows. Returns what to send now (empty while an id is
+    /// held back). The last call (`more` false) sends what was held.
+    pub fn body(&mut self, chunk: Bytes, more: bool) -> Bytes {
+        let Some(reader) = &mut self.reader else {
+            if !more {
+                // Nothing was read: what the registration holds stays
+                // abandoned.
+                self.registration.take();
+            }
+            return chunk;
+        };
+        let mut out = BytesMut::new();
+        if !chunk.is_empty() {
+            if let Some(piece) = reader.chunk(chunk, &mut self.registration) {
+                out.extend_from_slice(&piece);
+            }
+        }
+        if !more {
+            if let Some(piece) = reader.end(&mut self.registration) {
+                out.extend_from_slice(&piece);
+            }
+            self.reader = None;
+        }
+        out.freeze()
+    }
+
+    /// Ends the passage, however the exchange ended: an id whose answer
+    /// went out is free, any other stays abandoned; a waiting request
+    /// leaves the line. Idempotent.
+    pub fn close(&mut self) {
+        self.reader = None;
+        self.registration.take();
+        self.step = Step::Closed;
+    }
+}
+
+/// The step after a decision to call the server.
+fn forward(
+    request: Request<RequestBody<Empty<Bytes>>>,
+    registration: Option<Registration>,
+    restoring: Option<Restoring>,
+    starts: bool,
+) -> Step {
+    let (parts, body) = request.into_parts();
+    Step::Forward {
+        headers: parts.headers,
+        body: Some(body.into_buffered().unwrap_or_default()),
+        registration,
+        restoring,
+        starts,
+    }
+}
+
+/// The bytes of a body the guard made itself: in memory, read without a
+/// runtime.
+fn whole(body: &Full<Bytes>) -> Bytes {
+    let mut body = body.clone();
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::pin::Pin::new(&mut body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    }
+}
