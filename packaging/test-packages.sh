@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Python wheel and the npm packages of `mcp-id-guard` from this
 # checkout, installs each the way a user would (a fresh virtualenv; an npm
-# project installing the packed tarballs), and shows the installed command
-# keeping a real MCP server's answers apart (see burst.py): a FastMCP server
+# project installing the packed tarballs), runs the ASGI middleware's pytest
+# suite (python/tests) against the installed wheel, and shows the installed
+# command keeping a real MCP server's answers apart (see burst.py): a FastMCP server
 # from PyPI (mcp 1.27.0) behind the pip-installed command, a TypeScript SDK
 # server from npm behind the npm-installed one, each with its control case;
 # and, with a FastMCP server that closes request streams for polling
@@ -66,35 +67,57 @@ step "build tools (maturin, uv) into a virtualenv"
 python3 -m venv "$work/build-venv"
 bounded 300 "$work/build-venv/bin/pip" install --quiet -r "$repo/packaging/python/requirements-build.txt"
 
-step "build the wheel (release build of the binary, features from pyproject.toml)"
+step "build the reverse-proxy binary (release, features cli) into the wheel's data directory"
 # CARGO_TARGET_DIR, if set, is honoured, so a CI cache of the release build is reused.
+bounded 1500 "$repo/packaging/python/stage-binary.sh"
+
+step "build the wheel (release build of the extension module mcp_id_guard._core, with the staged binary)"
 bounded 1500 "$work/build-venv/bin/maturin" build --release --out "$work/dist"
 wheel="$(ls "$work"/dist/mcp_id_guard-"$version"-*.whl)"
 echo "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 python3 - "$wheel" <<'PYTHON'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for wanted in (".data/scripts/mcp-id-guard", "/LICENSE-MIT", "/LICENSE-APACHE"):
+for wanted in (".data/scripts/mcp-id-guard", "/LICENSE-MIT", "/LICENSE-APACHE",
+               "mcp_id_guard/__init__.py", "mcp_id_guard/_core.pyi", "mcp_id_guard/py.typed"):
     if not any(name.endswith(wanted) for name in names):
         sys.exit(f"packaging: the wheel has no {wanted.lstrip('/')}: {names}")
+if not any(name.startswith("mcp_id_guard/_core.") and name.endswith((".so", ".pyd")) for name in names):
+    sys.exit(f"packaging: the wheel has no extension module mcp_id_guard._core: {names}")
+if any("tests/" in name for name in names):
+    sys.exit(f"packaging: the wheel carries the tests: {names}")
 PYTHON
 
 step "install the wheel into a fresh virtualenv, with the FastMCP server (mcp 1.27.0)"
 python3 -m venv "$work/venv"
-bounded 300 "$work/venv/bin/pip" install --quiet "$wheel"
-bounded 300 "$work/venv/bin/pip" install --quiet -r "$repo/packaging/python/requirements-test.txt"
+# One resolution: the wheel's own dependency (anyio) at the pinned version.
+bounded 300 "$work/venv/bin/pip" install --quiet "$wheel" -r "$repo/packaging/python/requirements-test.txt"
 installed="$work/venv/bin/mcp-id-guard"
 if [ "$(timeout 30 "$installed" --version)" != "mcp-id-guard $version" ]; then
     echo "packaging: the installed command does not report version $version" >&2
     exit 1
 fi
-# The command as uvx runs it, from the wheel and nothing else.
+# The command as uvx runs it, from the wheel and nothing else: its one
+# dependency (anyio, for the middleware) from local files pip fetched first.
+bounded 300 "$work/venv/bin/pip" download --quiet --dest "$work/wheelhouse" "$wheel" \
+    -c "$repo/packaging/python/requirements-test.txt"
 uvx_version="$(UV_CACHE_DIR="$work/uv-cache" UV_NO_CONFIG=1 timeout 120 \
-    "$work/build-venv/bin/uvx" --offline --quiet --from "$wheel" mcp-id-guard --version)"
+    "$work/build-venv/bin/uvx" --offline --no-index --find-links "$work/wheelhouse" --quiet \
+    --from "$wheel" mcp-id-guard --version)"
 if [ "$uvx_version" != "mcp-id-guard $version" ]; then
     echo "packaging: uvx --from the wheel printed '$uvx_version'" >&2
     exit 1
 fi
+
+step "pip: the ASGI middleware IdGuard (pytest python/tests) against the installed wheel"
+# From a directory outside the checkout, with the tests' own rootdir and
+# configuration: `import mcp_id_guard` must find the installed package (and
+# its native _core), never python/mcp_id_guard of the source tree; the
+# conftest refuses any copy outside the virtualenv.
+mkdir -p "$work/pytest"
+env -C "$work/pytest" "$work/venv/bin/python" -c 'import mcp_id_guard; print("packaging: testing", mcp_id_guard.__file__)'
+MCP_ID_GUARD_EXPECT_UNDER="$work/venv" PYTHONDONTWRITEBYTECODE=1 bounded 600 env -C "$work/pytest" \
+    "$work/venv/bin/python" -m pytest -c "$repo/python/tests/pytest.ini" --rootdir "$repo/python/tests" "$repo/python/tests"
 
 step "pip: 12 concurrent id-1 calls, FastMCP server alone vs. behind the installed mcp-id-guard"
 bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label pip --guard "$installed" \
