@@ -29,7 +29,7 @@ Use::
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Literal, MutableMapping, Optional, Tuple
 
 import anyio
 
@@ -71,7 +71,7 @@ class IdGuard:
         self,
         app: ASGIApp,
         *,
-        on_duplicate: str = "remap",
+        on_duplicate: Literal["remap", "reject", "queue"] = "remap",
         max_body_bytes: int = 4 * 1024 * 1024,
         max_queue_wait: float = 30.0,
         abandoned_id_ttl: float = 300.0,
@@ -102,7 +102,7 @@ class IdGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        exchange = self._core.exchange(scope["method"], list(scope.get("headers", ())))
+        exchange = self._core.exchange(scope["method"], _header_list(scope.get("headers", ())))
         try:
             await self._drive(exchange, scope, receive, send)
         finally:
@@ -118,7 +118,7 @@ class IdGuard:
                 event.set()
 
     async def _drive(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
-        action = exchange.action
+        action: str = exchange.action
         if action == "pass":
             await self.app(scope, receive, send)
             return
@@ -220,6 +220,11 @@ def _as_bytes(data: Any) -> bytes:
     return data if type(data) is bytes else bytes(data)
 
 
+def _header_list(headers: Any) -> List[Tuple[bytes, bytes]]:
+    """ASGI headers (an iterable of two-item iterables of bytes) as the core takes them."""
+    return [(_as_bytes(name), _as_bytes(value)) for name, value in headers]
+
+
 def _replaced_body(body: bytes, receive: Receive) -> Receive:
     """A receive that gives the core's body as one message, then the server's messages."""
     delivered = False
@@ -240,10 +245,8 @@ def _restoring_send(exchange: Exchange, send: Send) -> Send:
     async def restoring(message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            headers: List[Tuple[bytes, bytes]] = [
-                (_as_bytes(name), _as_bytes(value)) for name, value in message.get("headers", ())
-            ]
             message = dict(message)
+            headers = _header_list(message.get("headers", ()))
             message["headers"] = exchange.response_start(message["status"], headers)
         elif kind == "http.response.body":
             more_body = bool(message.get("more_body", False))

@@ -6,8 +6,6 @@ import asyncio
 import json
 from typing import AsyncIterator
 
-import httpx
-
 from harness import CALL_DEADLINE_S, HEADERS, client, open_session, serve, tool_call, tool_calls_seen
 
 SMALL_BODY_LIMIT = 2048

@@ -332,23 +332,24 @@ def test_client_leaving_the_queue(monkeypatch: pytest.MonkeyPatch, backend: str)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_pass_and_stream_give_the_app_the_original_receive(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
-    for first in ("pass", "stream"):
-        seen: Dict[str, Any] = {}
-        original = receiver([body(b"original")])
+@pytest.mark.parametrize("first", ["pass", "stream"])
+def test_pass_and_stream_give_the_app_the_original_receive(
+    monkeypatch: pytest.MonkeyPatch, backend: str, first: str
+) -> None:
+    seen: Dict[str, Any] = {}
+    original = receiver([body(b"original")])
 
-        async def app(scope: dict, receive: Any, send: Any) -> None:
-            seen["receive"] = receive
-            seen["headers"] = scope["headers"]
-            seen["send"] = send
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        seen["receive"] = receive
+        seen["headers"] = scope["headers"]
+        seen["send"] = send
 
-        sent = Sent()
-        guard, core = guard_with(monkeypatch, app, first=first)
-        anyio.run(guard, http_scope(), original, sent, backend=backend)
-        assert seen["receive"] is original and core.exchanges[0].closed == 1
-        if first == "pass":
-            assert seen["send"] is sent and seen["headers"] == http_scope()["headers"]
-        else:
-            assert seen["send"] is not sent and seen["headers"] == [(b"x-core", b"headers")]
-        assert not core.exchanges[0].fed
-
+    sent = Sent()
+    guard, core = guard_with(monkeypatch, app, first=first)
+    anyio.run(guard, http_scope(), original, sent, backend=backend)
+    assert seen["receive"] is original and core.exchanges[0].closed == 1
+    if first == "pass":
+        assert seen["send"] is sent and seen["headers"] == http_scope()["headers"]
+    else:
+        assert seen["send"] is not sent and seen["headers"] == [(b"x-core", b"headers")]
+    assert not core.exchanges[0].fed

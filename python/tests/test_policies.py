@@ -53,4 +53,3 @@ def test_queue_wait_past_max_queue_wait_is_answered_503() -> None:
     assert first.verdict == "OK", explain([first])
     assert second.verdict == "REFUSED" and second.status == 503, explain([second])
     assert second.message["error"]["code"] == -32000, second.message
-
