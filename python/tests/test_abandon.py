@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness import Outcome, call_tool, client, explain, open_session, serve, tool_calls_seen, wait_until
+from harness import Outcome, call_tool, client, explain, open_session, serve, tally, tool_calls_seen, wait_until
 
 FIRST_S = 1.0
 REUSE_S = 2.0
@@ -47,5 +47,5 @@ def test_reuse_after_abandon_gets_its_own_answer(json_response: bool) -> None:
 def test_reuse_after_abandon_bare_control_goes_wrong() -> None:
     with serve(guarded=False) as served:
         reuse = asyncio.run(give_up_then_reuse(served.url, served.recorder))
-    print(f"bare control (reuse after abandon): {explain([reuse])}")
+    print(f"bare control (reuse after abandon): {tally([reuse])}")
     assert reuse.verdict != "OK", "the bare app answered the reuse right: the control shows nothing"
