@@ -21,6 +21,8 @@ def test_burst_guarded_every_call_gets_its_own_answer(json_response: bool) -> No
     with serve(guarded=True, json_response=json_response) as served:
         outcomes = asyncio.run(burst(served.base, [1] * CALLS))
         stats = served.guard.stats()
+    mode = "json" if json_response else "sse"
+    print(f"guarded ({mode}): {tally(outcomes)}; remapped_total={stats['remapped_total']}")
     assert all(o.verdict == "OK" for o in outcomes), explain(outcomes)
     assert stats["remapped_total"] >= 1, stats
     assert stats["in_flight_requests"] == 0, stats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from harness import CALLS, burst, call_tool, client, explain, open_session, serve, wait_in_flight
+from harness import CALLS, burst, call_tool, client, explain, open_session, serve, tally, wait_in_flight
 
 # Under `queue` the 12 calls run one after another (up to 0.5 s each).
 QUEUE_DEADLINE_S = 30.0
@@ -15,6 +15,7 @@ def test_reject_every_duplicate_gets_a_clean_error_and_none_hangs() -> None:
         outcomes = asyncio.run(burst(served.base, [1] * CALLS))
         stats = served.guard.stats()
     refused = [o for o in outcomes if o.verdict == "REFUSED"]
+    print(f"reject: {tally(outcomes)}; rejected_total={stats['rejected_total']}")
     assert all(o.verdict in ("OK", "REFUSED") for o in outcomes), explain(outcomes)
     assert refused, f"no duplicate was refused: {explain(outcomes)}"
     assert any(o.verdict == "OK" for o in outcomes), explain(outcomes)
@@ -31,6 +32,7 @@ def test_queue_every_duplicate_gets_its_own_answer_in_turn() -> None:
     with serve(guarded=True, on_duplicate="queue", max_queue_wait=QUEUE_DEADLINE_S) as served:
         outcomes = asyncio.run(burst(served.base, [1] * CALLS, deadline=QUEUE_DEADLINE_S + 5))
         stats = served.guard.stats()
+    print(f"queue: {tally(outcomes)}; queued_total={stats['queued_total']}")
     assert all(o.verdict == "OK" for o in outcomes), explain(outcomes)
     assert stats["queued_total"] >= 1, stats
     assert stats["in_flight_requests"] == 0, stats
