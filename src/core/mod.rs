@@ -235,6 +235,8 @@ pub struct Passage {
     registration: Option<Registration>,
 }
 
+// One per request, set in place: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Step {
     Pass,
@@ -299,8 +301,8 @@ impl Passage {
             return !matches!(self.step, Step::Answer(_));
         };
         match read_chunk(&mut reading.buffer, chunk, self.core.config.max_body_bytes) {
-            Ok(()) => true,
-            Err(response) => {
+            None => true,
+            Some(response) => {
                 self.step = Step::Answer(response);
                 false
             }

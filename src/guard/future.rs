@@ -248,7 +248,7 @@ impl<S> ReadBody<S> {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(mut data) => {
                         let data = data.copy_to_bytes(data.remaining());
-                        if let Err(response) = read_chunk(&mut self.buffer, data, limit) {
+                        if let Some(response) = read_chunk(&mut self.buffer, data, limit) {
                             break Err(response);
                         }
                     }
@@ -326,17 +326,17 @@ impl<S> ReadBody<S> {
 }
 
 /// Takes a chunk of a tracked POST's body, within `limit`: past it, the
-/// guard's answer.
+/// guard's answer (and the chunk is not kept).
 pub(crate) fn read_chunk(
     buffer: &mut Accumulated,
     data: Bytes,
     limit: usize,
-) -> Result<(), Response<Full<Bytes>>> {
+) -> Option<Response<Full<Bytes>>> {
     if buffer.len() + data.len() > limit {
-        return Err(body_too_large(limit));
+        return Some(body_too_large(limit));
     }
     buffer.push(data);
-    Ok(())
+    None
 }
 
 /// What becomes of a read POST: the step after [`head`](super::service::head)

@@ -51,7 +51,7 @@ impl IdGuardLayer {
     pub fn new() -> Self {
         Self {
             config: Config::default(),
-            table: Arc::new(Table::new()),
+            table: Arc::new(Table::new().clocked(tokio_now)),
         }
     }
 
@@ -103,7 +103,7 @@ impl IdGuardLayer {
     pub fn with_secret(secret: [u8; 16]) -> Self {
         Self {
             config: Config::default(),
-            table: Arc::new(Table::with_minter(IdMinter::with_secret(secret))),
+            table: Arc::new(Table::with_minter(IdMinter::with_secret(secret)).clocked(tokio_now)),
         }
     }
 
@@ -267,4 +267,11 @@ impl<S> Layer<S> for IdGuardLayer {
     fn layer(&self, inner: S) -> Self::Service {
         IdGuard::from_parts(inner, self.config, Arc::clone(&self.table))
     }
+}
+
+/// The tower face's clock: tokio's, so that a paused test runtime governs
+/// when abandoned ids expire. Outside a runtime it is the system's
+/// monotonic clock.
+fn tokio_now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, TryLockError};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::budget::{self, Eviction};
 use super::session::resumptions_cost;
@@ -55,7 +55,7 @@ impl Table {
         if shard.abandoned.is_empty() {
             return;
         }
-        let now = Instant::now();
+        let now = self.now();
         let mut delta = 0;
         while shard
             .abandoned
@@ -128,7 +128,7 @@ impl Table {
     /// it.
     pub(super) fn push_eviction(&self, eviction: Eviction) {
         let mut order = self.evictions();
-        let now = Instant::now();
+        let now = self.now();
         let mut expired = ShardSet::default();
         while let Some(index) = next_expired(&order, now) {
             if index != eviction.shard && !expired.contains(index) {
@@ -167,7 +167,7 @@ impl Table {
         loop {
             let (expired, victim) = {
                 let mut order = self.evictions();
-                let now = Instant::now();
+                let now = self.now();
                 let mut expired = ShardSet::default();
                 while let Some(index) = next_expired(&order, now) {
                     expired.insert(index);

@@ -10,7 +10,7 @@
 //! session of each shard, the capacity a table keeps after it shrank).
 
 use std::mem::size_of;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::queue::Waiter;
 use super::Abandoned;

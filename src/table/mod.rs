@@ -50,7 +50,7 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::time::Instant;
+use std::time::Instant;
 
 use hashbrown::HashTable;
 
@@ -230,6 +230,10 @@ pub(crate) struct Table {
     /// of the rest: a client decides how often each can happen.
     pub(crate) logs: Throttle<{ Log::ALL.len() }>,
     created: Instant,
+    /// Where the table reads the time: given by the face that builds it, so
+    /// the table needs no runtime (the tower layer gives tokio's clock, which
+    /// a paused test runtime governs; see [`crate::core`]).
+    clock: fn() -> Instant,
     /// The restart window has not been seen to end yet.
     restarting: AtomicBool,
     rejected_total: AtomicU64,
@@ -346,6 +350,7 @@ impl Table {
             evicted_total: AtomicU64::new(0),
             logs: Throttle::default(),
             created: Instant::now(),
+            clock: Instant::now,
             restarting: AtomicBool::new(true),
             rejected_total: AtomicU64::new(0),
             queued_total: AtomicU64::new(0),
@@ -353,6 +358,18 @@ impl Table {
             restored_total: AtomicU64::new(0),
             refused_total: AtomicU64::new(0),
         }
+    }
+
+    /// The table, reading the time from `clock`.
+    pub(crate) fn clocked(mut self, clock: fn() -> Instant) -> Self {
+        self.clock = clock;
+        self.created = clock();
+        self
+    }
+
+    /// The time by the table's clock.
+    pub(crate) fn now(&self) -> Instant {
+        (self.clock)()
     }
 
     /// The minter of this table's server-side ids.

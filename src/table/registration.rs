@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::awaited::Awaited;
 use super::budget::{self, Eviction};
@@ -171,7 +171,7 @@ impl Table {
         let keep_until = || {
             *keep_until.get_or_init(|| {
                 (!registration.abandoned_id_ttl.is_zero())
-                    .then(|| expiry(Instant::now(), registration.abandoned_id_ttl))
+                    .then(|| expiry(self.now(), registration.abandoned_id_ttl))
             })
         };
         let queued = registration.queued.as_ref().and_then(|(key_hash, ticket)| {

@@ -16,7 +16,7 @@ impl Table {
         if !self.restarting.load(Ordering::SeqCst) {
             return false;
         }
-        if self.created.elapsed() < config.restart_window {
+        if self.now().saturating_duration_since(self.created) < config.restart_window {
             return true;
         }
         if self.restarting.swap(false, Ordering::SeqCst) {

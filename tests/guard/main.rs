@@ -19,4 +19,6 @@ mod logs;
 mod metrics_labels;
 mod model;
 mod release_property;
+// The scenario table every face must answer alike.
+mod scenarios;
 mod tower_service;
