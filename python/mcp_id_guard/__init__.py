@@ -195,6 +195,8 @@ class IdGuard:
 
     async def _turn(self, exchange: Exchange) -> str:
         token = exchange.token
+        if token is None:
+            raise RuntimeError("mcp_id_guard: the core queued a request without a token")
         deadline = anyio.current_time() + self._max_queue_wait
         event = anyio.Event()
         self._waiters[token] = event

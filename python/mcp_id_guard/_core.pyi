@@ -7,7 +7,7 @@ synchronous and short; the driver does all awaiting.
 from typing import Dict, List, Literal, Optional, Tuple
 
 Header = Tuple[bytes, bytes]
-Action = Literal["pass", "read", "forward", "stream", "answer", "wait"]
+Action = Literal["pass", "read", "forward", "stream", "answer", "wait", "respond", "closed"]
 
 class Core:
     def __init__(
@@ -22,8 +22,8 @@ class Core:
         max_table_bytes: Optional[int] = None,
     ) -> None: ...
     def stats(self) -> Dict[str, int]:
-        """Counters and gauges: in_flight_requests, in_flight_sessions, remapped_total,
-        rejected_total, queued_total, restored_total, abandoned_ids, ..."""
+        """Counters and gauges: in_flight_requests, in_flight_sessions, abandoned_ids, passed_total,
+        remapped_total, rejected_total, queued_total, restored_total, cancelled_total."""
     def exchange(self, method: str, headers: List[Header]) -> "Exchange":
         """One per HTTP request (ASGI scope type "http"); headers as in the scope (lower-case names)."""
     def take_woken(self) -> List[int]:
@@ -42,9 +42,12 @@ class Exchange:
       route the response through response_start() and response_body()
     - "answer": do not call the app; send answer()
     - "wait": queued; poll_turn() when take_woken() names ``token``
+
+    and, never read by the driver at a decision point: "respond" (the app's
+    response is passing through) and "closed" (after close()).
     """
-    token: int
-    """While "wait": the token take_woken() reports when the turn may have come."""
+    token: Optional[int]
+    """While "wait": the token take_woken() reports when the turn may have come; else None."""
     def feed(self, chunk: bytes) -> bool:
         """False: over max_body_bytes, the action is now "answer"; stop reading."""
     def admit(self) -> Action:
