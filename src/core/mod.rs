@@ -67,9 +67,10 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::{Empty, Full};
 
+use crate::guard::admit::{admit, Admission};
 use crate::guard::body::{read_response, Accumulated, RequestBody, Restoring};
 use crate::guard::exchange::Exchange;
-use crate::guard::future::{decide, read_chunk, timed_out, turn, Decided};
+use crate::guard::future::{is_initialize, read_chunk, restoring, timed_out, turn};
 use crate::guard::reader::Reader;
 use crate::guard::service::{head, Head};
 use crate::guard::IdGuardLayer;
@@ -161,32 +162,29 @@ impl Core {
 
     /// A request's way through the guard begins with its head. `headers`
     /// are the request's as the server will receive them.
-    pub fn start(&self, method: &Method, mut headers: HeaderMap) -> Passage {
-        let step = match head(method, &mut headers, &self.config, &self.table, false) {
+    pub fn start(&self, method: &Method, headers: HeaderMap) -> Passage {
+        let mut request = Request::new(());
+        *request.method_mut() = method.clone();
+        *request.headers_mut() = headers;
+        let step = match head(&mut request, &self.config, &self.table, false) {
             Head::Untouched { .. } => Step::Pass,
             Head::Answer { response, .. } => Step::Answer(response),
             Head::Stream(restoring) => Step::Forward {
-                headers,
+                headers: request.into_parts().0.headers,
                 body: None,
                 registration: None,
                 restoring: Some(restoring),
                 starts: false,
             },
             Head::Read {
-                headers: read,
+                headers,
                 watch_start,
-            } => {
-                let mut request = Request::new(());
-                *request.method_mut() = method.clone();
-                *request.headers_mut() = headers;
-                let (parts, ()) = request.into_parts();
-                Step::Read(Box::new(Reading {
-                    parts,
-                    headers: read,
-                    buffer: Accumulated::default(),
-                    watch_start,
-                }))
-            }
+            } => Step::Read(Box::new(Reading {
+                parts: request.into_parts().0,
+                headers,
+                buffer: Accumulated::default(),
+                watch_start,
+            })),
         };
         Passage {
             core: self.clone(),
@@ -326,25 +324,32 @@ impl Passage {
         } = *reading;
         let core = &self.core;
         let mut exchange = Exchange::default();
-        let decided = decide::<Empty<Bytes>>(
-            parts,
-            buffer.into_bytes(),
-            None,
+        let bytes = buffer.into_bytes();
+        let starts = watch_start && is_initialize(&bytes);
+        let admission = admit::<Empty<Bytes>>(
+            PendingForward::new(parts, bytes, None),
             &headers,
             &core.config,
             &core.table,
-            watch_start,
             &mut exchange,
             false,
         );
-        self.step = match decided {
-            Decided::Call {
+        self.step = match admission {
+            Admission::Forward {
                 request,
                 registration,
-                restoring,
-                starts,
-            } => forward(request, registration, restoring, starts),
-            Decided::Queue {
+                restore,
+            } => {
+                let restoring = restoring(
+                    restore,
+                    registration.as_ref(),
+                    &headers,
+                    &core.config,
+                    &core.table,
+                );
+                forward(request, registration, restoring, starts)
+            }
+            Admission::Queue {
                 pending,
                 registration,
                 ticket,
@@ -366,7 +371,7 @@ impl Passage {
                     session: headers.session,
                 }))
             }
-            Decided::Answer(response) => Step::Answer(response),
+            Admission::Answer(response) => Step::Answer(response),
         };
         self.action()
     }

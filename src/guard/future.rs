@@ -279,30 +279,34 @@ impl<S> ReadBody<S> {
         let (Some(parts), Some(mut service)) = (self.parts.take(), self.service.take()) else {
             unreachable!("ResponseFuture polled after completion")
         };
-        let decided = decide(
-            parts,
-            std::mem::take(&mut self.buffer).into_bytes(),
-            self.trailers.take(),
+        let bytes = std::mem::take(&mut self.buffer).into_bytes();
+        let starts = self.watch_start && is_initialize(&bytes);
+        let admission = admit(
+            PendingForward::new(parts, bytes, self.trailers.take()),
             &self.headers,
             &self.config,
             &self.table,
-            self.watch_start,
             exchange,
             record,
         );
-        match decided {
-            Decided::Call {
+        match admission {
+            Admission::Forward {
                 request,
                 registration,
-                restoring,
-                starts,
+                restore,
             } => State::Calling {
                 future: service.call(request),
-                restore: restoring,
+                restore: restoring(
+                    restore,
+                    registration.as_ref(),
+                    &self.headers,
+                    &self.config,
+                    &self.table,
+                ),
                 registration,
                 starts: starts.then(|| Box::new((Arc::clone(&self.table), self.config))),
             },
-            Decided::Queue {
+            Admission::Queue {
                 pending,
                 registration,
                 ticket,
@@ -318,7 +322,7 @@ impl<S> ReadBody<S> {
                     session: self.headers.session.clone(),
                 }),
             },
-            Decided::Answer(response) => State::Answered {
+            Admission::Answer(response) => State::Answered {
                 response: Some(response),
             },
         }
@@ -339,78 +343,23 @@ pub(crate) fn read_chunk(
     None
 }
 
-/// What becomes of a read POST: the step after [`head`](super::service::head)
-/// in every face.
-pub(crate) enum Decided<B> {
-    /// Call the inner service with `request`, read the response as
-    /// `restoring` says; `starts`: an `initialize` whose answer starts a
-    /// session to record.
-    Call {
-        request: Request<RequestBody<B>>,
-        registration: Option<Registration>,
-        restoring: Option<Restoring>,
-        starts: bool,
-    },
-    /// Wait for the ticket (policy `Queue`), then [`turn`].
-    Queue {
-        pending: PendingForward,
-        registration: Registration,
-        ticket: Arc<Waiter>,
-    },
-    /// Answer in the server's place.
-    Answer(Response<Full<Bytes>>),
-}
-
-/// Asks the table about a read body.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn decide<B>(
-    parts: http::request::Parts,
-    bytes: Bytes,
-    trailers: Option<Box<HeaderMap>>,
+/// How the response to a forwarded read POST is read (`None`: it passes as
+/// it is): for the responses `registration` waits for, and to restore
+/// client ids where the request carried server-side ones (`restore`).
+pub(crate) fn restoring(
+    restore: bool,
+    registration: Option<&Registration>,
     headers: &RequestHeaders,
     config: &Config,
     table: &Arc<Table>,
-    watch_start: bool,
-    exchange: &mut Exchange,
-    record: bool,
-) -> Decided<B> {
-    let starts = watch_start && is_initialize(&bytes);
-    let admission = admit(
-        PendingForward::new(parts, bytes, trailers),
-        headers,
-        config,
-        table,
-        exchange,
-        record,
-    );
-    match admission {
-        Admission::Forward {
-            request,
-            registration,
-            restore,
-        } => Decided::Call {
-            request,
-            restoring: (restore || registration.is_some()).then(|| Restoring {
-                table: Arc::clone(table),
-                max_id: config.max_body_bytes,
-                restore,
-                session: headers.session.clone(),
-                resumes: None,
-            }),
-            registration,
-            starts,
-        },
-        Admission::Queue {
-            pending,
-            registration,
-            ticket,
-        } => Decided::Queue {
-            pending,
-            registration,
-            ticket,
-        },
-        Admission::Answer(response) => Decided::Answer(response),
-    }
+) -> Option<Restoring> {
+    (restore || registration.is_some()).then(|| Restoring {
+        table: Arc::clone(table),
+        max_id: config.max_body_bytes,
+        restore,
+        session: headers.session.clone(),
+        resumes: None,
+    })
 }
 
 /// A queued request's turn came (`server_id`: with a server-side id): the
@@ -509,7 +458,7 @@ pub(crate) fn note_started<B>(response: &Response<B>, table: &Table, config: &Co
 /// `"initialize"`. Bodies serde cannot read that way (a batch, duplicate
 /// keys) do not count: their session is then treated as unseen, the safe
 /// side.
-fn is_initialize(body: &[u8]) -> bool {
+pub(crate) fn is_initialize(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Method<'a> {
         #[serde(borrow, default)]

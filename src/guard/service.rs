@@ -133,14 +133,7 @@ impl<S> IdGuard<S> {
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     {
-        let method = request.method().clone();
-        match head(
-            &method,
-            request.headers_mut(),
-            &self.config,
-            &self.table,
-            record,
-        ) {
+        match head(&mut request, &self.config, &self.table, record) {
             Head::Untouched { exchange } => self.untouched(request, exchange, record),
             Head::Answer { response, exchange } => {
                 ResponseFuture::answered(response, exchange, record)
@@ -182,26 +175,27 @@ pub(crate) enum Head {
     },
 }
 
-/// Decides on a request's head. `headers` are the request's: a stream's
-/// loses its `Accept-Encoding` (restoring needs the stream as the server
-/// wrote it). `record`: a layer outside reads the [`Exchange`].
-pub(crate) fn head(
-    method: &Method,
-    request_headers: &mut HeaderMap,
+/// Decides on a request's head. A stream's request loses its
+/// `Accept-Encoding` (restoring needs the stream as the server wrote it).
+/// `record`: a layer outside reads the [`Exchange`].
+pub(crate) fn head<B>(
+    request: &mut Request<B>,
     config: &Config,
     table: &Arc<Table>,
     record: bool,
 ) -> Head {
+    let method = request.method();
     // Outside a session nothing is tracked; unless a layer outside wants
     // the account of the POST or the restart window is open, none of the
     // headers read below changes what happens, and one lookup costs a
     // fraction of reading them all.
-    if !record && !request_headers.contains_key(&MCP_SESSION_ID) && !table.watches_starts(config) {
+    if !record && !request.headers().contains_key(&MCP_SESSION_ID) && !table.watches_starts(config)
+    {
         return Head::Untouched {
             exchange: Exchange::default(),
         };
     }
-    let headers = RequestHeaders::read(request_headers);
+    let headers = RequestHeaders::read(request.headers());
     let handling = handling(method, &headers);
     // The guard decides on the request the server will see: one whose
     // `Connection` names a header it reads would reach the server
@@ -240,7 +234,7 @@ pub(crate) fn head(
         // The window's flag first: it is off for nearly every request.
         Handling::Untouched
             if table.watches_starts(config)
-                && may_start_session(method, request_headers, &headers)
+                && may_start_session(method, request.headers(), &headers)
                 && !declared_length_over(&headers, config.max_body_bytes) =>
         {
             Head::Read {
@@ -264,13 +258,13 @@ pub(crate) fn head(
         // server closed early (SEP-1699 polling): that frees its id.
         Handling::RestoreStream => {
             // Restoring needs the stream as the server wrote it.
-            request_headers.remove(ACCEPT_ENCODING);
+            request.headers_mut().remove(ACCEPT_ENCODING);
             // Only a resumed stream replays answers (spec 2025-11-25,
             // resumability); a standalone one carries none. What it
             // resumes is the stream whose last event id the client
             // names; more than one names none.
             let session = headers.session.clone();
-            let mut resumed = request_headers.get_all("last-event-id").iter();
+            let mut resumed = request.headers().get_all("last-event-id").iter();
             let resumes = match (resumed.next(), resumed.next(), &session) {
                 (Some(event_id), None, Some(session)) => Some(Resumed {
                     origin: table.resumed_stream(session.as_bytes(), event_id.as_bytes()),
