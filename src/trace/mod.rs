@@ -99,6 +99,15 @@ mod service;
 mod session;
 mod span;
 
+/// The `opentelemetry` crate (0.33) whose context the guard continues: an
+/// application on another version compiles, but its context is not the
+/// guard's, and each guard span starts a trace of its own.
+pub use opentelemetry;
+/// The `tracing-opentelemetry` crate (0.34) whose layer must be in the
+/// subscriber for the guard's spans to reach OpenTelemetry: build the layer
+/// from here and it is always the matching version.
+pub use tracing_opentelemetry;
+
 pub use body::TracedBody;
 pub use future::TraceFuture;
 pub use layer::McpTraceLayer;

@@ -15,6 +15,22 @@ use crate::trace::propagation::{self, TRACEPARENT, TRACESTATE};
 use crate::trace::session::session_tag;
 use crate::trace::span::{new_span, OpenSpan, Started};
 
+/// Once per process: a client's `traceparent` arrived and the subscriber has
+/// no tracing-opentelemetry layer of the guard's version to continue it in.
+/// Everything still runs, and every guard span becomes a trace of its own:
+/// the one sign of a version mismatch, so it names the versions.
+fn warn_no_layer() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a client's traceparent cannot be continued: the tracing subscriber has no \
+             tracing-opentelemetry 0.34 layer (opentelemetry 0.33), so the guard's spans are \
+             not in the client's trace; build the layer from \
+             mcp_id_guard::trace::tracing_opentelemetry (once per process)"
+        );
+    }
+}
+
 /// The longest `MCP-Protocol-Version` recorded (revisions are dates).
 const MAX_PROTOCOL: usize = 32;
 
@@ -61,7 +77,11 @@ where
         let client = propagation::extract(headers);
         match &client {
             Some(client) => {
-                let _ = span.set_parent(client.clone());
+                if let Err(tracing_opentelemetry::SetParentError::LayerNotFound) =
+                    span.set_parent(client.clone())
+                {
+                    warn_no_layer();
+                }
             }
             // A new trace keeps nothing of an invalid or absent parent: its
             // vendor state belongs to another trace (W3C Trace Context).

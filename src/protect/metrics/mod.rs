@@ -88,6 +88,12 @@
 //! # }
 //! ```
 
+/// The `prometheus-client` crate (0.26) this module registers into: name its
+/// `Registry` through here and it is always the one the guard's families
+/// expect (an application on another version gets "expected `Registry`,
+/// found a different `Registry`").
+pub use prometheus_client;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
