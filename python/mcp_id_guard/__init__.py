@@ -150,7 +150,16 @@ class IdGuard:
             app_scope["extensions"] = {
                 name: value for name, value in extensions.items() if name not in _BYPASSING_EXTENSIONS
             }
-        await self.app(app_scope, app_receive, _restoring_send(exchange, send))
+        state = {"started": False, "ended": False}
+        await self.app(app_scope, app_receive, _restoring_send(exchange, send, self._wake, state))
+        # The app returned without a final body message: what the core held
+        # back (a JSON answer's last piece) still goes on, and the response
+        # stays as unfinished as the app left it.
+        if state["started"] and not state["ended"]:
+            out = exchange.response_body(b"", False)
+            self._wake()
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
 
     async def _read_body(self, exchange: Exchange, receive: Receive) -> Optional[str]:
         """Feeds the whole request body to the core; the next action, or None if the client left."""
@@ -208,6 +217,8 @@ class IdGuard:
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
                     exchange.time_out()
+                    # A batch that leaves the line frees its other ids.
+                    self._wake()
                     return exchange.action
                 with anyio.move_on_after(remaining):
                     await event.wait()
@@ -241,8 +252,12 @@ def _replaced_body(body: bytes, receive: Receive) -> Receive:
     return replaced
 
 
-def _restoring_send(exchange: Exchange, send: Send) -> Send:
-    """A send that routes the app's response through the core (ids restored)."""
+def _restoring_send(exchange: Exchange, send: Send, wake: Callable[[], None], state: Dict[str, bool]) -> Send:
+    """A send that routes the app's response through the core (ids restored).
+
+    ``state`` records whether the response started and whether its final body
+    message passed; ``wake`` hands queued requests the turns the core granted.
+    """
 
     async def restoring(message: Message) -> None:
         kind = message["type"]
@@ -250,9 +265,15 @@ def _restoring_send(exchange: Exchange, send: Send) -> Send:
             message = dict(message)
             headers = _header_list(message.get("headers", ()))
             message["headers"] = exchange.response_start(message["status"], headers)
+            state["started"] = True
         elif kind == "http.response.body":
             more_body = bool(message.get("more_body", False))
             out = exchange.response_body(_as_bytes(message.get("body", b"")), more_body)
+            # The answer that passed may have freed an id a queued request
+            # waits for: its turn comes now, not when this stream ends.
+            wake()
+            if not more_body:
+                state["ended"] = True
             if not out and more_body:
                 return  # held back: nothing to send yet
             message = dict(message)

@@ -27,7 +27,8 @@ class Core:
     def exchange(self, method: str, headers: List[Header]) -> "Exchange":
         """One per HTTP request (ASGI scope type "http"); headers as in the scope (lower-case names)."""
     def take_woken(self) -> List[int]:
-        """Tokens of queued exchanges whose turn may have come (call after admit() and close())."""
+        """Tokens of queued exchanges whose turn may have come: call it after every admit(),
+        response_body(), time_out() and close(), each of which can free an id."""
 
 class Exchange:
     action: Action

@@ -15,7 +15,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use mcp_id_guard::core::{Action, Core as GuardCore, Passage};
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -115,9 +115,17 @@ impl Core {
     fn exchange(&self, method: &str, headers: Headers) -> Exchange {
         let passage = match (Method::from_bytes(method.as_bytes()), header_map(&headers)) {
             (Ok(method), Some(map)) => self.core.start(&method, map),
-            // A head HTTP does not allow: the guard cannot read it as the
-            // server will, so it answers itself.
-            _ => self.core.refuse_head(),
+            // A head the `http` crate does not take (a control byte in a
+            // value, which some ASGI servers pass): in a session the guard
+            // cannot read it as the server will, so it answers itself;
+            // outside one nothing is tracked, and it goes on untouched.
+            _ if headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case(b"mcp-session-id")) =>
+            {
+                self.core.refuse_head()
+            }
+            _ => self.core.pass(),
         };
         let stream = passage.action() == Action::Forward;
         Exchange {
@@ -228,19 +236,25 @@ impl Exchange {
             .map_err(|_| PyValueError::new_err(format!("not an HTTP status: {status}")))?;
         let mut map = HeaderMap::new();
         for (name, value) in &headers {
-            // A header HTTP does not allow goes on as the app wrote it; none
-            // the guard reads can be one (the server writes them well).
+            // A header the `http` crate does not take is none the guard
+            // reads: it goes on as the app wrote it.
             if let (Ok(name), Ok(value)) =
                 (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
             {
                 map.append(name, value);
             }
         }
+        let before: Vec<HeaderName> = map.keys().cloned().collect();
         self.passage().respond(status, &mut map);
+        // Only what the guard removed is dropped; the rest keeps its order.
+        let removed: Vec<HeaderName> = before
+            .into_iter()
+            .filter(|name| !map.contains_key(name))
+            .collect();
         Ok(headers
             .into_iter()
             .filter(|(name, _)| {
-                HeaderName::from_bytes(name).map_or(true, |name| map.contains_key(name))
+                HeaderName::from_bytes(name).map_or(true, |name| !removed.contains(&name))
             })
             .collect())
     }
@@ -250,11 +264,12 @@ impl Exchange {
         py: Python<'py>,
         chunk: &[u8],
         more_body: bool,
-    ) -> Bound<'py, PyBytes> {
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let out = self
             .passage()
-            .body(Bytes::copy_from_slice(chunk), more_body);
-        PyBytes::new(py, &out)
+            .body(Bytes::copy_from_slice(chunk), more_body)
+            .map_err(|error| PyRuntimeError::new_err(error.to_string()))?;
+        Ok(PyBytes::new(py, &out))
     }
 
     fn close(&self) {

@@ -51,7 +51,11 @@
 //! response.insert("content-type", "application/json".parse().unwrap());
 //! second.respond(StatusCode::OK, &mut response);
 //! let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
-//! let out = [second.body(Bytes::from(answer), true), second.body(Bytes::new(), false)].concat();
+//! let out = [
+//!     second.body(Bytes::from(answer), true).unwrap(),
+//!     second.body(Bytes::new(), false).unwrap(),
+//! ]
+//! .concat();
 //! assert_eq!(out, br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
 //! second.close();
 //! first.close(); // never answered: its id stays abandoned
@@ -155,6 +159,18 @@ impl Core {
                 -32600,
                 "Bad Request: a request header HTTP does not allow",
             )),
+            reader: None,
+            registration: None,
+        }
+    }
+
+    /// A request the guard hands on untouched, and its response (for a head
+    /// the driver could not hand over outside any session: nothing in it is
+    /// tracked).
+    pub fn pass(&self) -> Passage {
+        Passage {
+            core: self.clone(),
+            step: Step::Pass,
             reader: None,
             registration: None,
         }
@@ -421,6 +437,9 @@ impl Passage {
     /// The wait ran past `max_queue_wait` by the driver's clock: the
     /// request leaves the line, and the guard answers `503`.
     pub fn time_out(&mut self) {
+        if !matches!(self.step, Step::Wait(_)) {
+            return;
+        }
         if let Step::Wait(waiting) = std::mem::replace(&mut self.step, Step::Closed) {
             let Waiting {
                 pending,
@@ -467,6 +486,11 @@ impl Passage {
     /// become the ones to send (restoring drops `Content-Length`). The
     /// action becomes [`Action::Respond`].
     pub fn respond(&mut self, status: StatusCode, headers: &mut HeaderMap) {
+        if !matches!(self.step, Step::Forward { .. }) {
+            // A second head, or one for a request never handed on: nothing
+            // of it is the guard's to change.
+            return;
+        }
         let Step::Forward {
             registration,
             restoring,
@@ -494,14 +518,25 @@ impl Passage {
     /// A chunk of the server's response body (under [`Action::Respond`]);
     /// `more`: more follows. Returns what to send now (empty while an id is
     /// held back). The last call (`more` false) sends what was held.
-    pub fn body(&mut self, chunk: Bytes, more: bool) -> Bytes {
+    ///
+    /// A body out of turn — before the response's head, after its last
+    /// chunk, or after [`close`](Self::close) — is the server's mistake: an
+    /// error, never bytes passed on unread (they could carry a server-side
+    /// id the client must not see).
+    pub fn body(&mut self, chunk: Bytes, more: bool) -> Result<Bytes, OutOfTurn> {
+        if !matches!(self.step, Step::Respond) {
+            return Err(OutOfTurn);
+        }
+        if !more {
+            self.step = Step::Closed;
+        }
         let Some(reader) = &mut self.reader else {
             if !more {
                 // Nothing was read: what the registration holds stays
                 // abandoned.
                 self.registration.take();
             }
-            return chunk;
+            return Ok(chunk);
         };
         let mut out = BytesMut::new();
         if !chunk.is_empty() {
@@ -515,7 +550,7 @@ impl Passage {
             }
             self.reader = None;
         }
-        out.freeze()
+        Ok(out.freeze())
     }
 
     /// Ends the passage, however the exchange ended: an id whose answer
@@ -527,6 +562,19 @@ impl Passage {
         self.step = Step::Closed;
     }
 }
+
+/// A response body handed to a [`Passage`] out of turn: before its head,
+/// after its last chunk, or after the passage closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfTurn;
+
+impl std::fmt::Display for OutOfTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a response body out of turn: before its head, after its end, or after close")
+    }
+}
+
+impl std::error::Error for OutOfTurn {}
 
 /// The step after a decision to call the server.
 fn forward(
