@@ -1,6 +1,6 @@
 """Shows an installed `mcp-id-guard` command keeping a real MCP server's answers apart.
 
-Usage: burst.py --guard COMMAND [--label NAME] -- SERVER COMMAND...
+Usage: burst.py --guard COMMAND [--label NAME] [--guard-runs-server] -- SERVER COMMAND...
 
 The server command must start a stateful streamable-HTTP MCP server on a free
 loopback port, serving an `echo(sentinel)` tool at /mcp that answers
@@ -21,6 +21,12 @@ Every call has a wall-clock deadline (an orphaned SSE stream gets keep-alive
 pings forever, so a read timeout alone would not end it), every wait is
 bounded, and both processes are stopped on every way out. Traffic stays on
 127.0.0.1. Exits 0 when every check holds, 1 otherwise.
+
+With --guard-runs-server the guard starts the server itself, as a user runs
+one: `mcp-id-guard --listen 127.0.0.1:G --upstream-port S -- SERVER COMMAND...`
+(the server listens on $PORT); the control bursts still go straight to port
+S. At the end, SIGTERM to the guard must stop the server too (passed on) and
+the guard must exit with the server's status, 0.
 """
 
 from __future__ import annotations
@@ -238,6 +244,34 @@ def start_guard(command: str, upstream_port: int, flags: tuple[str, ...] = ()) -
     raise RuntimeError(str(last_error))
 
 
+def start_guard_with_server(command: str, server_command: list[str]) -> tuple[subprocess.Popen, int, int]:
+    last_error = None
+    for _ in range(3):
+        server_port, port = free_loopback_port(), free_loopback_port()
+        guard = subprocess.Popen(
+            [command, "--listen", f"127.0.0.1:{port}", "--upstream-port", str(server_port), "--", *server_command],
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "error")},
+        )
+        try:
+            # The guard accepts once the server does (it starts serving then).
+            wait_until_accepting(server_port, guard, "the server started by mcp-id-guard")
+            wait_until_accepting(port, guard, "mcp-id-guard")
+            return guard, port, server_port
+        except RuntimeError as error:
+            last_error = error
+            stop(guard)
+    raise RuntimeError(str(last_error))
+
+
+def accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def stop(process: subprocess.Popen | None) -> None:
     if process is None or process.poll() is not None:
         return
@@ -253,6 +287,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--guard", required=True, help="the installed mcp-id-guard command")
     parser.add_argument("--label", default="mcp-id-guard", help="name for the summary line")
+    parser.add_argument(
+        "--guard-runs-server",
+        action="store_true",
+        help="start the server as the guard's child (--upstream-port S -- SERVER COMMAND)",
+    )
     parser.add_argument("server", nargs=argparse.REMAINDER, help="-- then the server command")
     args = parser.parse_args()
     server_command = args.server[1:] if args.server[:1] == ["--"] else args.server
@@ -263,8 +302,11 @@ def main() -> int:
     # SIGTERM (the shell script's trap) ends the run through the `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        server, server_port = start_server(server_command)
-        guard, guard_port = start_guard(args.guard, server_port)
+        if args.guard_runs_server:
+            guard, guard_port, server_port = start_guard_with_server(args.guard, server_command)
+        else:
+            server, server_port = start_server(server_command)
+            guard, guard_port = start_guard(args.guard, server_port)
         direct = f"http://127.0.0.1:{server_port}"
         guarded = f"http://127.0.0.1:{guard_port}"
 
@@ -274,6 +316,10 @@ def main() -> int:
         through = asyncio.run(burst(guarded, [1] * CALLS))
         mixed = asyncio.run(burst(guarded, [1, "1"] * (CALLS // 2)))
         elapsed = time.monotonic() - started
+        if args.guard_runs_server:
+            stop(guard)
+            guard_status = guard.returncode
+            server_gone = not accepts(server_port)
     except Exception as error:  # noqa: BLE001 — any failure to set up is a test failure
         log(f"{args.label}: FAIL — could not run the bursts: {type(error).__name__}: {error}")
         log(f"{args.label}: 0 passed, 1 failed")
@@ -288,10 +334,18 @@ def main() -> int:
         ("12 x id 1 through mcp-id-guard: 12/12 right", all(o.verdict == "OK" for o in through), through),
         ('6 x id 1 + 6 x id "1" through mcp-id-guard: 12/12 right', all(o.verdict == "OK" for o in mixed), mixed),
     ]
+    if args.guard_runs_server:
+        checks.append(
+            (
+                f"SIGTERM to mcp-id-guard stops the server it started (exit {guard_status}, server gone: {server_gone})",
+                guard_status == 0 and server_gone,
+                [],
+            )
+        )
     failed = 0
     for name, held, outcomes in checks:
         failed += not held
-        log(f"  [{'pass' if held else 'FAIL'}] {name}: {tally(outcomes)}")
+        log(f"  [{'pass' if held else 'FAIL'}] {name}" + (f": {tally(outcomes)}" if outcomes else ""))
         for outcome in outcomes:
             # Hung calls are counted in the tally; list each one only when it matters.
             if outcome.verdict != "OK" and (not held or outcome.verdict != "TIMEOUT"):

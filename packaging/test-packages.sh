@@ -5,7 +5,8 @@
 # suite (python/tests) against the installed wheel, and shows the installed
 # command keeping a real MCP server's answers apart (see burst.py): a FastMCP server
 # from PyPI (mcp 1.27.0) behind the pip-installed command, a TypeScript SDK
-# server from npm behind the npm-installed one, each with its control case;
+# server from npm behind the npm-installed one (and run by it, `-- node
+# echo-server.mjs`), each with its control case;
 # and, with a FastMCP server that closes request streams for polling
 # (SEP-1699), that a request's id is not given to another request while the
 # server still runs it (see polling.py); and that `mcp-id-guard probe` finds
@@ -182,6 +183,10 @@ MCP_ID_GUARD_NPM_BIN="$npm_work/project/node_modules/.bin/mcp-id-guard" \
 
 step "npm: 12 concurrent id-1 calls, TypeScript SDK server alone vs. behind the npm-installed mcp-id-guard"
 bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label npm \
+    --guard "$npm_work/project/node_modules/.bin/mcp-id-guard" -- node "$npm_work/project/echo-server.mjs"
+
+step "npm: the same with one command, mcp-id-guard --upstream-port N -- node echo-server.mjs (the server as the guard's child)"
+bounded 180 "$work/venv/bin/python" "$repo/packaging/burst.py" --label npm-child --guard-runs-server \
     --guard "$npm_work/project/node_modules/.bin/mcp-id-guard" -- node "$npm_work/project/echo-server.mjs"
 
 step "done: the wheel and the npm packages were built, installed and checked"

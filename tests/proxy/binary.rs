@@ -36,6 +36,9 @@ async fn help_lists_every_option() -> anyhow::Result<()> {
         "--rewrite-all-ids",
         "MCP_ID_GUARD_UPSTREAM",
         "MCP_ID_GUARD_LISTEN",
+        "--upstream-port",
+        "--upstream-start-timeout",
+        "PORT=",
     ] {
         assert!(help.contains(expected), "{expected} missing from:\n{help}");
     }

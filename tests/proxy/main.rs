@@ -15,6 +15,9 @@ mod capacity;
 // The binary is only built with the `cli` feature.
 #[cfg(feature = "cli")]
 mod binary;
+// The binary running its upstream as a child process (`-- COMMAND`).
+#[cfg(all(feature = "cli", unix))]
+mod child;
 // Request bodies under the binary's memory budget and size cap.
 #[cfg(feature = "cli")]
 mod bodies;

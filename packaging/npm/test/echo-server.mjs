@@ -2,8 +2,9 @@
 // echo tool: the same server as the Python one, for the npm package's test.
 // In one session, concurrent `tools/call` POSTs sharing a JSON-RPC id
 // cross-wire in this SDK too (its transport maps responses by id alone).
-// Listens on a free loopback port and announces it as its first line on
-// stdout, `LISTENING <port>`.
+// Listens on loopback, on $PORT when set (as `mcp-id-guard --upstream-port N
+// -- node echo-server.mjs` sets it), else on a free port, and announces it as
+// its first line on stdout, `LISTENING <port>`.
 import { randomUUID } from "node:crypto";
 import http from "node:http";
 
@@ -67,7 +68,7 @@ const httpServer = http.createServer(async (req, res) => {
   }
 });
 
-httpServer.listen(0, "127.0.0.1", () => {
+httpServer.listen(Number(process.env.PORT || 0), "127.0.0.1", () => {
   console.log(`LISTENING ${httpServer.address().port}`);
 });
 process.on("SIGTERM", () => process.exit(0));

@@ -4,11 +4,15 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
 
 /// Guards an MCP streamable-HTTP server against concurrent requests that
 /// reuse a JSON-RPC id in one session: a reverse proxy that gives every
 /// duplicate a unique id (or rejects it) and streams everything else through.
+///
+/// To run the server too, put its command after `--`: `mcp-id-guard
+/// --upstream-port 3000 -- node server.js` starts it with PORT=3000, serves
+/// once it listens on 127.0.0.1:3000, and stops with it.
 ///
 /// Point MCP clients at http://<listen>/<the server's path>. Logs go to
 /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) to change how much is logged.
@@ -30,6 +34,12 @@ use clap::{Parser, ValueEnum};
 /// or none).
 #[derive(Debug, Parser)]
 #[command(name = "mcp-id-guard", version)]
+// The upstream: a URL, or a loopback port (where COMMAND listens).
+#[command(group(
+    ArgGroup::new("upstream_address")
+        .required(true)
+        .args(["upstream", "upstream_port"])
+))]
 pub(crate) struct Args {
     /// Address to listen on.
     #[arg(long, env = "MCP_ID_GUARD_LISTEN", default_value = "127.0.0.1:8080")]
@@ -38,7 +48,44 @@ pub(crate) struct Args {
     /// Base URL of the MCP server to protect, such as http://127.0.0.1:8000.
     /// A request for /mcp?x=1 goes to <upstream>/mcp?x=1.
     #[arg(long, env = "MCP_ID_GUARD_UPSTREAM")]
-    pub(crate) upstream: String,
+    pub(crate) upstream: Option<String>,
+
+    /// The upstream is http://127.0.0.1:N: the server the proxy starts
+    /// (COMMAND after `--`), or one already running there.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_PORT",
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub(crate) upstream_port: Option<u16>,
+
+    /// With a COMMAND: how long it may take to accept connections on
+    /// 127.0.0.1:<--upstream-port>; then the proxy stops it and exits.
+    #[arg(
+        long,
+        env = "MCP_ID_GUARD_UPSTREAM_START_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    pub(crate) upstream_start_timeout: Duration,
+
+    /// The MCP server to run and protect, after `--` (e.g. `-- node
+    /// server.js`), with the proxy's environment plus PORT=<--upstream-port>
+    /// (many servers read PORT; others need the port in their own
+    /// arguments). It should listen on 127.0.0.1 (or on every address). The
+    /// proxy serves once it accepts connections; SIGINT/SIGTERM are passed on
+    /// to it, and the proxy exits with its exit code (128+N for signal N),
+    /// after at most 10s (then it is killed). If it exits by itself, the
+    /// proxy stops too.
+    #[arg(
+        last = true,
+        value_name = "COMMAND",
+        requires = "upstream_port",
+        conflicts_with = "upstream",
+        num_args = 1..
+    )]
+    pub(crate) command: Vec<String>,
 
     /// What to do with a request whose id is already in flight in its
     /// session: give it a unique id and restore the client's in the response
@@ -664,6 +711,40 @@ mod tests {
             "500"
         ])
         .is_err());
+        // The upstream command after `--`, with --upstream-port.
+        let args = Args::try_parse_from([
+            "mcp-id-guard",
+            "--upstream-port",
+            "3000",
+            "--",
+            "node",
+            "server.js",
+            "--port",
+            "3000",
+        ])
+        .unwrap();
+        assert_eq!(args.upstream, None);
+        assert_eq!(args.upstream_port, Some(3000));
+        assert_eq!(args.upstream_url(), "http://127.0.0.1:3000");
+        assert_eq!(args.command, ["node", "server.js", "--port", "3000"]);
+        assert_eq!(args.upstream_start_timeout, Duration::from_secs(30));
+        let args = Args::try_parse_from(["mcp-id-guard", "--upstream-port", "3000"]).unwrap();
+        assert!(args.command.is_empty(), "a server already running there");
+        for bad in [
+            &["mcp-id-guard"][..],
+            &["mcp-id-guard", "--", "node", "server.js"],
+            &["mcp-id-guard", "--upstream", "http://h", "--", "node"],
+            &[
+                "mcp-id-guard",
+                "--upstream",
+                "http://h",
+                "--upstream-port",
+                "1",
+            ],
+            &["mcp-id-guard", "--upstream-port", "0"],
+        ] {
+            assert!(Args::try_parse_from(bad).is_err(), "{bad:?} accepted");
+        }
         for bad in ["200", "99", "600", "4xx", ""] {
             assert!(parse_reject_status(bad).is_err(), "{bad:?} accepted");
         }

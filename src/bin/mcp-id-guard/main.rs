@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! mcp-id-guard --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000
+//! mcp-id-guard --listen 127.0.0.1:8080 --upstream-port 3000 -- node server.js
 //! ```
 //!
 //! Everything that protects the upstream is the library's; this program
@@ -10,7 +11,8 @@
 //! connection: traces (when `OTEL_*` configures them), metrics, the
 //! head-size, Host/Origin and body-pace checks, request bodies read whole
 //! under a memory budget, the id guard, the proxy, served by
-//! `mcp_id_guard::server`.
+//! `mcp_id_guard::server`. With a command after `--`, it also runs the
+//! upstream (`child`).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -30,9 +32,11 @@ use tracing_subscriber::{EnvFilter, Layer as _};
 
 mod admin;
 mod args;
+mod child;
 mod limits;
 mod probe;
 mod settings;
+mod signals;
 mod telemetry;
 
 use args::{Args, LogFormat};
@@ -81,7 +85,7 @@ fn main() -> ExitCode {
     // Whatever is left after the server's grace period goes here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(message) => {
             tracing::error!("{message}");
             ExitCode::FAILURE
@@ -89,7 +93,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), String> {
+/// Serves until SIGINT/SIGTERM (or until the upstream command exits);
+/// returns the exit code: 0, or the upstream command's.
+async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<u8, String> {
+    let mut signals = signals::Signals::new();
     let hosts = args.host_policy()?;
     let descriptors = limits::descriptor_limit();
     // The admin connections' descriptors come out of the same limit (kept
@@ -113,6 +120,31 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
     let local = listener
         .local_addr()
         .map_err(|error| format!("cannot read the listening address: {error}"))?;
+    // Connections that arrive while the upstream command starts wait in the
+    // listener's backlog.
+    let mut upstream = match args.upstream_port.filter(|_| !args.command.is_empty()) {
+        None => None,
+        Some(port) => {
+            match child::Upstream::start(
+                &args.command,
+                port,
+                args.upstream_start_timeout,
+                &mut signals,
+            )
+            .await
+            {
+                Ok(upstream) => Some(upstream),
+                Err(child::NotStarted::Failed(message)) => return Err(message),
+                Err(child::NotStarted::Stopped(stop, status)) => {
+                    tracing::info!(
+                        "{} received while the upstream command started; passed on, it exited ({status})",
+                        stop.name()
+                    );
+                    return Ok(child::exit_code(status));
+                }
+            }
+        }
+    };
     tracing::info!(
         "mcp-id-guard {} listening on http://{local}, forwarding to {} (duplicate ids: {})",
         env!("CARGO_PKG_VERSION"),
@@ -169,9 +201,37 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         .layer(HostLayer::new(hosts))
         .layer(args.pace());
     let server = args.server(max_connections).metrics(metrics).build();
+    // How serving ended: a signal (passed on to the upstream command, if
+    // any), or the upstream command's own exit.
+    let mut exited = None;
     let shutdown = async {
-        let signal = shutdown_signal().await;
-        tracing::info!("{signal} received; no longer accepting connections");
+        tokio::select! {
+            stop = signals.recv() => match upstream.as_mut() {
+                Some(upstream) => {
+                    upstream.signal(stop);
+                    tracing::info!(
+                        "{} received and passed on to the upstream command; no longer accepting connections",
+                        stop.name()
+                    );
+                }
+                None => tracing::info!("{} received; no longer accepting connections", stop.name()),
+            },
+            status = async {
+                match upstream.as_mut() {
+                    Some(upstream) => upstream.exited().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let command = upstream.as_ref().map_or("", |upstream| upstream.command());
+                match &status {
+                    Ok(status) => tracing::error!(
+                        "the upstream command `{command}` exited by itself ({status}); shutting down"
+                    ),
+                    Err(message) => tracing::error!("{message}; shutting down"),
+                }
+                exited = Some(status);
+            }
+        }
     };
     let make_service = |client: std::net::SocketAddr| {
         // The client's address goes with the connection's service, not with
@@ -182,33 +242,17 @@ async fn run(args: Args, traces: Option<telemetry::Telemetry>) -> Result<(), Str
         per_request.service(bodies.layer(guard.layer(proxy)))
     };
     server.serve(listener, make_service, shutdown).await;
+    let code = match (upstream.as_mut(), exited) {
+        (None, _) => Ok(0),
+        (Some(_), Some(status)) => status.map(child::exit_code),
+        (Some(upstream), None) => upstream.stop(child::STOP_TIMEOUT).await.map(|status| {
+            tracing::info!("the upstream command exited ({status})");
+            child::exit_code(status)
+        }),
+    };
     if let Some(traces) = traces {
         // Bounded by two export timeouts.
         traces.shutdown().await;
     }
-    Ok(())
-}
-
-/// Resolves with the signal's name on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-                _ = terminate.recv() => "SIGTERM",
-            },
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the proxy");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
-    }
+    code
 }

@@ -42,6 +42,17 @@ impl Args {
         Ok(policy)
     }
 
+    /// The upstream's base URL: --upstream, or http://127.0.0.1:N for
+    /// --upstream-port N.
+    pub(crate) fn upstream_url(&self) -> String {
+        match (&self.upstream, self.upstream_port) {
+            (Some(url), _) => url.clone(),
+            (None, Some(port)) => format!("http://127.0.0.1:{port}"),
+            // clap requires one of them.
+            (None, None) => String::new(),
+        }
+    }
+
     pub(crate) fn proxy(&self, max_upstream: usize) -> Result<Proxy, String> {
         Proxy::builder()
             .max_connections(Some(max_upstream))
@@ -52,7 +63,7 @@ impl Args {
             .idle_timeout(enabled(self.upstream_idle_timeout))
             .preserve_host(self.preserve_host)
             .trust_forwarded(self.trust_forwarded)
-            .build(&self.upstream)
+            .build(&self.upstream_url())
             .map_err(|error| error.to_string())
     }
 
