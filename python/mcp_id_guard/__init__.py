@@ -61,7 +61,11 @@ class IdGuard:
     (``413`` above it), ``abandoned_id_ttl`` seconds an id whose answer never
     reached its client stays remembered, and the optional
     ``max_in_flight_per_session`` (``429``), ``max_session_id_bytes``
-    (``400``) and ``max_table_bytes`` (``503``).
+    (``400``) and ``max_table_bytes`` (``503``). ``max_body_memory`` bounds
+    the bytes of all the request bodies being read at once (64 MiB; ``None``:
+    unbounded), ``max_body_memory_per_client`` one client address's share of
+    it (half); a body that does not fit is answered ``503``. ASGI servers
+    bound neither.
 
     Scopes other than ``"http"`` (``lifespan``, ``websocket``) go to the app
     untouched. One instance keeps one table: use it from one event loop.
@@ -78,6 +82,8 @@ class IdGuard:
         max_in_flight_per_session: Optional[int] = None,
         max_session_id_bytes: Optional[int] = None,
         max_table_bytes: Optional[int] = None,
+        max_body_memory: Optional[int] = 64 * 1024 * 1024,
+        max_body_memory_per_client: Optional[int] = None,
     ) -> None:
         self.app = app
         self._core = Core(
@@ -88,6 +94,8 @@ class IdGuard:
             max_in_flight_per_session=max_in_flight_per_session,
             max_session_id_bytes=max_session_id_bytes,
             max_table_bytes=max_table_bytes,
+            max_body_memory=max_body_memory,
+            max_body_memory_per_client=max_body_memory_per_client,
         )
         self._max_queue_wait = float(max_queue_wait)
         # Queued exchanges waiting for their turn: token -> the event that
@@ -102,7 +110,10 @@ class IdGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        exchange = self._core.exchange(scope["method"], _header_list(scope.get("headers", ())))
+        client = scope.get("client")
+        exchange = self._core.exchange(
+            scope["method"], _header_list(scope.get("headers", ())), client[0] if client else None
+        )
         try:
             await self._drive(exchange, scope, receive, send)
         finally:

@@ -20,12 +20,15 @@ class Core:
         max_in_flight_per_session: Optional[int] = None,
         max_session_id_bytes: Optional[int] = None,
         max_table_bytes: Optional[int] = None,
+        max_body_memory: Optional[int] = 64 * 1024 * 1024,
+        max_body_memory_per_client: Optional[int] = None,
     ) -> None: ...
     def stats(self) -> Dict[str, int]:
         """Counters and gauges: in_flight_requests, in_flight_sessions, abandoned_ids, passed_total,
         remapped_total, rejected_total, queued_total, restored_total, cancelled_total."""
-    def exchange(self, method: str, headers: List[Header]) -> "Exchange":
-        """One per HTTP request (ASGI scope type "http"); headers as in the scope (lower-case names)."""
+    def exchange(self, method: str, headers: List[Header], client: Optional[str] = None) -> "Exchange":
+        """One per HTTP request (ASGI scope type "http"); headers as in the scope (lower-case names);
+        client: the peer's address (scope["client"][0]), whose share of the body budget it draws on."""
     def take_woken(self) -> List[int]:
         """Tokens of queued exchanges whose turn may have come: call it after every admit(),
         response_body(), time_out() and close(), each of which can free an id."""

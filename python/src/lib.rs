@@ -7,6 +7,7 @@
 //! reads with `Core.take_woken()`, never a call into Python from Rust.
 #![forbid(unsafe_code)]
 
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
 use mcp_id_guard::core::{Action, Core as GuardCore, Passage};
+use mcp_id_guard::protect::buffer::BodyBudget;
 use mcp_id_guard::{IdGuardLayer, OnDuplicate};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -41,6 +43,8 @@ impl Core {
         max_in_flight_per_session = None,
         max_session_id_bytes = None,
         max_table_bytes = None,
+        max_body_memory = 64 * 1024 * 1024,
+        max_body_memory_per_client = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -51,6 +55,8 @@ impl Core {
         max_in_flight_per_session: Option<usize>,
         max_session_id_bytes: Option<usize>,
         max_table_bytes: Option<usize>,
+        max_body_memory: Option<usize>,
+        max_body_memory_per_client: Option<usize>,
     ) -> PyResult<Self> {
         let policy = match on_duplicate {
             "remap" => OnDuplicate::Remap,
@@ -85,9 +91,15 @@ impl Core {
         if let Some(limit) = max_table_bytes {
             layer = layer.max_table_bytes(limit);
         }
-        Ok(Self {
-            core: GuardCore::new(&layer),
-        })
+        let mut core = GuardCore::new(&layer);
+        // What the bodies being read may hold at once (uvicorn and hypercorn
+        // bound none), the proxy's default: 64 MiB, half of it per client
+        // address. `None` leaves it unbounded.
+        if let Some(limit) = max_body_memory {
+            let share = max_body_memory_per_client.unwrap_or(limit / 2);
+            core = core.with_budget(BodyBudget::new(limit).per_client(share));
+        }
+        Ok(Self { core })
     }
 
     /// The table's counters, by the names of `mcp_id_guard::Stats`.
@@ -112,9 +124,14 @@ impl Core {
 
     /// One HTTP request's way through the guard, from its method and ASGI
     /// headers.
-    fn exchange(&self, method: &str, headers: Headers) -> Exchange {
+    #[pyo3(signature = (method, headers, client = None))]
+    fn exchange(&self, method: &str, headers: Headers, client: Option<&str>) -> Exchange {
+        let client = client.and_then(|client| client.parse::<IpAddr>().ok());
         let passage = match (Method::from_bytes(method.as_bytes()), header_map(&headers)) {
-            (Ok(method), Some(map)) => self.core.start(&method, map),
+            (Ok(method), Some(map)) => match client {
+                Some(client) => self.core.start_from(&method, map, client),
+                None => self.core.start(&method, map),
+            },
             // A head the `http` crate does not take (a control byte in a
             // value, which some ASGI servers pass): in a session the guard
             // cannot read it as the server will, so it answers itself;

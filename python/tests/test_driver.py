@@ -94,7 +94,7 @@ class FakeCore:
     def stats(self) -> Dict[str, int]:
         return {}
 
-    def exchange(self, method: str, headers: list) -> FakeExchange:
+    def exchange(self, method: str, headers: list, client: object = None) -> FakeExchange:
         exchange = FakeExchange(self, type(self).first_action)
         type(self).script(exchange)
         self.exchanges.append(exchange)

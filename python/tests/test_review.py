@@ -192,3 +192,69 @@ def test_a_body_after_the_last_one_is_an_error(backend: str) -> None:
         assert guard.stats()["in_flight_requests"] == 0
 
     anyio.run(run, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bodies_being_read_are_bounded_per_client_and_in_all(backend: str) -> None:
+    """Bodies still arriving hold the budget (uvicorn bounds none): past a
+    client's share the next one is answered 503 while another client's goes on;
+    a body that left frees its share."""
+    calls = 0
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        nonlocal calls
+        calls += 1
+        await read_all(receive)
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    class Trickle:
+        """A client whose body arrives in two parts, the second when let go."""
+
+        def __init__(self, first: bytes, rest: bytes) -> None:
+            self.parts = [first, rest]
+            self.go = anyio.Event()
+            self.reading = anyio.Event()
+            self.sent: list[dict] = []
+
+        async def receive(self) -> dict:
+            part = self.parts.pop(0)
+            if self.parts:
+                return {"type": "http.request", "body": part, "more_body": True}
+            self.reading.set()
+            await self.go.wait()
+            return {"type": "http.request", "body": part, "more_body": False}
+
+        async def send(self, message: dict) -> None:
+            self.sent.append(message)
+
+    def at(address: str) -> dict:
+        return {**scope(), "client": (address, 50000)}
+
+    body = call(1) + b" " * 3000
+
+    async def run() -> None:
+        guard = IdGuard(app, max_body_memory=8192, max_body_memory_per_client=4096)
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as group:
+                held = Trickle(body[:3000], body[3000:])
+                group.start_soon(guard, at("10.0.0.1"), held.receive, held.send)
+                await held.reading.wait()
+                # The same address, 3000 more bytes: over its 4096 share.
+                refused = Client(b"x" * 3000)
+                await guard(at("10.0.0.1"), refused.receive, refused.send)
+                assert refused.sent[0]["status"] == 503, refused.sent
+                assert b"-32603" in refused.received() or b"-32000" in refused.received()
+                # Another address fits.
+                other = Client(call(2))
+                await guard(at("10.0.0.2"), other.receive, other.send)
+                assert other.sent[0]["status"] == 202
+                held.go.set()
+        assert held.sent[0]["status"] == 202
+        # Every charge went back: the first address can send again.
+        again = Client(b"x" * 3000 + call(3))
+        with anyio.fail_after(DEADLINE_S):
+            await guard(at("10.0.0.1"), again.receive, again.send)
+        assert again.sent[0]["status"] != 503
+
+    anyio.run(run, backend=backend)

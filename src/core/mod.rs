@@ -63,6 +63,7 @@
 //! assert_eq!(core.stats().abandoned_ids, 1);
 //! ```
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -79,8 +80,10 @@ use crate::guard::reader::Reader;
 use crate::guard::service::{head, Head};
 use crate::guard::IdGuardLayer;
 use crate::guard::PendingForward;
+use crate::protect::buffer::{BodyBudget, HeldBody};
 use crate::table::config::Config;
 use crate::table::{Registration, Stats, Table, Waiter};
+use crate::wire::answer::body_budget_spent;
 use crate::wire::protocol::RequestHeaders;
 
 /// The guard's rules and session table, driven without a runtime. Cheap to
@@ -90,6 +93,8 @@ pub struct Core {
     config: Config,
     table: Arc<Table>,
     woken: Arc<Woken>,
+    /// What read request bodies may hold at once, if bounded.
+    budget: Option<BodyBudget>,
 }
 
 /// The tokens of waiting passages whose turn may have come.
@@ -133,7 +138,18 @@ impl Core {
             config,
             table,
             woken: Arc::default(),
+            budget: None,
         }
+    }
+
+    /// Charges every request body the core reads to `budget` (the one a
+    /// [`BodyBufferLayer`](crate::protect::buffer::BodyBufferLayer) uses, or
+    /// one of its own), as it arrives, and refuses one that does not fit
+    /// (`503`): a server in front of which nothing bounds the bodies held at
+    /// once (uvicorn bounds none) gets the bound here.
+    pub fn with_budget(mut self, budget: BodyBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// A snapshot of the table's counters.
@@ -161,6 +177,7 @@ impl Core {
             )),
             reader: None,
             registration: None,
+            held: None,
         }
     }
 
@@ -173,7 +190,19 @@ impl Core {
             step: Step::Pass,
             reader: None,
             registration: None,
+            held: None,
         }
+    }
+
+    /// [`start`](Self::start) for a request from `client`: its body counts
+    /// also against that address's share of the budget
+    /// ([`BodyBudget::per_client`]).
+    pub fn start_from(&self, method: &Method, headers: HeaderMap, client: IpAddr) -> Passage {
+        let mut passage = self.start(method, headers);
+        if let (Step::Read(reading), Some(budget)) = (&mut passage.step, &self.budget) {
+            reading.held = Some(budget.hold_for(client));
+        }
+        passage
     }
 
     /// A request's way through the guard begins with its head. `headers`
@@ -200,6 +229,7 @@ impl Core {
                 headers,
                 buffer: Accumulated::default(),
                 watch_start,
+                held: self.budget.as_ref().map(BodyBudget::hold),
             })),
         };
         Passage {
@@ -207,6 +237,7 @@ impl Core {
             step,
             reader: None,
             registration: None,
+            held: None,
         }
     }
 }
@@ -247,6 +278,8 @@ pub struct Passage {
     /// The request's ids, held until their answers pass or the passage
     /// closes.
     registration: Option<Registration>,
+    /// The read body's charge to the budget, until the server takes it.
+    held: Option<HeldBody>,
 }
 
 // One per request, set in place: the variants' sizes do not matter.
@@ -274,6 +307,8 @@ struct Reading {
     headers: RequestHeaders,
     buffer: Accumulated,
     watch_start: bool,
+    /// The body's bytes, charged to the core's budget as they arrive.
+    held: Option<HeldBody>,
 }
 
 struct Waiting {
@@ -314,7 +349,14 @@ impl Passage {
         let Step::Read(reading) = &mut self.step else {
             return !matches!(self.step, Step::Answer(_));
         };
-        match read_chunk(&mut reading.buffer, chunk, self.core.config.max_body_bytes) {
+        let refusal = read_chunk(&mut reading.buffer, chunk, self.core.config.max_body_bytes)
+            .or_else(|| {
+                let held = reading.held.as_mut()?;
+                held.grow_to(reading.buffer.len())
+                    .err()
+                    .map(|_| body_budget_spent())
+            });
+        match refusal {
             None => true,
             Some(response) => {
                 self.step = Step::Answer(response);
@@ -337,7 +379,18 @@ impl Passage {
             headers,
             buffer,
             watch_start,
+            held,
         } = *reading;
+        // The whole body is here: a small one may draw on the reserve. It is
+        // held until the server takes it.
+        self.held = held;
+        if let Some(held) = &mut self.held {
+            if held.complete(buffer.len()).is_err() {
+                self.held = None;
+                self.step = Step::Answer(body_budget_spent());
+                return self.action();
+            }
+        }
         let core = &self.core;
         let mut exchange = Exchange::default();
         let bytes = buffer.into_bytes();
@@ -463,6 +516,8 @@ impl Passage {
     /// [`Action::Forward`] after [`Action::Read`]); `None` for a stream,
     /// whose request body goes on as it came.
     pub fn take_request_body(&mut self) -> Option<Bytes> {
+        // The server has the body now: its charge goes back.
+        self.held = None;
         match &mut self.step {
             Step::Forward { body, .. } => body.take(),
             _ => None,
@@ -557,6 +612,7 @@ impl Passage {
     /// went out is free, any other stays abandoned; a waiting request
     /// leaves the line. Idempotent.
     pub fn close(&mut self) {
+        self.held = None;
         self.reader = None;
         self.registration.take();
         self.step = Step::Closed;

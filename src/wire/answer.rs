@@ -247,6 +247,16 @@ pub(crate) fn unread(status: StatusCode, code: i32, message: &str) -> Response<F
     single(status, "null", code, message)
 }
 
+/// `503` for a body that does not fit what the request-body budget has
+/// left (`protect::buffer::BodyBudget`): every face answers it alike.
+pub(crate) fn body_budget_spent() -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::SERVICE_UNAVAILABLE,
+        SERVER_ERROR,
+        "Service Unavailable: request bodies hold all the memory they may; try again",
+    )
+}
+
 /// `421` for a request whose `Host` names no authority the server is
 /// reached by (DNS-rebinding protection).
 pub(crate) fn host_refused() -> Response<Full<Bytes>> {

@@ -4,7 +4,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
 use pin_project::pin_project;
@@ -81,14 +81,7 @@ fn refused_answer(
             Refused::BodyTooLarge,
             answer::body_too_large(max_body_bytes),
         ),
-        Over::Budget => (
-            Refused::BodyBudget,
-            answer::unread(
-                StatusCode::SERVICE_UNAVAILABLE,
-                answer::SERVER_ERROR,
-                "Service Unavailable: request bodies hold all the memory they may; try again",
-            ),
-        ),
+        Over::Budget => (Refused::BodyBudget, answer::body_budget_spent()),
     };
     if close {
         // The rest of the body is still on its way: the connection cannot
