@@ -258,3 +258,62 @@ def test_bodies_being_read_are_bounded_per_client_and_in_all(backend: str) -> No
         assert again.sent[0]["status"] != 503
 
     anyio.run(run, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resumed_get_restores_the_clients_id_and_a_cancelled_id_can_be_reused(backend: str) -> None:
+    """A duplicate goes to the app remapped; a GET resuming its stream replays
+    the answer under the server-side id and the client reads its own id. Then
+    the first call is cancelled (`notifications/cancelled`, which the app
+    ignores, as a handler may) and id 1 is sent again: it gets its own answer,
+    never the cancelled call's."""
+    first_called = anyio.Event()
+    seen_ids: list = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        if scope["method"] == "GET":
+            # Replays the remapped call's answer, as an event store does.
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": b"id: 7\n" + sse(seen_ids[1]), "more_body": False})
+            return
+        message = json.loads(await read_all(receive))
+        if "id" not in message:  # a notification
+            await send({"type": "http.response.start", "status": 202, "headers": []})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        seen_ids.append(message["id"])
+        if len(seen_ids) == 1:
+            first_called.set()
+            await anyio.sleep_forever()  # never answers, cancelled or not
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": sse(message["id"]), "more_body": False})
+
+    def answer_id(client: Client) -> object:
+        return json.loads(client.received().split(b"data: ")[1])["id"]
+
+    async def run() -> None:
+        guard = IdGuard(app)
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as group:
+                first = Client(call(1))
+                group.start_soon(guard, scope(), first.receive, first.send)
+                await first_called.wait()
+                second = Client(call(1))
+                await guard(scope(), second.receive, second.send)
+                assert seen_ids[1] != 1 and answer_id(second) == 1, (seen_ids, second.received())
+                resumed = Client(b"")
+                get = scope("GET", SESSION + [(b"last-event-id", b"3"), (b"accept", b"text/event-stream")])
+                await guard(get, resumed.receive, resumed.send)
+                assert answer_id(resumed) == 1, resumed.received()
+                cancel = json.dumps(
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+                ).encode()
+                note = Client(cancel)
+                await guard(scope(), note.receive, note.send)
+                assert note.sent[0]["status"] == 202
+                third = Client(call(1))
+                await guard(scope(), third.receive, third.send)
+                assert answer_id(third) == 1 and seen_ids[2] != 1, (seen_ids, third.received())
+                group.cancel_scope.cancel()
+
+    anyio.run(run, backend=backend)
