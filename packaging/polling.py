@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -413,11 +414,41 @@ def run_checks(label: str, guard_command: str, server_command: list[str], count:
     return 0 if failed == 0 else 1
 
 
+def run_in_process(label: str, server_command: list[str], count: int) -> int:
+    """The guarded runs against a server whose app IdGuard wraps in process."""
+    server = None
+    os.environ["MCP_ID_GUARD_IN_PROCESS"] = "1"
+    try:
+        server, port = start_server(server_command)
+        runs = [run for run in RUNS if run.target == "guarded"]
+        results = [asyncio.run(trials(f"http://127.0.0.1:{port}", run.b_id, count, run.early)) for run in runs]
+    except Exception as error:  # noqa: BLE001 — any failure to set up is a test failure
+        log(f"{label}: FAIL — could not run the trials: {type(error).__name__}: {error}")
+        return 1
+    finally:
+        stop(server)
+    failed = 0
+    for run, outcomes in zip(runs, results):
+        held = not any(trial.notes for trial in outcomes) and all(trial.both_right for trial in outcomes)
+        failed += not held
+        log(f"  [{'pass' if held else 'FAIL'}] {run.describe()} (IdGuard in process): {summary(outcomes)}")
+        for line in describe(run.name, outcomes):
+            log(line)
+    log(f"{label}: {len(runs) - failed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="base URL of a running server or proxy (the trials use <url>/mcp)")
     target.add_argument("--guard", help="the installed mcp-id-guard command (starts the server and the guard)")
+    target.add_argument(
+        "--in-process",
+        action="store_true",
+        help="start the server command with MCP_ID_GUARD_IN_PROCESS=1 (it wraps its app in IdGuard) "
+        "and run the guarded trials against it",
+    )
     parser.add_argument("--b-id", type=int, default=1, help="with --url: B's id (1 reuses A's, 2 is the control)")
     parser.add_argument("--trials", type=int, default=TRIALS, help="trials per run")
     parser.add_argument("--early", action="store_true", help="with --url: A resumes before B is sent")
@@ -426,6 +457,12 @@ def main() -> int:
     args = parser.parse_args()
     # SIGTERM (the shell script's trap) ends the run through the `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    if args.in_process:
+        server_command = args.server[1:] if args.server[:1] == ["--"] else args.server
+        if not server_command:
+            parser.error("give the server command after --")
+        return run_in_process(args.label, server_command, args.trials)
 
     if args.guard:
         server_command = args.server[1:] if args.server[:1] == ["--"] else args.server

@@ -137,6 +137,10 @@ step "pip: a polled request's id reused while the server runs it, FastMCP server
 bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --label pip-polling --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
 
+step "pip: the same polled-id trials with IdGuard in the FastMCP server's process (the installed wheel's middleware)"
+bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --in-process --label pip-polling-in-process \
+    -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
+
 step "pip: mcp-id-guard probe finds the bug in the FastMCP server alone, and nothing behind the installed mcp-id-guard"
 bounded 300 "$work/venv/bin/python" "$repo/packaging/probe.py" --label pip-probe --guard "$installed" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"

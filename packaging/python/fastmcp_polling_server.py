@@ -18,6 +18,7 @@ Like fastmcp_echo_server.py it listens on a free loopback port chosen by the
 kernel and announces it as the first line on stdout, `LISTENING <port>`.
 """
 
+import os
 import socket
 import sys
 import uuid
@@ -114,7 +115,13 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(mcp.streamable_http_app(), log_level="warning", lifespan="on")
+    app = mcp.streamable_http_app()
+    if os.environ.get("MCP_ID_GUARD_IN_PROCESS") == "1":
+        # The guard in process (polling.py --in-process): the wheel's ASGI middleware.
+        from mcp_id_guard import IdGuard
+
+        app = IdGuard(app)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     print(f"LISTENING {port}", flush=True)
     server.run(sockets=[sock])
