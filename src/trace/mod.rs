@@ -111,4 +111,5 @@ pub use tracing_opentelemetry;
 pub use body::TracedBody;
 pub use future::TraceFuture;
 pub use layer::McpTraceLayer;
+pub use propagation::parent_context;
 pub use service::McpTrace;

@@ -26,6 +26,32 @@ pub(crate) fn extract(headers: &HeaderMap) -> Option<Context> {
     context.span().span_context().is_valid().then_some(context)
 }
 
+/// The trace context a handler continues: the guard's span for this
+/// request, which [`McpTraceLayer`](crate::trace::McpTraceLayer) wrote into
+/// its `traceparent`. An rmcp tool takes the request's parts as
+/// `Extension<http::request::Parts>`; one line makes its span a child of the
+/// guard's, in the client's trace. Empty (a new trace) when the request
+/// carries no valid `traceparent`.
+///
+/// ```
+/// use mcp_id_guard::trace::parent_context;
+/// use mcp_id_guard::trace::opentelemetry::trace::TraceContextExt as _;
+/// use mcp_id_guard::trace::tracing_opentelemetry::OpenTelemetrySpanExt as _;
+///
+/// let (parts, ()) = http::Request::post("/mcp")
+///     .header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// // In a tool: `Extension(parts): Extension<http::request::Parts>`.
+/// let span = tracing::info_span!("tool lookup");
+/// let _ = span.set_parent(parent_context(&parts));
+/// assert!(parent_context(&parts).span().span_context().is_valid());
+/// ```
+pub fn parent_context(parts: &http::request::Parts) -> Context {
+    extract(&parts.headers).unwrap_or_default()
+}
+
 /// Writes `context`'s span as the request's parent (`traceparent`, and
 /// `tracestate` when it has one). A context with no valid span writes
 /// nothing.

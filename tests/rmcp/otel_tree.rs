@@ -8,16 +8,13 @@
 //! gate; the spans, which end as the response bodies are dropped, are
 //! awaited within a bound.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_id_guard::trace::McpTraceLayer;
 use mcp_id_guard::IdGuardLayer;
-use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
 use opentelemetry::Value;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::Extension;
@@ -62,14 +59,9 @@ impl Traced {
         Parameters(args): Parameters<WorkArgs>,
         Extension(parts): Extension<http::request::Parts>,
     ) -> String {
-        let carrier: HashMap<String, String> = parts
-            .headers
-            .iter()
-            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
-            .collect();
-        let parent = TraceContextPropagator::new().extract(&carrier);
+        // The one line the docs give a tool (`trace::parent_context`).
         let span = tracing::info_span!("tool work", sentinel = %args.sentinel);
-        let _ = span.set_parent(parent);
+        let _ = span.set_parent(mcp_id_guard::trace::parent_context(&parts));
         let _entered = span.enter();
         let _ = self.started.send(args.sentinel.clone());
         if args.sentinel == "held" {
