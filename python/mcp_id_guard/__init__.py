@@ -56,16 +56,16 @@ class IdGuard:
     unique server-side id and gets its own answer with its own id back),
     ``"reject"`` (a JSON-RPC error, the app is not called) or ``"queue"`` (it
     waits until the earlier request with that id has been answered, at most
-    ``max_queue_wait`` seconds, then ``503``). The limits are those of the Rust
-    crate's ``IdGuardLayer``: ``max_body_bytes`` of a tracked request body
-    (``413`` above it), ``abandoned_id_ttl`` seconds an id whose answer never
-    reached its client stays remembered, and the optional
-    ``max_in_flight_per_session`` (``429``), ``max_session_id_bytes``
-    (``400``) and ``max_table_bytes`` (``503``). ``max_body_memory`` bounds
-    the bytes of all the request bodies being read at once (64 MiB; ``None``:
-    unbounded), ``max_body_memory_per_client`` one client address's share of
-    it (half); a body that does not fit is answered ``503``. ASGI servers
-    bound neither.
+    ``max_queue_wait`` seconds, 30 by default, then ``503``). The limits are
+    those of the Rust crate's ``IdGuardLayer``, and ``None`` (the default)
+    takes its default: ``max_body_bytes`` of a tracked request body (4 MiB;
+    ``413`` above it), ``abandoned_id_ttl`` seconds an id whose answer never
+    reached its client stays remembered (300), ``max_in_flight_per_session``
+    (``429``), ``max_session_id_bytes`` (``400``) and ``max_table_bytes``
+    (``503``). ``max_body_memory`` bounds the bytes of all the request bodies
+    being read at once (64 MiB, as the proxy), ``max_body_memory_per_client``
+    one client address's share of it (half); a body that does not fit is
+    answered ``503``. ASGI servers bound neither.
 
     Scopes other than ``"http"`` (``lifespan``, ``websocket``) go to the app
     untouched. One instance keeps one table: use it from one event loop.
@@ -76,13 +76,13 @@ class IdGuard:
         app: ASGIApp,
         *,
         on_duplicate: Literal["remap", "reject", "queue"] = "remap",
-        max_body_bytes: int = 4 * 1024 * 1024,
-        max_queue_wait: float = 30.0,
-        abandoned_id_ttl: float = 300.0,
+        max_body_bytes: Optional[int] = None,
+        max_queue_wait: Optional[float] = None,
+        abandoned_id_ttl: Optional[float] = None,
         max_in_flight_per_session: Optional[int] = None,
         max_session_id_bytes: Optional[int] = None,
         max_table_bytes: Optional[int] = None,
-        max_body_memory: Optional[int] = 64 * 1024 * 1024,
+        max_body_memory: Optional[int] = None,
         max_body_memory_per_client: Optional[int] = None,
     ) -> None:
         self.app = app
@@ -97,7 +97,9 @@ class IdGuard:
             max_body_memory=max_body_memory,
             max_body_memory_per_client=max_body_memory_per_client,
         )
-        self._max_queue_wait = float(max_queue_wait)
+        # The core's setting (its default when none was given): the driver
+        # times the wait, by its own clock.
+        self._max_queue_wait = self._core.max_queue_wait
         # Queued exchanges waiting for their turn: token -> the event that
         # wakes the waiter. Only touched from the event loop.
         self._waiters: Dict[int, anyio.Event] = {}

@@ -14,15 +14,19 @@ class Core:
         self,
         *,
         on_duplicate: Literal["remap", "reject", "queue"] = "remap",
-        max_body_bytes: int = 4 * 1024 * 1024,
-        max_queue_wait: float = 30.0,
-        abandoned_id_ttl: float = 300.0,
+        max_body_bytes: Optional[int] = None,
+        max_queue_wait: Optional[float] = None,
+        abandoned_id_ttl: Optional[float] = None,
         max_in_flight_per_session: Optional[int] = None,
         max_session_id_bytes: Optional[int] = None,
         max_table_bytes: Optional[int] = None,
-        max_body_memory: Optional[int] = 64 * 1024 * 1024,
+        max_body_memory: Optional[int] = None,
         max_body_memory_per_client: Optional[int] = None,
-    ) -> None: ...
+    ) -> None:
+        """None takes the crate's default (IdGuardLayer's; for the body budget the proxy's: 64 MiB, half per client)."""
+    @property
+    def max_queue_wait(self) -> float:
+        """Seconds a queued duplicate may wait (the driver times it)."""
     def stats(self) -> Dict[str, int]:
         """Counters and gauges: in_flight_requests, in_flight_sessions, abandoned_ids, passed_total,
         remapped_total, rejected_total, queued_total, restored_total, cancelled_total."""

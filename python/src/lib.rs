@@ -43,7 +43,7 @@ impl Core {
         max_in_flight_per_session = None,
         max_session_id_bytes = None,
         max_table_bytes = None,
-        max_body_memory = 64 * 1024 * 1024,
+        max_body_memory = None,
         max_body_memory_per_client = None,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -91,15 +91,19 @@ impl Core {
         if let Some(limit) = max_table_bytes {
             layer = layer.max_table_bytes(limit);
         }
-        let mut core = GuardCore::new(&layer);
         // What the bodies being read may hold at once (uvicorn and hypercorn
-        // bound none), the proxy's default: 64 MiB, half of it per client
-        // address. `None` leaves it unbounded.
-        if let Some(limit) = max_body_memory {
-            let share = max_body_memory_per_client.unwrap_or(limit / 2);
-            core = core.with_budget(BodyBudget::new(limit).per_client(share));
-        }
+        // bound none): by default the proxy's 64 MiB, half of it per client
+        // address.
+        let limit = max_body_memory.unwrap_or(64 * 1024 * 1024);
+        let share = max_body_memory_per_client.unwrap_or(limit / 2);
+        let core = GuardCore::new(&layer).with_budget(BodyBudget::new(limit).per_client(share));
         Ok(Self { core })
+    }
+
+    /// Seconds a queued duplicate may wait: the driver times the wait.
+    #[getter]
+    fn max_queue_wait(&self) -> f64 {
+        self.core.max_queue_wait().as_secs_f64()
     }
 
     /// The table's counters, by the names of `mcp_id_guard::Stats`.

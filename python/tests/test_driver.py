@@ -91,6 +91,12 @@ class FakeCore:
         self.exchanges: List[FakeExchange] = []
         self.woken: List[int] = []
 
+    @property
+    def max_queue_wait(self) -> float:
+        # As the real core: the given setting, else the crate's default.
+        wait = self.options.get("max_queue_wait")
+        return 30.0 if wait is None else wait
+
     def stats(self) -> Dict[str, int]:
         return {}
 

@@ -67,7 +67,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::{Empty, Full};
@@ -83,7 +83,7 @@ use crate::guard::PendingForward;
 use crate::protect::buffer::{BodyBudget, HeldBody};
 use crate::table::config::Config;
 use crate::table::{Registration, Stats, Table, Waiter};
-use crate::wire::answer::body_budget_spent;
+use crate::wire::answer::{body_budget_spent, header_not_http};
 use crate::wire::protocol::RequestHeaders;
 
 /// The guard's rules and session table, driven without a runtime. Cheap to
@@ -152,6 +152,13 @@ impl Core {
         self
     }
 
+    /// How long a queued duplicate may wait
+    /// ([`max_queue_wait`](IdGuardLayer::max_queue_wait)): the driver times
+    /// the wait by its own clock, then calls [`Passage::time_out`].
+    pub fn max_queue_wait(&self) -> std::time::Duration {
+        self.config.max_queue_wait
+    }
+
     /// A snapshot of the table's counters.
     pub fn stats(&self) -> Stats {
         self.table.stats()
@@ -168,26 +175,20 @@ impl Core {
     /// or value HTTP does not allow): the guard cannot read it as the
     /// server will, so it answers `400` itself.
     pub fn refuse_head(&self) -> Passage {
-        Passage {
-            core: self.clone(),
-            step: Step::Answer(crate::wire::answer::unread(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Bad Request: a request header HTTP does not allow",
-            )),
-            reader: None,
-            registration: None,
-            held: None,
-        }
+        self.passage(Step::Answer(header_not_http()))
     }
 
     /// A request the guard hands on untouched, and its response (for a head
     /// the driver could not hand over outside any session: nothing in it is
     /// tracked).
     pub fn pass(&self) -> Passage {
+        self.passage(Step::Pass)
+    }
+
+    fn passage(&self, step: Step) -> Passage {
         Passage {
             core: self.clone(),
-            step: Step::Pass,
+            step,
             reader: None,
             registration: None,
             held: None,
@@ -198,16 +199,16 @@ impl Core {
     /// also against that address's share of the budget
     /// ([`BodyBudget::per_client`]).
     pub fn start_from(&self, method: &Method, headers: HeaderMap, client: IpAddr) -> Passage {
-        let mut passage = self.start(method, headers);
-        if let (Step::Read(reading), Some(budget)) = (&mut passage.step, &self.budget) {
-            reading.held = Some(budget.hold_for(client));
-        }
-        passage
+        self.begin(method, headers, Some(client))
     }
 
     /// A request's way through the guard begins with its head. `headers`
     /// are the request's as the server will receive them.
     pub fn start(&self, method: &Method, headers: HeaderMap) -> Passage {
+        self.begin(method, headers, None)
+    }
+
+    fn begin(&self, method: &Method, headers: HeaderMap, client: Option<IpAddr>) -> Passage {
         let mut request = Request::new(());
         *request.method_mut() = method.clone();
         *request.headers_mut() = headers;
@@ -229,16 +230,13 @@ impl Core {
                 headers,
                 buffer: Accumulated::default(),
                 watch_start,
-                held: self.budget.as_ref().map(BodyBudget::hold),
+                held: self.budget.as_ref().map(|budget| match client {
+                    Some(client) => budget.hold_for(client),
+                    None => budget.hold(),
+                }),
             })),
         };
-        Passage {
-            core: self.clone(),
-            step,
-            reader: None,
-            registration: None,
-            held: None,
-        }
+        self.passage(step)
     }
 }
 
@@ -352,7 +350,7 @@ impl Passage {
         let refusal = read_chunk(&mut reading.buffer, chunk, self.core.config.max_body_bytes)
             .or_else(|| {
                 let held = reading.held.as_mut()?;
-                held.grow_to(reading.buffer.len())
+                held.grow_to(reading.buffer.held())
                     .err()
                     .map(|_| body_budget_spent())
             });
@@ -368,11 +366,12 @@ impl Passage {
     /// The request's body is complete (under [`Action::Read`]): the guard
     /// decides. Returns the action that follows.
     pub fn admit(&mut self) -> Action {
-        if !matches!(self.step, Step::Read(_)) {
-            return self.action();
-        }
-        let Step::Read(reading) = std::mem::replace(&mut self.step, Step::Closed) else {
-            unreachable!("checked above")
+        let reading = match std::mem::replace(&mut self.step, Step::Closed) {
+            Step::Read(reading) => reading,
+            other => {
+                self.step = other;
+                return self.action();
+            }
         };
         let Reading {
             parts,
@@ -385,7 +384,7 @@ impl Passage {
         // held until the server takes it.
         self.held = held;
         if let Some(held) = &mut self.held {
-            if held.complete(buffer.len()).is_err() {
+            if held.complete(buffer.held()).is_err() {
                 self.held = None;
                 self.step = Step::Answer(body_budget_spent());
                 return self.action();
@@ -490,17 +489,17 @@ impl Passage {
     /// The wait ran past `max_queue_wait` by the driver's clock: the
     /// request leaves the line, and the guard answers `503`.
     pub fn time_out(&mut self) {
-        if !matches!(self.step, Step::Wait(_)) {
-            return;
-        }
-        if let Step::Wait(waiting) = std::mem::replace(&mut self.step, Step::Closed) {
-            let Waiting {
-                pending,
-                registration,
-                ..
-            } = *waiting;
-            drop(registration);
-            self.step = Step::Answer(timed_out(pending.as_ref()));
+        match std::mem::replace(&mut self.step, Step::Closed) {
+            Step::Wait(waiting) => {
+                let Waiting {
+                    pending,
+                    registration,
+                    ..
+                } = *waiting;
+                drop(registration);
+                self.step = Step::Answer(timed_out(pending.as_ref()));
+            }
+            other => self.step = other,
         }
     }
 
@@ -541,20 +540,21 @@ impl Passage {
     /// become the ones to send (restoring drops `Content-Length`). The
     /// action becomes [`Action::Respond`].
     pub fn respond(&mut self, status: StatusCode, headers: &mut HeaderMap) {
-        if !matches!(self.step, Step::Forward { .. }) {
-            // A second head, or one for a request never handed on: nothing
-            // of it is the guard's to change.
-            return;
-        }
-        let Step::Forward {
-            registration,
-            restoring,
-            starts,
-            ..
-        } = std::mem::replace(&mut self.step, Step::Respond)
-        else {
-            return;
-        };
+        let (registration, restoring, starts) =
+            match std::mem::replace(&mut self.step, Step::Respond) {
+                Step::Forward {
+                    registration,
+                    restoring,
+                    starts,
+                    ..
+                } => (registration, restoring, starts),
+                // A second head, or one for a request never handed on: nothing
+                // of it is the guard's to change.
+                other => {
+                    self.step = other;
+                    return;
+                }
+            };
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.headers_mut() = std::mem::take(headers);
@@ -593,19 +593,22 @@ impl Passage {
             }
             return Ok(chunk);
         };
-        let mut out = BytesMut::new();
-        if !chunk.is_empty() {
-            if let Some(piece) = reader.chunk(chunk, &mut self.registration) {
-                out.extend_from_slice(&piece);
-            }
+        // What goes on is the reader's piece as it is: joined (one copy)
+        // only when the last chunk and what was held both go at the end.
+        let piece = if chunk.is_empty() {
+            None
+        } else {
+            reader.chunk(chunk, &mut self.registration)
+        };
+        if more {
+            return Ok(piece.unwrap_or_default());
         }
-        if !more {
-            if let Some(piece) = reader.end(&mut self.registration) {
-                out.extend_from_slice(&piece);
-            }
-            self.reader = None;
-        }
-        Ok(out.freeze())
+        let last = reader.end(&mut self.registration);
+        self.reader = None;
+        Ok(match (piece, last) {
+            (Some(piece), Some(last)) => [piece, last].concat().into(),
+            (piece, last) => piece.or(last).unwrap_or_default(),
+        })
     }
 
     /// Ends the passage, however the exchange ended: an id whose answer

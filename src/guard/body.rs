@@ -425,6 +425,12 @@ impl Accumulated {
         self.single.len() + self.joined.len()
     }
 
+    /// The bytes it holds in memory: a joined body's buffer may be larger
+    /// than its length (what a budget charges).
+    pub(crate) fn held(&self) -> usize {
+        self.single.len() + self.joined.capacity()
+    }
+
     pub(crate) fn push(&mut self, chunk: Bytes) {
         if self.len() == 0 {
             self.single = chunk;

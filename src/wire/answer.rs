@@ -247,6 +247,17 @@ pub(crate) fn unread(status: StatusCode, code: i32, message: &str) -> Response<F
     single(status, "null", code, message)
 }
 
+/// `400` for a request whose head a face could not hand to the guard as
+/// HTTP (a header name or value the `http` crate refuses, which some ASGI
+/// servers pass): the guard cannot read it as the server will.
+pub(crate) fn header_not_http() -> Response<Full<Bytes>> {
+    unread(
+        StatusCode::BAD_REQUEST,
+        INVALID_REQUEST,
+        "Bad Request: a request header HTTP does not allow",
+    )
+}
+
 /// `503` for a body that does not fit what the request-body budget has
 /// left (`protect::buffer::BodyBudget`): every face answers it alike.
 pub(crate) fn body_budget_spent() -> Response<Full<Bytes>> {
