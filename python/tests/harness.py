@@ -15,14 +15,22 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, MutableMapping, Optional
 
 import httpx
+
+# The client side the packaging checks already have (the handshake, reading
+# an answer out of SSE or JSON, comparing ids): one copy, in packaging/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packaging"))
+from burst import open_session as _open_session  # noqa: E402
+from burst import read_response, same_id  # noqa: E402
 
 CALLS = 12
 # Longest a single call may take. The tool sleeps at most 0.5 s; the rest is
@@ -199,65 +207,14 @@ class Outcome:
     detail: str = ""
 
 
-def read_response(text: str) -> Optional[dict]:
-    """The JSON-RPC response in an SSE stream or a JSON body, if any."""
-    candidates = []
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        candidates.append(stripped)
-    candidates += [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
-    for candidate in candidates:
-        try:
-            message = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(message, dict) and ("result" in message or "error" in message):
-            return message
-    return None
-
-
-def same_id(sent: object, got: object) -> bool:
-    # `1 == True` in Python; a JSON-RPC id is never a boolean.
-    return type(sent) is type(got) and sent == got
-
-
 def client(connections: int = CALLS + 4) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.AsyncClient(trust_env=False, timeout=CALL_DEADLINE_S, limits=limits)
 
 
 async def open_session(http: httpx.AsyncClient, url: str) -> str:
-    """`initialize` and `notifications/initialized`; the session id."""
-
-    async def handshake() -> str:
-        response = await http.post(
-            url,
-            headers=HEADERS,
-            json={
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": PROTOCOL_VERSION,
-                    "capabilities": {},
-                    "clientInfo": {"name": "mcp-id-guard-python-tests", "version": "0"},
-                },
-            },
-        )
-        response.raise_for_status()
-        session = response.headers.get("mcp-session-id")
-        if not session:
-            raise RuntimeError("the server gave no Mcp-Session-Id: it is not stateful")
-        initialized = await http.post(
-            url,
-            headers={**HEADERS, "mcp-session-id": session},
-            json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-        )
-        if initialized.status_code not in (200, 202):
-            raise RuntimeError(f"notifications/initialized got HTTP {initialized.status_code}")
-        return session
-
-    return await asyncio.wait_for(handshake(), timeout=CALL_DEADLINE_S)
+    """`initialize` and `notifications/initialized` (packaging/burst.py's); the session id."""
+    return await asyncio.wait_for(_open_session(http, url), timeout=CALL_DEADLINE_S)
 
 
 def tool_call(rpc_id: object, tool: str, arguments: dict) -> dict:
