@@ -163,12 +163,12 @@ class IdGuard:
             app_scope["extensions"] = {
                 name: value for name, value in extensions.items() if name not in _BYPASSING_EXTENSIONS
             }
-        state = {"started": False, "ended": False}
-        await self.app(app_scope, app_receive, _restoring_send(exchange, send, self._wake, state))
-        # The app returned without a final body message: what the core held
-        # back (a JSON answer's last piece) still goes on, and the response
-        # stays as unfinished as the app left it.
-        if state["started"] and not state["ended"]:
+        await self.app(app_scope, app_receive, _RestoringSend(exchange, send, self))
+        # The app returned with its response started and no final body
+        # message (the core is still at "respond"): what the core held back
+        # (a JSON answer's last piece) still goes on, and the response stays
+        # as unfinished as the app left it.
+        if exchange.action == "respond":
             out = exchange.response_body(b"", False)
             self._wake()
             if out:
@@ -265,32 +265,34 @@ def _replaced_body(body: bytes, receive: Receive) -> Receive:
     return replaced
 
 
-def _restoring_send(exchange: Exchange, send: Send, wake: Callable[[], None], state: Dict[str, bool]) -> Send:
+class _RestoringSend:
     """A send that routes the app's response through the core (ids restored).
 
-    ``state`` records whether the response started and whether its final body
-    message passed; ``wake`` hands queued requests the turns the core granted.
+    A class with slots rather than a closure: one small object per exchange,
+    which every held exchange keeps for as long as its response is open.
     """
 
-    async def restoring(message: Message) -> None:
+    __slots__ = ("_exchange", "_send", "_guard")
+
+    def __init__(self, exchange: Exchange, send: Send, guard: IdGuard) -> None:
+        self._exchange = exchange
+        self._send = send
+        self._guard = guard
+
+    async def __call__(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             message = dict(message)
             headers = _header_list(message.get("headers", ()))
-            message["headers"] = exchange.response_start(message["status"], headers)
-            state["started"] = True
+            message["headers"] = self._exchange.response_start(message["status"], headers)
         elif kind == "http.response.body":
             more_body = bool(message.get("more_body", False))
-            out = exchange.response_body(_as_bytes(message.get("body", b"")), more_body)
+            out = self._exchange.response_body(_as_bytes(message.get("body", b"")), more_body)
             # The answer that passed may have freed an id a queued request
             # waits for: its turn comes now, not when this stream ends.
-            wake()
-            if not more_body:
-                state["ended"] = True
+            self._guard._wake()
             if not out and more_body:
                 return  # held back: nothing to send yet
             message = dict(message)
             message["body"] = out
-        await send(message)
-
-    return restoring
+        await self._send(message)
