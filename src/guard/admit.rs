@@ -115,17 +115,79 @@ impl PendingForward {
     }
 }
 
+/// The target of the guard's decision events: one `DEBUG` line per message
+/// of a read POST (`RUST_LOG=mcp_id_guard::decision=debug`).
+const DECISIONS: &str = "mcp_id_guard::decision";
+
 /// Peeks at a tracked POST's body, asks the session table, and builds the
 /// request to forward (with remapped ids spliced in) or the guard's answer;
 /// what became of each message goes into `exchange` (message by message
 /// only when `record`: a layer outside reads it).
+///
+/// The decision is told where it is taken, inside the trace layer's span
+/// when there is one: the span learns its first message
+/// ([`WantsRequestIds`]), and, when enabled, one `DEBUG` event per message
+/// says what the guard did.
 pub(crate) fn admit<B>(
+    pending: PendingForward,
+    headers: &RequestHeaders,
+    config: &Config,
+    table: &Arc<Table>,
+    exchange: &mut Exchange,
+    record: bool,
+) -> Admission<B> {
+    let told = pending.parts.extensions.get::<WantsRequestIds>().cloned();
+    let logged = tracing::enabled!(target: DECISIONS, tracing::Level::DEBUG);
+    let ids = logged || told.is_some();
+    let admission = judge(
+        pending,
+        headers,
+        config,
+        table,
+        exchange,
+        record || logged,
+        ids,
+    );
+    // The span first, so that the event shows it described.
+    if let Some(told) = &told {
+        exchange.tell(told);
+    }
+    if logged {
+        log_decisions(exchange, headers, table);
+    }
+    admission
+}
+
+/// One `DEBUG` event per message of the read POST.
+fn log_decisions(exchange: &Exchange, headers: &RequestHeaders, table: &Table) {
+    // `display` is in scope inside tracing's macros.
+    let session = headers
+        .session
+        .as_ref()
+        .map(|session| table.session_tag(session.as_bytes()));
+    for handled in exchange {
+        tracing::debug!(
+            target: DECISIONS,
+            method = handled.method().as_str(),
+            id = handled.request_id().map(|id| display(loggable(id))),
+            decision = handled.decision().as_str(),
+            server_id = handled.server_id().map(display),
+            session = session.map(display),
+            "guard decided"
+        );
+    }
+}
+
+/// [`admit`], without telling; `wants_ids`: the account of each message holds its
+/// ids (for the trace layer, or for the decision events).
+fn judge<B>(
     mut pending: PendingForward,
     headers: &RequestHeaders,
     config: &Config,
     table: &Arc<Table>,
     exchange: &mut Exchange,
     record: bool,
+    wants_ids: bool,
 ) -> Admission<B> {
     let Some(session) = &headers.session else {
         *exchange = Exchange::one(headers.method, GuardDecision::Passed);
@@ -158,14 +220,12 @@ pub(crate) fn admit<B>(
     let body = pending.body.clone();
     let (id_ranges, ids) = unzip(peeked.request_ids(&body).collect());
     // What layers outside asked for: the tool names of `tools/call`s (the
-    // metrics layer), each request's ids (the trace layer).
+    // metrics layer), each request's ids (the trace layer, the decision
+    // events).
     let extensions = &pending.parts.extensions;
     let wants = Wants {
         tools: extensions.get::<WantsToolNames>().is_some(),
-        ids: extensions
-            .get::<WantsRequestIds>()
-            .is_some()
-            .then_some(&ids[..]),
+        ids: wants_ids.then_some(&ids[..]),
     };
     let is_batch = matches!(peeked, Peeked::Batch(_));
     if session_id_too_long && ids.is_empty() {

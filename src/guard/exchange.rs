@@ -155,9 +155,19 @@ pub(crate) struct WantsToolNames;
 /// each request's id, the server-side id of a remapped one, and the name a
 /// `tools/call` or `prompts/get` names (the trace layer): a copy of at most
 /// [`MAX_ID_TEXT`] bytes per id, and a second pass over the call's `params`.
-#[derive(Debug, Clone, Copy)]
+///
+/// The guard also tells `span` of the POST's first message as soon as it has
+/// decided on its read body (`describe`), not only on the response: what the
+/// server logs inside the span while it handles the request then shows the
+/// method, the id and the decision. A function the trace layer hands in, so
+/// the span's field names stay in one place and the guard imports nothing
+/// of the trace layer.
+#[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-pub(crate) struct WantsRequestIds;
+pub(crate) struct WantsRequestIds {
+    pub(crate) span: tracing::Span,
+    pub(crate) describe: fn(&tracing::Span, &Handled),
+}
 
 /// Put in a request's extensions by a layer outside the guard that reads the
 /// [`Exchange`] of its response (as
@@ -219,6 +229,9 @@ pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
 pub struct Exchange {
     // Nearly every POST carries one message: kept inline, no allocation.
     handled: InlineVec<Handled>,
+    /// The first message was told to the trace layer's span when the guard
+    /// decided on it ([`WantsRequestIds`]).
+    told: bool,
 }
 
 impl Exchange {
@@ -231,6 +244,22 @@ impl Exchange {
                 name: None,
                 ids: None,
             }],
+            told: false,
+        }
+    }
+
+    /// Whether the trace layer's span was told of the first message when
+    /// the guard decided on it.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn told(&self) -> bool {
+        self.told
+    }
+
+    /// Tells `wants`' span of the first message, once.
+    pub(crate) fn tell(&mut self, wants: &WantsRequestIds) {
+        if let Some(first) = self.handled.first().filter(|_| !self.told) {
+            (wants.describe)(&wants.span, first);
+            self.told = true;
         }
     }
 

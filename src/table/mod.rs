@@ -42,6 +42,7 @@ mod registration;
 mod restart;
 mod session;
 mod stats;
+mod tag;
 #[cfg(any(test, feature = "internals"))]
 mod track;
 
@@ -63,6 +64,7 @@ pub(crate) use inline::{unzip, InlineVec};
 pub(crate) use queue::Waiter;
 pub(crate) use registration::Registration;
 pub use stats::Stats;
+pub(crate) use tag::SessionTag;
 
 use awaited::Awaited;
 use budget::Eviction;
@@ -181,7 +183,7 @@ struct SessionRef {
 
 /// A stream of a session, named by a keyed hash of the last event id its
 /// client saw on it (the `Last-Event-ID` it would resume from). Keyed per
-/// layer, so a client cannot choose an id that names another stream.
+/// process, so a client cannot choose an id that names another stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StreamTag(std::num::NonZeroU64);
 
@@ -215,8 +217,10 @@ pub(super) struct Abandoned {
 #[derive(Debug)]
 pub(crate) struct Table {
     shards: Box<[Shard]>,
-    /// Hashes session ids and collision keys. Keyed per layer (seeded by the
-    /// OS), so that clients cannot choose ids that pile up in one bucket.
+    /// Hashes session ids and collision keys. Keyed per process (seeded by
+    /// the OS), so that clients cannot choose ids that pile up in one bucket;
+    /// one key for every table, so a session's hash is its tag in logs and
+    /// traces ([`SessionTag`]).
     hasher: RandomState,
     minter: Arc<IdMinter>,
     abandoned: AtomicUsize,
@@ -321,11 +325,6 @@ pub(crate) enum Decision {
     SessionIdTooLong,
 }
 
-/// A short, non-reversible tag of a session id's hash for logs.
-fn tag(session_hash: u64) -> String {
-    format!("{:08x}", session_hash >> 32)
-}
-
 /// The shard of a session. The hash tables take a slot from a hash's lowest
 /// bits and a tag from its highest seven; the shard comes from bits neither
 /// uses, so that the sessions of one shard still spread over its table.
@@ -342,7 +341,7 @@ impl Table {
     pub(crate) fn with_minter(minter: IdMinter) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: tag::hasher().clone(),
             minter: Arc::new(minter),
             abandoned: AtomicUsize::new(0),
             used: AtomicUsize::new(0),
@@ -377,10 +376,10 @@ impl Table {
         &self.minter
     }
 
-    /// A short, non-reversible tag of a session id for logs: session ids are
-    /// bearer secrets and are never logged raw.
-    pub(crate) fn session_tag(&self, session: &[u8]) -> String {
-        tag(self.hasher.hash_one(session))
+    /// A session id's tag for logs: session ids are bearer secrets and are
+    /// never logged raw.
+    pub(crate) fn session_tag(&self, session: &[u8]) -> SessionTag {
+        SessionTag::of_hash(self.hasher.hash_one(session))
     }
 
     fn lock(&self, index: usize) -> MutexGuard<'_, ShardState> {

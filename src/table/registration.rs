@@ -15,7 +15,9 @@ use super::budget::{self, Eviction};
 use super::inline::InlineVec;
 use super::queue::{WaitState, Waiter};
 use super::session::Session;
-use super::{shard_index, tag, Abandoned, SessionRef, ShardState, StreamTag, Table, MAX_ABANDONED};
+use super::{
+    shard_index, Abandoned, SessionRef, SessionTag, ShardState, StreamTag, Table, MAX_ABANDONED,
+};
 use crate::wire::restore::Delivered;
 
 /// The longest an abandoned id is remembered: a century is "for as long as
@@ -134,7 +136,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.table.release(self);
         tracing::debug!(
-            session = %tag(self.session.hash),
+            session = %SessionTag::of_hash(self.session.hash),
             requests = self.count,
             unanswered = self.awaits_any(),
             "released in-flight ids"

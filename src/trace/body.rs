@@ -55,7 +55,12 @@ impl<B: Body> Body for TracedBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
-        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        // Inside the span: what the guard logs as the answer passes (ids
+        // restored, released) belongs to this exchange.
+        let entered = this.span.as_ref().map(|open| open.span.enter());
+        let frame = this.inner.as_mut().poll_frame(cx);
+        drop(entered);
+        let frame = std::task::ready!(frame);
         match &frame {
             None => end(this.span, true),
             Some(Err(_)) => end(this.span, false),

@@ -6,9 +6,19 @@
 //! and parents of the handler's, in one trace, exported by whatever
 //! exporter the application already has: the layer has none of its own.
 //!
+//! # Where it goes
+//! Outside [`IdGuardLayer`](crate::IdGuardLayer), whose account of each
+//! POST it reads, and inside tower-http's `TraceLayer` when the application
+//! has one, made with [`request_span`] so that the application's request
+//! span continues the client's trace too. The recommended order, outermost
+//! first: [`MetricsLayer`](crate::protect::metrics::MetricsLayer) (it counts
+//! what every layer answers), `TraceLayer::new_for_http().make_span_with(request_span)`,
+//! `McpTraceLayer`, the application's other layers, `IdGuardLayer`. One
+//! trace then reads: the client's span, the request span, the guard's span,
+//! the handler's span ([`parent_context`]).
+//!
 //! # Spans
-//! Put the layer outside [`IdGuardLayer`](crate::IdGuardLayer): it reads
-//! the guard's [`Exchange`](crate::exchange::Exchange) on each response. Each request
+//! Each request
 //! and notification of a POST (each member of a batch) gets a span (target
 //! `mcp_id_guard::trace`, level `INFO`) of kind `SERVER`, with fields in
 //! the form tracing-opentelemetry maps to OpenTelemetry (`otel.name`,
@@ -23,7 +33,8 @@
 //!   a short printable token), `mcp.session.id` (16 hex digits of a keyed
 //!   hash of the session id, never the id itself; the key is random per
 //!   process, so a session's tag differs across restarts and replicas, and
-//!   a guessed session id cannot be confirmed against the trace store),
+//!   a guessed session id cannot be confirmed against the trace store; the
+//!   crate's log lines name the session by the same tag),
 //!   `gen_ai.tool.name` and `gen_ai.operation.name = execute_tool` for a
 //!   `tools/call`, `gen_ai.prompt.name` for a `prompts/get`,
 //!   `http.response.status_code`;
@@ -36,6 +47,15 @@
 //!   (its status code, `502`), or the response did not go out whole
 //!   (`response_incomplete`: the service failed, the body failed, the
 //!   client went away first).
+//!
+//! The session's tag and the revision are recorded as the span opens; the
+//! first message's method, ids, names and decision as soon as the guard has
+//! decided on the read body, so that what is logged inside the span while
+//! the server works shows them in plain `fmt` logs too. The guard logs its
+//! decision inside the span (target `mcp_id_guard::decision`, `DEBUG`), and
+//! what it logs as the response passes (ids restored, released) too. Every
+//! log line of the crate that names a session uses the tag the span
+//! records.
 //!
 //! A span opens when the request arrives and closes when its response body
 //! ends or is dropped: a queued duplicate's wait counts, and an answer
@@ -54,7 +74,8 @@
 //! Through OpenTelemetry's own W3C propagator
 //! ([`TraceContextPropagator`](opentelemetry_sdk::propagation::TraceContextPropagator)).
 //! One valid `traceparent` continues the client's trace (the guard's spans
-//! are children of the client's span); several, or an invalid one, start a
+//! are children of the client's span, or of [`request_span`]'s when the
+//! request arrived in it); several, or an invalid one, start a
 //! new trace under the application's current span and keep nothing of what
 //! came (its `tracestate` is removed too). Either way the request goes on
 //! with a `traceparent` naming the guard's span as the parent, so the
@@ -95,8 +116,8 @@ mod body;
 mod future;
 mod layer;
 mod propagation;
+mod request;
 mod service;
-mod session;
 mod span;
 
 /// The `opentelemetry` crate (0.33) whose context the guard continues: an
@@ -112,4 +133,5 @@ pub use body::TracedBody;
 pub use future::TraceFuture;
 pub use layer::McpTraceLayer;
 pub use propagation::parent_context;
+pub use request::request_span;
 pub use service::McpTrace;

@@ -52,6 +52,31 @@ pub fn parent_context(parts: &http::request::Parts) -> Context {
     extract(&parts.headers).unwrap_or_default()
 }
 
+/// Whether `outer`, the span a request arrived in, already continues the
+/// client's span: it is [`request_span`](crate::trace::request_span)'s, made
+/// for this request from the same `traceparent`. Only that span: another
+/// span of the same trace may be current for other reasons (a handler that
+/// keeps its span entered across an `.await` leaves it current for whatever
+/// the thread runs next), and parenting the guard's span on it would hang
+/// one request's spans under another's.
+pub(crate) fn continues(outer: &tracing::Span, client: &Context) -> bool {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let ours = outer.metadata().is_some_and(|metadata| {
+        metadata.target() == REQUEST_TARGET && metadata.name() == REQUEST_SPAN
+    });
+    if !ours {
+        return false;
+    }
+    let outer = outer.context();
+    let outer = outer.span().span_context().clone();
+    outer.is_valid() && outer.trace_id() == client.span().span_context().trace_id()
+}
+
+/// The target and name of [`request_span`](crate::trace::request_span)'s
+/// span, by which [`continues`] knows it.
+pub(crate) const REQUEST_TARGET: &str = "mcp_id_guard::trace";
+pub(crate) const REQUEST_SPAN: &str = "request";
+
 /// Writes `context`'s span as the request's parent (`traceparent`, and
 /// `tracestate` when it has one). A context with no valid span writes
 /// nothing.

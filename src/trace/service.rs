@@ -9,17 +9,17 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::guard::exchange::{WantsExchange, WantsRequestIds};
+use crate::table::SessionTag;
 use crate::trace::body::TracedBody;
 use crate::trace::future::TraceFuture;
-use crate::trace::propagation::{self, TRACEPARENT, TRACESTATE};
-use crate::trace::session::session_tag;
-use crate::trace::span::{new_span, OpenSpan, Started};
+use crate::trace::propagation::{self, continues, TRACEPARENT, TRACESTATE};
+use crate::trace::span::{describe, new_span, OpenSpan, Started};
 
 /// Once per process: a client's `traceparent` arrived and the subscriber has
 /// no tracing-opentelemetry layer of the guard's version to continue it in.
 /// Everything still runs, and every guard span becomes a trace of its own:
 /// the one sign of a version mismatch, so it names the versions.
-fn warn_no_layer() {
+pub(crate) fn warn_no_layer() {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         tracing::warn!(
@@ -74,20 +74,24 @@ where
             return TraceFuture::new(self.inner.call(request), None);
         }
         let headers = request.headers_mut();
+        let outer = Span::current();
         let client = propagation::extract(headers);
-        match &client {
-            Some(client) => {
-                if let Err(tracing_opentelemetry::SetParentError::LayerNotFound) =
-                    span.set_parent(client.clone())
-                {
-                    warn_no_layer();
-                }
-            }
-            // A new trace keeps nothing of an invalid or absent parent: its
-            // vendor state belongs to another trace (W3C Trace Context).
-            None => {
-                headers.remove(TRACEPARENT);
-                headers.remove(TRACESTATE);
+        // A new trace keeps nothing of an invalid or absent parent: its
+        // vendor state belongs to another trace (W3C Trace Context).
+        if client.is_none() {
+            headers.remove(TRACEPARENT);
+            headers.remove(TRACESTATE);
+        }
+        // The client's span is the parent, unless the application's request
+        // span (tower-http's, made by `request_span`) already continues the
+        // client's trace: then the guard's span is that span's child, as it
+        // opened, and the trace reads client, application, guard.
+        let client = client.filter(|client| !continues(&outer, client));
+        if let Some(client) = &client {
+            if let Err(tracing_opentelemetry::SetParentError::LayerNotFound) =
+                span.set_parent(client.clone())
+            {
+                warn_no_layer();
             }
         }
         // The upstream's spans are children of the guard's (sampled or not:
@@ -106,17 +110,21 @@ where
             .map(Box::from);
         let session = headers
             .get("mcp-session-id")
-            .map(|session| session_tag(session.as_bytes()));
-        let outer = Span::current();
+            .map(|session| SessionTag::of(session.as_bytes()));
         let started = Started {
             client,
             outer: (!outer.is_none()).then_some(outer),
             protocol,
             session,
         };
-        // The guard inside leaves its account of the POST, with ids.
+        started.note(&span);
+        // The guard inside leaves its account of the POST, with ids, and
+        // describes the first message on the span as soon as it decides.
         request.extensions_mut().insert(WantsExchange);
-        request.extensions_mut().insert(WantsRequestIds);
+        request.extensions_mut().insert(WantsRequestIds {
+            span: span.clone(),
+            describe,
+        });
         let span = OpenSpan::new(span, started);
         TraceFuture::new(self.inner.call(request), Some(span))
     }

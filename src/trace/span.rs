@@ -10,6 +10,7 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::guard::{Exchange, GuardDecision, Handled, McpMethod};
+use crate::table::SessionTag;
 
 /// `error.type` when the response is a server error: its status code.
 fn status_error(status: StatusCode) -> Option<&'static str> {
@@ -71,8 +72,22 @@ pub(crate) struct Started {
     pub(crate) outer: Option<Span>,
     /// `MCP-Protocol-Version`, when it is a short printable token.
     pub(crate) protocol: Option<Box<str>>,
-    /// The session id's tag (never the id).
-    pub(crate) session: Option<String>,
+    /// The session id's tag (never the id): the table's, which its log
+    /// lines name too.
+    pub(crate) session: Option<SessionTag>,
+}
+
+impl Started {
+    /// Records what the request told of itself on a span as it opens, so
+    /// every line logged inside it shows the session and the revision.
+    pub(crate) fn note(&self, span: &Span) {
+        if let Some(session) = &self.session {
+            span.record("mcp.session.id", tracing::field::display(session));
+        }
+        if let Some(protocol) = &self.protocol {
+            span.record("mcp.protocol.version", &**protocol);
+        }
+    }
 }
 
 /// The spans of a POST in flight; they close when this is dropped.
@@ -117,6 +132,7 @@ impl OpenSpan {
             if let Some(client) = &self.started.client {
                 let _ = sibling.set_parent(client.clone());
             }
+            self.started.note(&sibling);
             self.siblings.push(sibling);
         }
         self.exchange = exchange;
@@ -138,14 +154,12 @@ impl OpenSpan {
             if let Some(status) = self.status {
                 span.record("http.response.status_code", i64::from(status.as_u16()));
             }
-            if let Some(session) = &self.started.session {
-                span.record("mcp.session.id", session.as_str());
-            }
-            if let Some(protocol) = &self.started.protocol {
-                span.record("mcp.protocol.version", &**protocol);
-            }
         };
         let handled = self.exchange.take().unwrap_or_default();
+        // The first message was described when the guard decided on it: a
+        // field recorded twice shows twice in a log line and may be
+        // exported twice.
+        let told = handled.told();
         if handled.is_empty() {
             common(&self.span);
             self.span.record("http.request.method", "POST");
@@ -154,13 +168,15 @@ impl OpenSpan {
             return;
         }
         let spans = std::iter::once(&self.span).chain(&self.siblings);
-        for (span, handled) in spans.zip(handled.iter()) {
+        for (index, (span, handled)) in spans.zip(handled.iter()).enumerate() {
             common(span);
             let refused = matches!(
                 handled.decision(),
                 GuardDecision::Rejected | GuardDecision::Refused
             );
-            describe(span, handled);
+            if index > 0 || !told {
+                describe(span, handled);
+            }
             error(
                 span,
                 if refused {
@@ -191,8 +207,10 @@ fn error(span: &Span, error: Option<&'static str>) {
 }
 
 /// A message's span name and its own attributes (MCP semantic
-/// conventions, plus the guard's decision and server-side id).
-fn describe(span: &Span, handled: &Handled) {
+/// conventions, plus the guard's decision and server-side id): when the
+/// guard decides on the first message (it is handed this function), and
+/// for the others as the span closes.
+pub(crate) fn describe(span: &Span, handled: &Handled) {
     let method = handled.method();
     span.record("mcp.method.name", method.as_str());
     span.record("mcp_id_guard.decision", handled.decision().as_str());

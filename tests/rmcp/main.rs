@@ -8,6 +8,8 @@ mod support;
 
 mod full_stack;
 #[cfg(feature = "otel")]
+mod otel_stack;
+#[cfg(feature = "otel")]
 mod otel_tree;
 mod protocol_rmcp;
 mod real_rmcp;

@@ -26,6 +26,7 @@ use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use serde_json::json;
 use tokio::sync::{mpsc, Notify};
 use tower::ServiceBuilder;
+use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 
@@ -33,8 +34,8 @@ use crate::support::client::Session;
 use crate::support::{OK_TIMEOUT, WAIT_TIMEOUT};
 
 /// The client's span: the parent the guard must continue.
-const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+pub(crate) const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+pub(crate) const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 struct WorkArgs {
@@ -45,7 +46,7 @@ struct WorkArgs {
 /// A tool that opens its own span under the `traceparent` it received, as
 /// an instrumented handler does.
 #[derive(Clone)]
-struct Traced {
+pub(crate) struct Traced {
     tool_router: ToolRouter<Self>,
     started: mpsc::UnboundedSender<String>,
     gate: Arc<Notify>,
@@ -62,12 +63,17 @@ impl Traced {
         // The one line the docs give a tool (`trace::parent_context`).
         let span = tracing::info_span!("tool work", sentinel = %args.sentinel);
         let _ = span.set_parent(mcp_id_guard::trace::parent_context(&parts));
-        let _entered = span.enter();
-        let _ = self.started.send(args.sentinel.clone());
-        if args.sentinel == "held" {
-            self.gate.notified().await;
+        // Instrumented, not entered across the wait: an entered span would
+        // stay current for whatever else this thread runs meanwhile.
+        async {
+            let _ = self.started.send(args.sentinel.clone());
+            if args.sentinel == "held" {
+                self.gate.notified().await;
+            }
+            format!("DONE:{}", args.sentinel)
         }
-        format!("DONE:{}", args.sentinel)
+        .instrument(span)
+        .await
     }
 }
 
@@ -92,8 +98,13 @@ impl Drop for App {
     }
 }
 
-/// The axum app: `McpTraceLayer` (or none), the guard, rmcp.
-async fn app(traced: bool) -> anyhow::Result<App> {
+/// The traced rmcp service, with the channel its tool reports starts on and
+/// the gate a `held` call waits for.
+pub(crate) fn traced_mcp() -> (
+    StreamableHttpService<Traced, LocalSessionManager>,
+    mpsc::UnboundedReceiver<String>,
+    Arc<Notify>,
+) {
     let (started_tx, started) = mpsc::unbounded_channel();
     let gate = Arc::new(Notify::new());
     let handler = Traced {
@@ -106,6 +117,12 @@ async fn app(traced: bool) -> anyhow::Result<App> {
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default().with_sse_keep_alive(None),
     );
+    (mcp, started, gate)
+}
+
+/// The axum app: `McpTraceLayer` (or none), the guard, rmcp.
+async fn app(traced: bool) -> anyhow::Result<App> {
+    let (mcp, started, gate) = traced_mcp();
     let trace = if traced {
         McpTraceLayer::new()
     } else {
@@ -116,11 +133,7 @@ async fn app(traced: bool) -> anyhow::Result<App> {
         .layer(IdGuardLayer::new())
         .service(mcp);
     let router = axum::Router::new().route_service("/mcp", stack);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/mcp", listener.local_addr()?);
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
+    let (url, task) = serve(router).await?;
     Ok(App {
         url,
         started,
@@ -129,13 +142,25 @@ async fn app(traced: bool) -> anyhow::Result<App> {
     })
 }
 
+/// Serves `router` on a loopback port: its `/mcp` URL and the server task.
+pub(crate) async fn serve(
+    router: axum::Router,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((url, task))
+}
+
 fn call(id: u64, sentinel: &str) -> serde_json::Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
            "params": {"name": "work", "arguments": {"sentinel": sentinel}}})
 }
 
 /// Sends a `tools/call` under the client's span; the whole answer.
-async fn send(session: &Session, id: u64, sentinel: &str, client_span: &str) -> String {
+pub(crate) async fn send(session: &Session, id: u64, sentinel: &str, client_span: &str) -> String {
     let request = session
         .post_json(call(id, sentinel))
         .header("traceparent", format!("00-{CLIENT_TRACE}-{client_span}-01"));
@@ -146,7 +171,7 @@ async fn send(session: &Session, id: u64, sentinel: &str, client_span: &str) -> 
         .expect("an answer")
 }
 
-fn attribute(span: &SpanData, key: &str) -> Option<String> {
+pub(crate) fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
         .iter()
         .find(|kv| kv.key.as_str() == key)
@@ -158,7 +183,7 @@ fn attribute(span: &SpanData, key: &str) -> Option<String> {
 
 /// The finished spans once `done` holds of them (spans end as the server
 /// drops the response bodies, just after the client read them).
-async fn spans_when(
+pub(crate) async fn spans_when(
     exporter: &InMemorySpanExporter,
     done: impl Fn(&[SpanData]) -> bool,
 ) -> Vec<SpanData> {
@@ -172,7 +197,7 @@ async fn spans_when(
     }
 }
 
-fn named<'a>(spans: &'a [SpanData], name: &str, sentinel: &str) -> Vec<&'a SpanData> {
+pub(crate) fn named<'a>(spans: &'a [SpanData], name: &str, sentinel: &str) -> Vec<&'a SpanData> {
     spans
         .iter()
         .filter(|span| span.name == name)

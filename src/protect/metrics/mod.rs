@@ -64,7 +64,9 @@
 //! The histogram times each message to its POST's response headers: for an
 //! answer streamed as server-sent events, that is when the stream opened.
 //!
-//! Put the layer outermost, so that it sees what every other layer answers:
+//! Put the layer outermost, so that it sees what every other layer answers;
+//! with traces, the tracing layers come next (the recommended order is in
+//! [`crate::trace`]):
 //!
 //! ```
 //! use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
