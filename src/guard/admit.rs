@@ -129,14 +129,16 @@ const DECISIONS: &str = "mcp_id_guard::decision";
 /// ([`WantsRequestIds`]), and, when enabled, one `DEBUG` event per message
 /// says what the guard did.
 pub(crate) fn admit<B>(
-    pending: PendingForward,
+    mut pending: PendingForward,
     headers: &RequestHeaders,
     config: &Config,
     table: &Arc<Table>,
     exchange: &mut Exchange,
     record: bool,
 ) -> Admission<B> {
-    let told = pending.parts.extensions.get::<WantsRequestIds>().cloned();
+    // Taken out: the handle on the span is for the guard, and a server that
+    // kept the request's extensions would keep the span open.
+    let told = pending.parts.extensions.remove::<WantsRequestIds>();
     let logged = tracing::enabled!(target: DECISIONS, tracing::Level::DEBUG);
     let ids = logged || told.is_some();
     let admission = judge(

@@ -9,7 +9,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use crate::guard::body::{RequestBody, ResponseBody, Restoring};
-use crate::guard::exchange::{Exchange, GuardDecision, WantsExchange};
+use crate::guard::exchange::{Exchange, GuardDecision, WantsExchange, WantsRequestIds};
 use crate::guard::future::ResponseFuture;
 use crate::guard::layer::IdGuardLayer;
 use crate::table::config::Config;
@@ -133,7 +133,14 @@ impl<S> IdGuard<S> {
     where
         S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     {
-        match head(&mut request, &self.config, &self.table, record) {
+        let decided = head(&mut request, &self.config, &self.table, record);
+        if record && matches!(decided, Head::Untouched { .. } | Head::Stream(_)) {
+            // The trace layer's handle on its span is for the guard: a
+            // server that kept the request's extensions (rmcp hands them to
+            // its tools) would keep the span open.
+            request.extensions_mut().remove::<WantsRequestIds>();
+        }
+        match decided {
             Head::Untouched { exchange } => self.untouched(request, exchange, record),
             Head::Answer { response, exchange } => {
                 ResponseFuture::answered(response, exchange, record)

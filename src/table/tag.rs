@@ -26,7 +26,8 @@ pub(super) fn hasher() -> &'static RandomState {
 pub(crate) struct SessionTag(u64);
 
 impl SessionTag {
-    /// The tag of a session id.
+    /// The tag of a session id (the trace layer has the id, not its hash).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn of(session: &[u8]) -> Self {
         Self(hasher().hash_one(session))
     }

@@ -129,3 +129,53 @@ where
         TraceFuture::new(self.inner.call(request), Some(span))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tower::{Service as _, ServiceBuilder, ServiceExt as _};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+    use crate::IdGuardLayer;
+
+    /// The trace layer's handle on its span never reaches the server, read
+    /// or not: a server that kept it would keep the span open.
+    #[tokio::test]
+    async fn the_span_handle_stays_with_the_guard() {
+        let subscriber = tracing_subscriber::registry().with(tracing_subscriber::fmt::layer());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let inner = {
+            let seen = Arc::clone(&seen);
+            tower::service_fn(move |request: Request<_>| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let leaked = request.extensions().get::<WantsRequestIds>().is_some();
+                    seen.lock().expect("not poisoned").push(leaked);
+                    Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+                }
+            })
+        };
+        let mut service = ServiceBuilder::new()
+            .layer(crate::trace::McpTraceLayer::new())
+            .layer(IdGuardLayer::new())
+            .service(inner);
+        let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+        for session in [Some("s"), None] {
+            let mut request = Request::post("/mcp").header("content-type", "application/json");
+            if let Some(session) = session {
+                request = request.header("mcp-session-id", session);
+            }
+            let request = request
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    call.as_bytes(),
+                )))
+                .expect("a request");
+            let ready = service.ready().await.expect("ready");
+            let _ = ready.call(request).await.expect("answered");
+        }
+        assert_eq!(*seen.lock().expect("not poisoned"), [false, false]);
+    }
+}
