@@ -92,10 +92,9 @@ impl Core {
             layer = layer.max_table_bytes(limit);
         }
         // What the bodies being read may hold at once (uvicorn and hypercorn
-        // bound none): by default the proxy's 64 MiB, half of it per client
-        // address.
-        let limit = max_body_memory.unwrap_or(64 * 1024 * 1024);
-        let share = max_body_memory_per_client.unwrap_or(limit / 2);
+        // bound none): by default what the proxy holds.
+        let limit = max_body_memory.unwrap_or(BodyBudget::DEFAULT_MAX_BYTES);
+        let share = max_body_memory_per_client.unwrap_or(BodyBudget::default_share(limit));
         let core = GuardCore::new(&layer).with_budget(BodyBudget::new(limit).per_client(share));
         Ok(Self { core })
     }

@@ -181,7 +181,7 @@ pub(crate) struct Args {
     #[arg(
         long,
         env = "MCP_ID_GUARD_MAX_BODY_MEMORY_BYTES",
-        default_value_t = 64 * 1024 * 1024
+        default_value_t = mcp_id_guard::protect::buffer::BodyBudget::DEFAULT_MAX_BYTES
     )]
     pub(crate) max_body_memory_bytes: usize,
 

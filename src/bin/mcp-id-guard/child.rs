@@ -43,7 +43,7 @@ const MAX_POLL_PAUSE: Duration = Duration::from_millis(200);
 /// The running upstream command (killed if dropped).
 pub(crate) struct Upstream {
     child: Child,
-    /// The command line, for log lines.
+    /// The command as log lines name it (see [`show`]).
     command: String,
 }
 
@@ -153,7 +153,7 @@ impl Upstream {
         }
     }
 
-    /// The command line, for log lines.
+    /// The command as log lines name it (see [`show`]).
     pub(crate) fn command(&self) -> &str {
         &self.command
     }
@@ -232,22 +232,25 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     1
 }
 
-/// The command line as one string: arguments with white space or quotes in
-/// Rust's quoting.
+/// The command as log lines name it: the program, and how many arguments it
+/// has. Arguments may carry secrets (`--api-key ...`), and log lines go
+/// wherever the operator's logs go.
 fn show(command: &[String]) -> String {
-    command
-        .iter()
-        .map(|argument| {
-            if argument.is_empty()
-                || argument.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'')
-            {
-                format!("{argument:?}")
-            } else {
-                argument.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    let Some((program, arguments)) = command.split_first() else {
+        return String::new();
+    };
+    let program = if program.is_empty()
+        || program.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+    {
+        format!("{program:?}")
+    } else {
+        program.clone()
+    };
+    match arguments.len() {
+        0 => program,
+        1 => format!("{program} (1 argument)"),
+        count => format!("{program} ({count} arguments)"),
+    }
 }
 
 #[cfg(test)]
@@ -256,8 +259,10 @@ mod tests {
 
     #[test]
     fn command_lines() {
-        let command = ["node", "server.js", "a b", ""].map(String::from);
-        assert_eq!(show(&command), r#"node server.js "a b" """#);
+        let command = ["node", "server.js", "--api-key", "secret"].map(String::from);
+        assert_eq!(show(&command), "node (3 arguments)");
+        assert_eq!(show(&["my server".to_owned()]), r#""my server""#);
+        assert_eq!(show(&["a".to_owned(), "b".to_owned()]), "a (1 argument)");
     }
 
     #[cfg(unix)]

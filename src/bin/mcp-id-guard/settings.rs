@@ -149,7 +149,7 @@ impl Args {
     /// `--max-body-memory-per-client`, half the budget by default.
     pub(crate) fn max_body_memory_per_client(&self) -> usize {
         self.max_body_memory_per_client
-            .unwrap_or(self.max_body_memory_bytes / 2)
+            .unwrap_or(BodyBudget::default_share(self.max_body_memory_bytes))
     }
 
     /// The request head limit (none when `--max-header-bytes 0`: hyper's

@@ -121,6 +121,24 @@ pub struct BodyBudget {
 }
 
 impl BodyBudget {
+    /// The budget the `mcp-id-guard` binary and the Python middleware hold
+    /// by default: 64 MiB.
+    pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+    /// The share of one client address they allow by default: half the
+    /// budget, so that one address alone cannot hold it all and two can
+    /// (behind a TLS terminator every client has the terminator's address).
+    ///
+    /// ```
+    /// use mcp_id_guard::protect::buffer::BodyBudget;
+    ///
+    /// let share = BodyBudget::default_share(BodyBudget::DEFAULT_MAX_BYTES);
+    /// assert_eq!(share, 32 * 1024 * 1024);
+    /// ```
+    pub const fn default_share(max_bytes: usize) -> usize {
+        max_bytes / 2
+    }
+
     /// A budget of `max_bytes`, an eighth of it kept for bodies of at most
     /// 64 KiB; no share per client address.
     pub fn new(max_bytes: usize) -> Self {
