@@ -160,14 +160,28 @@ pub(crate) fn admit<B>(
     admission
 }
 
-/// One `DEBUG` event per message of the read POST.
+/// The most decision events one POST writes: a batch is the client's to
+/// size, up to the body limit, and the lines go to the operator's disk.
+const MAX_DECISION_EVENTS: usize = 16;
+
+/// One `DEBUG` event per message of the read POST, the first
+/// [`MAX_DECISION_EVENTS`] of a batch and a count of the rest.
 fn log_decisions(exchange: &Exchange, headers: &RequestHeaders, table: &Table) {
     // `display` is in scope inside tracing's macros.
     let session = headers
         .session
         .as_ref()
         .map(|session| table.session_tag(session.as_bytes()));
-    for handled in exchange {
+    let more = exchange.len().saturating_sub(MAX_DECISION_EVENTS);
+    if more > 0 {
+        tracing::debug!(
+            target: DECISIONS,
+            session = session.map(display),
+            "a batch of {} messages: the decisions on the first {MAX_DECISION_EVENTS} follow",
+            exchange.len()
+        );
+    }
+    for handled in exchange.iter().take(MAX_DECISION_EVENTS) {
         tracing::debug!(
             target: DECISIONS,
             method = handled.method().as_str(),
