@@ -60,7 +60,11 @@
 //!
 //! A POST the guard does not read (no session yet, as an `initialize`; or
 //! revision 2026-07-28) counts once as `passed`, under the method its
-//! `Mcp-Method` header names (revision 2026-07-28 sends one), else `other`.
+//! `Mcp-Method` header names (revision 2026-07-28 sends one); else as
+//! `initialize` when its answer starts a session (a success carrying
+//! `Mcp-Session-Id`, which only an `initialize` answer does), else `other`
+//! (a stateless server's `initialize` among them: its answer starts no
+//! session, and the guard does not read the body).
 //! The histogram times each message to its POST's response headers: for an
 //! answer streamed as server-sent events, that is when the stream opened.
 //!
