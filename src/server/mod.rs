@@ -321,7 +321,10 @@ impl ServerBuilder {
     /// Records connections closed for a budget, HTTP/2 streams reset by the
     /// client, open connections and the requests refused on closing
     /// connections into `metrics`.
+    /// [`Metrics::register`] writes these families once a server records
+    /// into the metrics.
     pub fn metrics(mut self, metrics: Metrics) -> Self {
+        metrics.record_connections();
         self.metrics = Some(metrics);
         self
     }
