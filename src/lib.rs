@@ -320,11 +320,11 @@
 //! # Feature flags
 //! | feature | what it adds |
 //! |---|---|
-//! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware |
+//! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware; the network protections ([`protect`]); Prometheus metrics ([`protect::metrics`], through `prometheus-client`: no feature needed) |
 //! | `proxy` | [`proxy::Proxy`]: a forwarding service to put the guard in front of an upstream MCP server in any language (hyper client) |
 //! | `server` | [`server::Server`]: the connection-level protections (head, keep-alive and send timeouts, request and reset budgets per connection, connection cap, graceful shutdown) around any tower service |
 //! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy` and `server`) |
-//! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
+//! | `metrics` | [`Stats::record`]: publish the guard's counters and gauges through the [`metrics`](https://docs.rs/metrics) facade crate, to the exporter your application installed. Not for Prometheus, which needs no feature ([`protect::metrics`]) |
 //! | `otel` | [`trace`]: OpenTelemetry traces through `tracing`, one span per JSON-RPC message, W3C `traceparent` continued and propagated (enabled by `cli`) |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
