@@ -22,6 +22,8 @@
 //! tower = "0.5"
 //! serde = { version = "1", features = ["derive"] }
 //! schemars = "1"
+//! # The recommended stack of "Where to put other layers" (0.6 works too):
+//! tower-http = { version = "0.7", features = ["trace", "timeout", "cors", "compression-gzip"] }
 //! ```
 //!
 //! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
@@ -409,6 +411,26 @@ mod tests {
         assert!(
             readme.contains(&format!("```rust,ignore\n{example}```")),
             "README.md's quick start differs from examples/quickstart.rs"
+        );
+    }
+
+    /// README's placement snippet ("Where to put other layers") is the part
+    /// of `examples/full_stack.rs` between its markers, imports included,
+    /// so what the README shows is what CI compiles and
+    /// `tests/rmcp/full_stack.rs` runs.
+    #[test]
+    fn readme_placement_snippet_is_the_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/full_stack.rs");
+        let start = "// layers\"); src/lib.rs's tests check that it is this text.\n";
+        let end = "// README.md's copy ends here.\n";
+        let from = example.find(start).expect("start marker") + start.len();
+        let to = example.find(end).expect("end marker");
+        let snippet = &example[from..to];
+        assert!(snippet.contains("use tower_http::compression::predicate::"));
+        assert!(
+            readme.contains(&format!("```rust,ignore\n{snippet}```")),
+            "README.md's placement snippet differs from examples/full_stack.rs"
         );
     }
 }
