@@ -297,8 +297,12 @@
 //!   plain-text `413` (`length limit exceeded`) before the guard reads it,
 //!   while a chunked body over it fails the guard's read: `400`, `-32600`,
 //!   `id: null`. Inside the guard, a `Content-Length` body gets the same
-//!   plain-text `413` (the guard forwards the length), and a chunked one fails
-//!   rmcp's own read: a bare `500`. Both leave the id abandoned.
+//!   plain-text `413` (the guard forwards the length), and so does a chunked
+//!   one the guard remapped (a rewritten body goes on with a
+//!   `Content-Length`); a chunked one passed with its own id fails rmcp's
+//!   own read: `500` with the text `Failed to read request body: length
+//!   limit exceeded` (no `Content-Type`, no JSON-RPC error). Each leaves the
+//!   id abandoned.
 //! - **Compression goes outside the guard, told to compress SSE.** The guard
 //!   restores ids in the server's uncompressed bytes and drops
 //!   `Accept-Encoding` on every request whose response it reads, so a
