@@ -323,6 +323,17 @@
 //!   [`guard::GuardResponseBody`] implement `Default`, which `TimeoutLayer` and
 //!   `CorsLayer` outside them need.
 //!
+//! # Testing
+//! The guard is a `tower::Service`: drive it with `ServiceExt::oneshot`, or
+//! put a `tower-test` mock inside it. It reads a tracked POST's body in its
+//! response future, so the inner service is called only once that future
+//! is polled; [`inner`](inner#testing-with-tower-test) shows a whole test,
+//! with the mock's request type [`inner::InnerRequest`].
+//! [`IdGuardLayer::stats`] says what it did, and
+//! [`inner::ServerSideId::parse`] tells a remapped id apart where the
+//! server sees it. A running server, bare or guarded, is checked over HTTP
+//! by `mcp-id-guard probe URL` (the binary, feature `cli`).
+//!
 //! # Feature flags
 //! | feature | what it adds |
 //! |---|---|
