@@ -108,10 +108,8 @@ impl Terminator {
     async fn start(guard: &Guard) -> anyhow::Result<Self> {
         let generated = rcgen::generate_simple_self_signed(vec![PUBLIC_HOST.to_owned()])?;
         let port = free_port()?;
-        let stem = std::env::temp_dir().join(format!(
-            "mcp-id-guard-public-{}-{port}",
-            std::process::id()
-        ));
+        let stem =
+            std::env::temp_dir().join(format!("mcp-id-guard-public-{}-{port}", std::process::id()));
         let pem = stem.with_extension("pem");
         let config_path = stem.with_extension("cfg");
         std::fs::write(
@@ -121,9 +119,15 @@ impl Terminator {
         // The recipe's line, with the source address that tells the
         // terminator apart from the client on loopback.
         let server_line = r#"server guard "${GUARD_ADDR}""#;
-        assert!(TEMPLATE.contains(server_line), "no `{server_line}` in the recipe");
+        assert!(
+            TEMPLATE.contains(server_line),
+            "no `{server_line}` in the recipe"
+        );
         let config = TEMPLATE
-            .replace(server_line, &format!("{server_line} source {TERMINATOR_IP}"))
+            .replace(
+                server_line,
+                &format!("{server_line} source {TERMINATOR_IP}"),
+            )
             .replace("${PUBLIC_BIND}", &format!("127.0.0.1:{port}"))
             .replace("${CERT_PEM}", &pem.display().to_string())
             .replace("${GUARD_ADDR}", &guard.addr);
@@ -148,7 +152,10 @@ impl Terminator {
         // HAProxy says nothing when it is ready; it is once it accepts.
         let deadline = tokio::time::Instant::now() + OK_TIMEOUT;
         loop {
-            if tokio::net::TcpStream::connect(terminator.addr).await.is_ok() {
+            if tokio::net::TcpStream::connect(terminator.addr)
+                .await
+                .is_ok()
+            {
                 return Ok(terminator);
             }
             if let Some(status) = terminator.child.try_wait()? {
