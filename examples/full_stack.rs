@@ -1,4 +1,4 @@
-//! The stack a real axum 0.8 + rmcp 3.11 + tower-http 0.6 application runs,
+//! The stack a real axum 0.8 + rmcp 3.11 + tower-http 0.6 or 0.7 application runs,
 //! in the order the crate docs recommend ("Where to put other layers"), with
 //! an rmcp server whose one tool is slow.
 //!
@@ -28,23 +28,70 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{header, HeaderName, HeaderValue, Method, StatusCode};
-use mcp_id_guard::protect::head::HeadLimitLayer;
-use mcp_id_guard::protect::host::HostPolicy;
-use mcp_id_guard::protect::ProtectLayer;
-use mcp_id_guard::IdGuardLayer;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+
+// README.md shows from the next line to the end marker ("Where to put other
+// layers"); src/lib.rs's tests check that it is this text.
+use http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use mcp_id_guard::protect::head::HeadLimitLayer;
+use mcp_id_guard::protect::host::HostPolicy;
+use mcp_id_guard::protect::ProtectLayer;
+use mcp_id_guard::IdGuardLayer;
 use tower::ServiceBuilder;
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::timeout::{ResponseBodyTimeoutLayer, TimeoutLayer};
 use tower_http::trace::TraceLayer;
+
+/// The browser origin allowed by CORS (the MCP Inspector's default), one
+/// that `HostPolicy::loopback()` allows too: CORS cannot widen what
+/// `HostLayer` refuses.
+pub const BROWSER_ORIGIN: &str = "http://localhost:6274";
+
+/// The whole application: the MCP service at `/mcp` behind the stack.
+pub fn app(guard: IdGuardLayer, timeouts: Timeouts) -> axum::Router {
+    // tower-http's default predicate skips `text/event-stream`, which is
+    // every answer rmcp gives in a session: without this, compression
+    // compresses nothing.
+    let compress_sse_too = SizeAbove::default()
+        .and(NotForContentType::GRPC)
+        .and(NotForContentType::IMAGES);
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::exact(HeaderValue::from_static(BROWSER_ORIGIN)))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            HeaderName::from_static("mcp-session-id"),
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .expose_headers([HeaderName::from_static("mcp-session-id")]);
+
+    let stack = ServiceBuilder::new()
+        .layer(TraceLayer::new_for_http())
+        .layer(ResponseBodyTimeoutLayer::new(timeouts.response_body_idle))
+        .layer(CompressionLayer::new().compress_when(compress_sse_too))
+        .layer(cors)
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            timeouts.response_head,
+        ))
+        // 431 over 16 KiB of head, 421 / 403 for DNS rebinding, 408 for a
+        // body that pauses 30 s or sends < 240 B/s after 5 s: in this order.
+        .layer(ProtectLayer::new(HostPolicy::loopback()).head_limit(HeadLimitLayer::new(16 * 1024)))
+        .layer(guard);
+    axum::Router::new()
+        .nest_service("/mcp", mcp_service(timeouts))
+        .layer(stack)
+}
+// README.md's copy ends here.
 
 /// Arguments of the `slow_echo` tool.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -104,11 +151,6 @@ impl Timeouts {
     };
 }
 
-/// The browser origin allowed by CORS (the MCP Inspector's default), one
-/// that `HostPolicy::loopback()` allows too: CORS cannot widen what
-/// `HostLayer` refuses.
-pub const BROWSER_ORIGIN: &str = "http://localhost:6274";
-
 /// The rmcp MCP service: stateful streamable HTTP, which routes responses
 /// by request id alone (the bug the guard fixes).
 pub fn mcp_service(timeouts: Timeouts) -> StreamableHttpService<SlowServer, LocalSessionManager> {
@@ -121,44 +163,6 @@ pub fn mcp_service(timeouts: Timeouts) -> StreamableHttpService<SlowServer, Loca
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default().with_sse_keep_alive(timeouts.sse_keep_alive),
     )
-}
-
-/// The whole application: the MCP service at `/mcp` behind the stack.
-pub fn app(guard: IdGuardLayer, timeouts: Timeouts) -> axum::Router {
-    // tower-http's default predicate skips `text/event-stream`, which is
-    // every answer rmcp gives in a session: without this, compression
-    // compresses nothing.
-    let compress_sse_too = SizeAbove::default()
-        .and(NotForContentType::GRPC)
-        .and(NotForContentType::IMAGES);
-    let cors = CorsLayer::new()
-        .allow_origin(AllowOrigin::exact(HeaderValue::from_static(BROWSER_ORIGIN)))
-        .allow_methods([Method::GET, Method::POST, Method::DELETE])
-        .allow_headers([
-            header::CONTENT_TYPE,
-            header::AUTHORIZATION,
-            HeaderName::from_static("mcp-session-id"),
-            HeaderName::from_static("mcp-protocol-version"),
-            HeaderName::from_static("last-event-id"),
-        ])
-        .expose_headers([HeaderName::from_static("mcp-session-id")]);
-
-    let stack = ServiceBuilder::new()
-        .layer(TraceLayer::new_for_http())
-        .layer(ResponseBodyTimeoutLayer::new(timeouts.response_body_idle))
-        .layer(CompressionLayer::new().compress_when(compress_sse_too))
-        .layer(cors)
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            timeouts.response_head,
-        ))
-        // 431 over 16 KiB of head, 421 / 403 for DNS rebinding, 408 for a
-        // body that pauses 30 s or sends < 240 B/s after 5 s: in this order.
-        .layer(ProtectLayer::new(HostPolicy::loopback()).head_limit(HeadLimitLayer::new(16 * 1024)))
-        .layer(guard);
-    axum::Router::new()
-        .nest_service("/mcp", mcp_service(timeouts))
-        .layer(stack)
 }
 
 #[tokio::main]

@@ -10,7 +10,8 @@
 # and, with a FastMCP server that closes request streams for polling
 # (SEP-1699), that a request's id is not given to another request while the
 # server still runs it (see polling.py); and that `mcp-id-guard probe` finds
-# the bug in the FastMCP server alone and nothing behind the proxy (probe.py).
+# the bug in the FastMCP server alone and nothing behind the proxy, printing
+# what README.md's probe sample shows (probe.py).
 #
 # One release build of the binary serves both: the npm packages carry the
 # binary taken out of the wheel. Loopback traffic only; every step is bounded.
@@ -149,8 +150,8 @@ step "pip: the same polled-id trials with IdGuard in the FastMCP server's proces
 bounded 300 "$work/venv/bin/python" "$repo/packaging/polling.py" --in-process --label pip-polling-in-process \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_polling_server.py"
 
-step "pip: mcp-id-guard probe finds the bug in the FastMCP server alone, and nothing behind the installed mcp-id-guard"
-bounded 300 "$work/venv/bin/python" "$repo/packaging/probe.py" --label pip-probe --guard "$installed" \
+step "pip: mcp-id-guard probe finds the bug in the FastMCP server alone, and nothing behind the installed mcp-id-guard; README.md's probe sample is what it prints"
+bounded 300 "$work/venv/bin/python" "$repo/packaging/probe.py" --label pip-probe --guard "$installed" --readme "$repo/README.md" \
     -- "$work/venv/bin/python" "$repo/packaging/python/fastmcp_echo_server.py"
 
 step "npm: stage and pack the launcher package and this platform's binary package (binary from the wheel)"

@@ -22,6 +22,8 @@
 //! tower = "0.5"
 //! serde = { version = "1", features = ["derive"] }
 //! schemars = "1"
+//! # The recommended stack of "Where to put other layers" (0.6 works too):
+//! tower-http = { version = "0.7", features = ["trace", "timeout", "cors", "compression-gzip"] }
 //! ```
 //!
 //! Put [`IdGuardLayer`] outside the MCP service, so it sees every POST of a
@@ -295,8 +297,12 @@
 //!   plain-text `413` (`length limit exceeded`) before the guard reads it,
 //!   while a chunked body over it fails the guard's read: `400`, `-32600`,
 //!   `id: null`. Inside the guard, a `Content-Length` body gets the same
-//!   plain-text `413` (the guard forwards the length), and a chunked one fails
-//!   rmcp's own read: a bare `500`. Both leave the id abandoned.
+//!   plain-text `413` (the guard forwards the length), and so does a chunked
+//!   one the guard remapped (a rewritten body goes on with a
+//!   `Content-Length`); a chunked one passed with its own id fails rmcp's
+//!   own read: `500` with the text `Failed to read request body: length
+//!   limit exceeded` (no `Content-Type`, no JSON-RPC error). Each leaves the
+//!   id abandoned.
 //! - **Compression goes outside the guard, told to compress SSE.** The guard
 //!   restores ids in the server's uncompressed bytes and drops
 //!   `Accept-Encoding` on every request whose response it reads, so a
@@ -317,14 +323,25 @@
 //!   [`guard::GuardResponseBody`] implement `Default`, which `TimeoutLayer` and
 //!   `CorsLayer` outside them need.
 //!
+//! # Testing
+//! The guard is a `tower::Service`: drive it with `ServiceExt::oneshot`, or
+//! put a `tower-test` mock inside it. It reads a tracked POST's body in its
+//! response future, so the inner service is called only once that future
+//! is polled; [`inner`](inner#testing-with-tower-test) shows a whole test,
+//! with the mock's request type [`inner::InnerRequest`].
+//! [`IdGuardLayer::stats`] says what it did, and
+//! [`inner::ServerSideId::parse`] tells a remapped id apart where the
+//! server sees it. A running server, bare or guarded, is checked over HTTP
+//! by `mcp-id-guard probe URL` (the binary, feature `cli`).
+//!
 //! # Feature flags
 //! | feature | what it adds |
 //! |---|---|
-//! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware |
+//! | *(none)* | [`IdGuardLayer`] and [`IdGuard`]: the Tower middleware; the network protections ([`protect`]); Prometheus metrics ([`protect::metrics`], through `prometheus-client`: no feature needed) |
 //! | `proxy` | [`proxy::Proxy`]: a forwarding service to put the guard in front of an upstream MCP server in any language (hyper client) |
 //! | `server` | [`server::Server`]: the connection-level protections (head, keep-alive and send timeouts, request and reset budgets per connection, connection cap, graceful shutdown) around any tower service |
 //! | `cli` | the `mcp-id-guard` reverse-proxy binary (implies `proxy` and `server`) |
-//! | `metrics` | [`Stats::record`]: publish the counters and gauges through the `metrics` facade |
+//! | `metrics` | [`Stats::record`]: publish the guard's counters and gauges through the [`metrics`](https://docs.rs/metrics) facade crate, to the exporter your application installed. Not for Prometheus, which needs no feature ([`protect::metrics`]) |
 //! | `otel` | [`trace`]: OpenTelemetry traces through `tracing`, one span per JSON-RPC message, W3C `traceparent` continued and propagated (enabled by `cli`) |
 //! | `internals` | building blocks for the crate's own benchmarks and fuzz targets; not public API |
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -409,6 +426,26 @@ mod tests {
         assert!(
             readme.contains(&format!("```rust,ignore\n{example}```")),
             "README.md's quick start differs from examples/quickstart.rs"
+        );
+    }
+
+    /// README's placement snippet ("Where to put other layers") is the part
+    /// of `examples/full_stack.rs` between its markers, imports included,
+    /// so what the README shows is what CI compiles and
+    /// `tests/rmcp/full_stack.rs` runs.
+    #[test]
+    fn readme_placement_snippet_is_the_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/full_stack.rs");
+        let start = "// layers\"); src/lib.rs's tests check that it is this text.\n";
+        let end = "// README.md's copy ends here.\n";
+        let from = example.find(start).expect("start marker") + start.len();
+        let to = example.find(end).expect("end marker");
+        let snippet = &example[from..to];
+        assert!(snippet.contains("use tower_http::compression::predicate::"));
+        assert!(
+            readme.contains(&format!("```rust,ignore\n{snippet}```")),
+            "README.md's placement snippet differs from examples/full_stack.rs"
         );
     }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs HAProxy from the distribution's packages when it is missing, so the
-# replica test (tests/proxy/replicas.rs) has a real load balancer. Quiet and
+# replica tests (tests/proxy/replicas.rs) have a real load balancer and the
+# public-deployment tests (tests/proxy/public.rs) a real TLS terminator. Quiet and
 # instant when `haproxy` is already on PATH. Needs root (CI runs as root).
 set -euo pipefail
 

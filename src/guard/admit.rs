@@ -206,7 +206,7 @@ fn judge<B>(
     wants_ids: bool,
 ) -> Admission<B> {
     let Some(session) = &headers.session else {
-        *exchange = Exchange::one(headers.method, GuardDecision::Passed);
+        *exchange = Exchange::sessionless(headers.method);
         return untracked(pending);
     };
     // Until the body is read, the guard's answer refuses one message of

@@ -204,7 +204,10 @@ pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
 ///
 /// A POST the guard does not read (no session, revision 2026-07-28) counts as
 /// one message, `passed`, whose method is the `Mcp-Method` header's (which
-/// revision 2026-07-28 sends) or `Other`. A POST refused before its body
+/// revision 2026-07-28 sends) or `Other`; one without `Mcp-Session-Id` whose
+/// successful answer carries one is `Initialize` (only an `initialize`
+/// answer starts a session: a stateless server's `initialize`, which starts
+/// none, stays `Other`, as the guard does not read its body). A POST refused before its body
 /// could be read counts as one `Other`, `refused`. `GET` and `DELETE` carry
 /// no `Exchange`.
 ///
@@ -232,6 +235,9 @@ pub struct Exchange {
     /// The first message was told to the trace layer's span when the guard
     /// decided on it ([`WantsRequestIds`]).
     told: bool,
+    /// One message of unknown method in a POST without `Mcp-Session-Id`:
+    /// an answer that starts a session makes it an `initialize`.
+    may_open_session: bool,
 }
 
 impl Exchange {
@@ -245,6 +251,28 @@ impl Exchange {
                 ids: None,
             }],
             told: false,
+            may_open_session: false,
+        }
+    }
+
+    /// One message, `passed`, of a POST without `Mcp-Session-Id` that the
+    /// guard forwards unread: `method` (the `Mcp-Method` header's), or,
+    /// when that names none, [`McpMethod::Initialize`] once the answer
+    /// starts a session ([`opened_session`](Self::opened_session)).
+    pub(crate) fn sessionless(method: McpMethod) -> Self {
+        let mut exchange = Self::one(method, GuardDecision::Passed);
+        exchange.may_open_session = method == McpMethod::Other;
+        exchange
+    }
+
+    /// The answer to the POST started a session (a success carrying
+    /// `Mcp-Session-Id`): a message of a [`sessionless`](Self::sessionless)
+    /// POST whose method was unknown is the `initialize` that opened it.
+    pub(crate) fn opened_session(&mut self) {
+        if std::mem::take(&mut self.may_open_session) {
+            if let [only] = &mut self.handled[..] {
+                only.method = McpMethod::Initialize;
+            }
         }
     }
 
@@ -255,9 +283,12 @@ impl Exchange {
         self.told
     }
 
-    /// Tells `wants`' span of the first message, once.
+    /// Tells `wants`' span of the first message, once: not while its method
+    /// waits for the answer (a [`sessionless`](Self::sessionless) POST), so
+    /// the span is described once, as it closes.
     pub(crate) fn tell(&mut self, wants: &WantsRequestIds) {
-        if let Some(first) = self.handled.first().filter(|_| !self.told) {
+        let ready = !self.told && !self.may_open_session;
+        if let Some(first) = self.handled.first().filter(|_| ready) {
             (wants.describe)(&wants.span, first);
             self.told = true;
         }

@@ -212,6 +212,9 @@ where
                         let (table, config) = &*starts;
                         note_started(&response, table, config);
                     }
+                    if *this.record && opens_session(&response) {
+                        this.exchange.opened_session();
+                    }
                     let response =
                         ResponseBody::wrap(response, registration.take(), restore.take());
                     return Poll::Ready(Ok(with_exchange(response, this.exchange, *this.record)));
@@ -444,6 +447,12 @@ fn with_exchange<B>(
         response.extensions_mut().insert(std::mem::take(exchange));
     }
     response
+}
+
+/// Whether a response starts a session: a success carrying
+/// `Mcp-Session-Id` (to a POST without one, only an `initialize` answer).
+fn opens_session<B>(response: &Response<B>) -> bool {
+    response.status().is_success() && response.headers().contains_key(&MCP_SESSION_ID)
 }
 
 /// Records the session an `initialize`'s successful answer starts.

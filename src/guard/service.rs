@@ -251,11 +251,12 @@ pub(crate) fn head<B>(
         }
         Handling::Untouched => {
             // A POST the guard does not read counts as one message, by
-            // the method its `Mcp-Method` header names (2026-07-28).
-            let exchange = if record && method == Method::POST {
-                Exchange::one(headers.method, GuardDecision::Passed)
-            } else {
-                Exchange::default()
+            // the method its `Mcp-Method` header names (2026-07-28); one
+            // without a session whose answer starts one is `initialize`.
+            let exchange = match () {
+                _ if !record || method != Method::POST => Exchange::default(),
+                _ if headers.session.is_none() => Exchange::sessionless(headers.method),
+                _ => Exchange::one(headers.method, GuardDecision::Passed),
             };
             Head::Untouched { exchange }
         }

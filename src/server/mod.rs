@@ -54,6 +54,30 @@
 //!     .await;
 //! # Ok(()) }
 //! ```
+//!
+//! # Serving an axum application
+//! `axum::serve` takes no hyper settings, so it cannot bound a request head
+//! below hyper's defaults (an HTTP/1.1 read buffer of about 408 KiB, an
+//! HTTP/2 header list of 16 KiB). The same `Router` served by a [`Server`]
+//! gets [`max_header_bytes`](ServerBuilder::max_header_bytes) (HTTP/1.1
+//! `max_buf_size(limit + 8 KiB)`, HTTP/2 `max_header_list_size(limit)`) and
+//! the other connection-level protections:
+//!
+//! ```no_run
+//! use mcp_id_guard::server::Server;
+//!
+//! # #[tokio::main] async fn main() -> std::io::Result<()> {
+//! // The application of the quick start: the MCP service behind its layers.
+//! let app: axum::Router = axum::Router::new();
+//! let server = Server::builder().max_header_bytes(Some(16 * 1024)).build();
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+//! server
+//!     .serve(listener, move |_client| app.clone(), async {
+//!         let _ = tokio::signal::ctrl_c().await;
+//!     })
+//!     .await;
+//! # Ok(()) }
+//! ```
 
 use std::error::Error;
 use std::fmt;
@@ -321,7 +345,10 @@ impl ServerBuilder {
     /// Records connections closed for a budget, HTTP/2 streams reset by the
     /// client, open connections and the requests refused on closing
     /// connections into `metrics`.
+    /// [`Metrics::register`] writes these families once a server records
+    /// into the metrics.
     pub fn metrics(mut self, metrics: Metrics) -> Self {
+        metrics.record_connections();
         self.metrics = Some(metrics);
         self
     }

@@ -16,6 +16,31 @@ use crate::metric_names::{self as names, MetricName};
 /// `in_flight_sessions: 0`, `abandoned_ids: 2`, `table_bytes: 1068`: two
 /// ids kept for [`abandoned_id_ttl`](crate::IdGuardLayer::abandoned_id_ttl)
 /// and the bytes they hold, freed when they expire (not a leak).
+///
+/// Each field is published under the metric of the same name with the
+/// `mcp_id_guard_` prefix (counters with `_total`), by
+/// [`Metrics::register_stats`](crate::protect::metrics::Metrics::register_stats),
+/// the binary's `/metrics` and `Stats::record` (feature `metrics`), except
+/// one: `in_flight_sessions` is the gauge `mcp_id_guard_tracked_sessions`.
+/// Both names stay: the field says what it counts, beside
+/// `in_flight_requests`, and the gauge's name is what dashboards and alerts
+/// already query.
+///
+/// | field | metric |
+/// |---|---|
+/// | `passed_total` | `mcp_id_guard_passed_total` |
+/// | `remapped_total` | `mcp_id_guard_remapped_total` |
+/// | `rejected_total` | `mcp_id_guard_rejected_total` |
+/// | `queued_total` | `mcp_id_guard_queued_total` |
+/// | `cancelled_total` | `mcp_id_guard_cancelled_total` |
+/// | `restored_total` | `mcp_id_guard_restored_total` |
+/// | `restore_refused_total` | `mcp_id_guard_restore_refused_total` |
+/// | `abandoned_evicted_total` | `mcp_id_guard_abandoned_evicted_total` |
+/// | `restart_remapped_total` | `mcp_id_guard_restart_remapped_total` |
+/// | `in_flight_requests` | `mcp_id_guard_in_flight_requests` |
+/// | `in_flight_sessions` | `mcp_id_guard_tracked_sessions` |
+/// | `abandoned_ids` | `mcp_id_guard_abandoned_ids` |
+/// | `table_bytes` | `mcp_id_guard_table_bytes` |
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -24,8 +49,8 @@ pub struct Stats {
     /// Sessions with at least one request in flight. A session
     /// leaves this count with its last request; the ids it abandoned stay in
     /// `abandoned_ids` (and `table_bytes`) until they expire. Published as
-    /// the gauge `mcp_id_guard_tracked_sessions` (the field's former
-    /// name).
+    /// the gauge `mcp_id_guard_tracked_sessions` (the only field whose
+    /// metric has another name; see the table above).
     pub in_flight_sessions: usize,
     /// Ids the server may still answer although their exchange has ended (the
     /// client went away before the response, the inner service failed, or the
@@ -102,6 +127,63 @@ impl Stats {
 
 fn wide(value: usize) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::Stats;
+
+    /// The field-to-metric table of `Stats`' docs names every published
+    /// series, in the exposition's order, and each field's value goes to the
+    /// metric the table names: a field set to its row number reads back
+    /// from that metric.
+    #[test]
+    fn the_docs_table_is_the_published_series() {
+        let docs = include_str!("stats.rs");
+        let rows: Vec<(&str, &str)> = docs
+            .lines()
+            .filter_map(|line| line.strip_prefix("/// | `"))
+            .filter_map(|row| {
+                let (field, rest) = row.split_once("` | `")?;
+                Some((field, rest.strip_suffix("` |")?))
+            })
+            .collect();
+        let stats = Stats {
+            passed_total: 1,
+            remapped_total: 2,
+            rejected_total: 3,
+            queued_total: 4,
+            cancelled_total: 5,
+            restored_total: 6,
+            restore_refused_total: 7,
+            abandoned_evicted_total: 8,
+            restart_remapped_total: 9,
+            in_flight_requests: 10,
+            in_flight_sessions: 11,
+            abandoned_ids: 12,
+            table_bytes: 13,
+        };
+        let published: Vec<(&str, u64)> = stats
+            .series()
+            .iter()
+            .map(|(name, value)| (name.sample, *value))
+            .collect();
+        let documented: Vec<(&str, u64)> = rows
+            .iter()
+            .zip(1..)
+            .map(|((_, metric), row)| (*metric, row))
+            .collect();
+        assert_eq!(published, documented);
+        // And the field of each row is the one set to that row's number.
+        let debug = format!("{stats:?}");
+        for ((field, _), row) in rows.iter().zip(1..) {
+            assert!(
+                debug.contains(&format!("{field}: {row},"))
+                    || debug.contains(&format!("{field}: {row} }}")),
+                "{field} in {debug}"
+            );
+        }
+    }
 }
 
 #[cfg(feature = "metrics")]

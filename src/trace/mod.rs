@@ -63,7 +63,8 @@
 //! inner service is polled inside the span, so what it records in the same
 //! task is the span's child. A POST the guard does not read (no session
 //! yet, as an `initialize`; revision 2026-07-28) gets one span, under the
-//! method its `Mcp-Method` header names, else `other`, with no request id.
+//! method its `Mcp-Method` header names, else `initialize` when its answer
+//! starts a session, else `other`, with no request id.
 //! A POST with no message that has a method (only client responses), or
 //! whose response carries no `Exchange` (no guard inside), gets one span
 //! named `POST`. In a batch the first message's span opens with the

@@ -287,3 +287,72 @@ async fn an_embedder_reads_the_guards_series_from_its_own_registry() {
         assert!(text.contains(expected), "{expected} missing from\n{text}");
     }
 }
+
+/// An `initialize` is labelled `initialize`, though the guard does not read
+/// a POST without a session: its answer starts one (a success carrying
+/// `Mcp-Session-Id`), which only an `initialize` answer does. A session-less
+/// POST whose answer starts none (a stateless server) stays `other`, and so
+/// does a POST in a session whose answer repeats its `Mcp-Session-Id` (some
+/// servers send it on every answer). Also during the restart window, when
+/// the guard reads the `initialize` to learn its session.
+#[tokio::test]
+async fn initialize_is_labelled_initialize() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use std::time::Duration;
+    use tower::{Layer, ServiceExt};
+
+    // Answers with a session id when told to (`x-start: 1`), echoing the
+    // request's own otherwise.
+    let inner = tower::service_fn(|request: http::Request<_>| async move {
+        let mut response = http::Response::new(Full::new(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":0,"result":{}}"#,
+        )));
+        let session = match request.headers().get("x-start") {
+            Some(_) => Some(http::HeaderValue::from_static("started")),
+            None => request.headers().get("mcp-session-id").cloned(),
+        };
+        if let Some(session) = session {
+            response.headers_mut().insert("mcp-session-id", session);
+        }
+        response.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/json"),
+        );
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let post = |session: Option<&str>, starts: bool, body: &'static str| {
+        let mut request = http::Request::post("/mcp").header("content-type", "application/json");
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        if starts {
+            request = request.header("x-start", "1");
+        }
+        request
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    let initialize = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#;
+    for window in [Duration::ZERO, Duration::from_secs(60)] {
+        let metrics = Metrics::new();
+        let guard = IdGuardLayer::new().restart_window(window);
+        let service = MetricsLayer::new(metrics.clone()).layer(guard.layer(inner));
+        for request in [
+            post(None, true, initialize),
+            // A stateless server's `initialize`: no session starts.
+            post(None, false, initialize),
+            // Not JSON-RPC, in a session: passes unread, whatever the
+            // answer repeats.
+            post(Some("s"), false, "plain text"),
+        ] {
+            let response = within(service.clone().oneshot(request)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+        assert_eq!(
+            request_series(&metrics, Some(&guard)),
+            series(&[("initialize", "passed", 1), ("other", "passed", 2)]),
+            "restart window {window:?}"
+        );
+    }
+}

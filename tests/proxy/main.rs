@@ -38,6 +38,10 @@ mod probe;
 // `mcp-id-guard probe` against hostile and unusual servers.
 #[cfg(feature = "cli")]
 mod probe_hostile;
+// The public-deployment recipe: HAProxy terminating TLS in front of the
+// binary running its server.
+#[cfg(all(feature = "cli", unix))]
+mod public;
 // The reference HAProxy deployment: two binaries behind a real balancer.
 #[cfg(feature = "cli")]
 mod replicas;

@@ -2,7 +2,8 @@
 //! move to `prometheus-client` (issue #31): the `# TYPE` lines and every
 //! sample's name and labels after a fixed traffic are compared with
 //! `metrics_series.txt`, taken from the hand-written encoder before the
-//! move, so a dashboard's queries still find what they query.
+//! move, so a dashboard's queries still find what they query. The same
+//! scrape holds every line of README.md's `/metrics` sample.
 
 use std::collections::BTreeSet;
 
@@ -85,6 +86,21 @@ async fn the_binarys_metrics_keep_their_families_and_series() -> anyhow::Result<
             ),
             golden,
         )?;
+    }
+    // README.md's sample of this scrape ("### Metrics"): every line of it,
+    // values included, is in the scrape.
+    let readme = include_str!("../../README.md");
+    let sample = readme
+        .split("```text\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(block, _)| block))
+        .find(|block| block.starts_with("mcp_id_guard_requests_total{"))
+        .expect("README.md's /metrics sample");
+    for line in sample.lines() {
+        assert!(
+            text.lines().any(|scraped| scraped == line),
+            "README.md's /metrics sample line {line:?} is not in the scrape:\n{text}"
+        );
     }
     let before: BTreeSet<String> = include_str!("metrics_series.txt")
         .lines()

@@ -59,6 +59,12 @@ const REQUIRE_HAPROXY: &str = "MCP_ID_GUARD_REQUIRE_HAPROXY";
 /// process's stderr handle directly, past that capture: it shows in plain
 /// `cargo test` output next to the test's `ok`.
 fn skip_without_haproxy(test: &str) -> anyhow::Result<bool> {
+    skip_without_haproxy_for(&format!("replicas::{test}"))
+}
+
+/// [`skip_without_haproxy`] for a test of another module, named in full
+/// (`module::test`).
+pub(crate) fn skip_without_haproxy_for(test: &str) -> anyhow::Result<bool> {
     let status = std::process::Command::new("haproxy")
         .arg("-v")
         .stdin(Stdio::null())
@@ -79,7 +85,7 @@ fn skip_without_haproxy(test: &str) -> anyhow::Result<bool> {
     // Best effort: a skip line that cannot be written changes nothing.
     let _ = writeln!(
         std::io::stderr().lock(),
-        "skipped: replicas::{test} needs HAProxy (install it with deploy/haproxy/install.sh)"
+        "skipped: {test} needs HAProxy (install it with deploy/haproxy/install.sh)"
     );
     Ok(true)
 }

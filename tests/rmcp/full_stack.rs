@@ -440,7 +440,9 @@ async fn a_queued_call_outlived_by_the_head_timeout_gets_an_empty_408() -> anyho
 }
 
 /// Which layer answers a body over tower-http's `RequestBodyLimitLayer`,
-/// outside and inside the guard, sent with `Content-Length` and chunked.
+/// outside and inside the guard, sent with `Content-Length` and chunked;
+/// inside, also a chunked body the guard remaps (it reuses an id a refusal
+/// left abandoned), which goes on rewritten, with a `Content-Length`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
     const LIMIT: usize = 1024;
@@ -451,6 +453,7 @@ async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
     let mut seen = Vec::new();
     for outside in [true, false] {
         let guard = IdGuardLayer::new();
+        let stats = guard.clone();
         let stack = if outside {
             axum::Router::new().nest_service(
                 "/mcp",
@@ -470,9 +473,15 @@ async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
         };
         let served = serve(stack).await?;
         let session = Session::open(&served.url).await?;
-        for chunked in [false, true] {
+        // Inside, the third reuses `1`, abandoned by the first's refusal.
+        let cases: &[(bool, &str)] = if outside {
+            &[(false, "1"), (true, "2")]
+        } else {
+            &[(false, "1"), (true, "2"), (true, "1")]
+        };
+        for &(chunked, id) in cases {
             let request = session.post_json(Value::Null);
-            let big = big(if chunked { "2" } else { "1" });
+            let big = big(id);
             let request = if chunked {
                 let body = big.clone().into_bytes();
                 let chunks = futures::stream::iter(
@@ -493,6 +502,8 @@ async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
                 answer.body,
             ));
         }
+        let expected_remapped = if outside { 0 } else { 1 };
+        assert_eq!(stats.stats().remapped_total, expected_remapped);
     }
     let plain = |body: &str| {
         (
@@ -529,7 +540,8 @@ async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
             StatusCode::PAYLOAD_TOO_LARGE,
             plain("length limit exceeded"),
         ),
-        // Inside, chunked: rmcp's own read fails, a bare 500.
+        // Inside, chunked: rmcp's own read fails, a 500 with a line of
+        // text and no `Content-Type` (no JSON-RPC error).
         (
             false,
             true,
@@ -539,7 +551,16 @@ async fn body_limits_either_side_of_the_guard() -> anyhow::Result<()> {
                 "Failed to read request body: length limit exceeded".to_owned(),
             ),
         ),
+        // Inside, chunked but remapped: the rewritten body goes with a
+        // `Content-Length`, so tower-http refuses it as declared.
+        (
+            false,
+            true,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            plain("length limit exceeded"),
+        ),
     ];
+    assert_eq!(table.len(), expected.len());
     for ((outside, chunked, status, content_type, body), (o, c, s, (ct, b))) in
         table.into_iter().zip(expected)
     {

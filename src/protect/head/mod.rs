@@ -47,7 +47,11 @@
 //! `http1().max_buf_size(limit + 8 KiB)` (at least 8 KiB, its minimum); for
 //! HTTP/2, `http2().max_header_list_size(limit)`, which hyper enforces on
 //! the decoded header list. The `mcp-id-guard` binary sets both from
-//! `--max-header-bytes`. How long a client may take to send its head is a
+//! `--max-header-bytes`. `axum::serve` takes no hyper settings (its
+//! defaults: about 408 KiB for HTTP/1.1, 16 KiB for HTTP/2): serve the
+//! `Router` with [`Server`](crate::server::Server) (feature `server`), whose
+//! `max_header_bytes` sets both, or with hyper-util's
+//! `server::conn::auto::Builder`. How long a client may take to send its head is a
 //! connection-level limit too (hyper's `header_read_timeout`).
 
 mod layer;

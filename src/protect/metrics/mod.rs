@@ -60,7 +60,11 @@
 //!
 //! A POST the guard does not read (no session yet, as an `initialize`; or
 //! revision 2026-07-28) counts once as `passed`, under the method its
-//! `Mcp-Method` header names (revision 2026-07-28 sends one), else `other`.
+//! `Mcp-Method` header names (revision 2026-07-28 sends one); else as
+//! `initialize` when its answer starts a session (a success carrying
+//! `Mcp-Session-Id`, which only an `initialize` answer does), else `other`
+//! (a stateless server's `initialize` among them: its answer starts no
+//! session, and the guard does not read the body).
 //! The histogram times each message to its POST's response headers: for an
 //! answer streamed as server-sent events, that is when the stream opened.
 //!
@@ -97,12 +101,13 @@
 pub use prometheus_client;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -154,6 +159,10 @@ struct Recorded {
     /// The tool names with series of their own.
     tools: ToolNames,
     connections: Gauge,
+    /// A [`Server`](crate::server::Server) records its connections here
+    /// (`server::Builder::metrics`): until one does, the families only a
+    /// server records are left out of a registry.
+    served: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -177,6 +186,7 @@ impl Metrics {
                 operations: Family::new_with_constructor(latency),
                 tools: ToolNames::default(),
                 connections: Gauge::default(),
+                served: AtomicBool::new(false),
             }),
         }
     }
@@ -188,6 +198,15 @@ impl Metrics {
     /// Registers every family of these metrics into `registry` (they stay
     /// shared with this [`Metrics`] and its clones): what the layer and the
     /// server record, under the names the crate documents.
+    ///
+    /// The families only a connection-level server records
+    /// (`mcp_id_guard_client_connections`,
+    /// `mcp_id_guard_connections_closed_total`,
+    /// `mcp_id_guard_client_resets_total`) are written only once these
+    /// metrics are given to a [`Server`](crate::server::Server) (feature
+    /// `server`, `Server::builder().metrics(...)`), whenever that happens:
+    /// an application served by `axum::serve` or its own hyper loop, where
+    /// nothing records connections, gets no series that would stay 0.
     pub fn register(&self, registry: &mut Registry) {
         let recorded = &*self.recorded;
         register(registry, names::RESPONSES, recorded.responses.clone());
@@ -197,23 +216,13 @@ impl Metrics {
             recorded.upstream_failures.clone(),
         );
         register(registry, names::REFUSED, recorded.refused.clone());
-        register(registry, names::CONNECTIONS_CLOSED, recorded.closed.clone());
-        register(
-            registry,
-            names::CLIENT_RESETS,
-            recorded.client_resets.clone(),
-        );
+        registry.register_collector(Box::new(ServerFamilies(self.clone())));
         register(registry, names::REQUEST_DURATION, recorded.duration.clone());
         register(registry, names::REQUESTS, recorded.requests.clone());
         register(
             registry,
             names::OPERATION_DURATION,
             recorded.operations.clone(),
-        );
-        register(
-            registry,
-            names::CLIENT_CONNECTIONS,
-            recorded.connections.clone(),
         );
     }
 
@@ -310,6 +319,14 @@ impl Metrics {
             .inc();
     }
 
+    /// A [`Server`](crate::server::Server) records its connections into
+    /// these metrics: [`register`](Self::register) writes the families only
+    /// a server records.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn record_connections(&self) {
+        self.recorded.served.store(true, Ordering::Relaxed);
+    }
+
     /// A client connection the server closed for one of its budgets.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn closed(&self, reason: &'static str) {
@@ -376,6 +393,38 @@ impl Collector for StatsCollector {
     }
 }
 
+/// The families only a connection-level server records, written once one
+/// records into these metrics.
+#[derive(Debug)]
+struct ServerFamilies(Metrics);
+
+impl Collector for ServerFamilies {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let recorded = &*self.0.recorded;
+        if !recorded.served.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let families: [(MetricName, &dyn EncodeMetric); 3] = [
+            (names::CONNECTIONS_CLOSED, &recorded.closed),
+            (names::CLIENT_RESETS, &recorded.client_resets),
+            (names::CLIENT_CONNECTIONS, &recorded.connections),
+        ];
+        // As a `Registry` writes what was registered into it: a family
+        // without a series has no descriptor either, and the help ends with
+        // a full stop (see `register`).
+        for (name, metric) in families
+            .into_iter()
+            .filter(|(_, metric)| !metric.is_empty())
+        {
+            let help = format!("{}.", name.help.strip_suffix('.').unwrap_or(name.help));
+            let family =
+                encoder.encode_descriptor(name.family, &help, None, metric.metric_type())?;
+            metric.encode(family)?;
+        }
+        Ok(())
+    }
+}
+
 /// What a [`BodyBudget`] holds, read at each scrape.
 #[derive(Debug)]
 struct BudgetCollector(BodyBudget);
@@ -433,6 +482,8 @@ mod tests {
     #[test]
     fn text_format() {
         let metrics = Metrics::new();
+        // As `server::Builder::metrics` does.
+        metrics.record_connections();
         let mut response = http::Response::new(());
         *response.status_mut() = http::StatusCode::MISDIRECTED_REQUEST;
         response.extensions_mut().insert(Refused::Host);
@@ -479,6 +530,44 @@ mod tests {
             text.contains("mcp_id_guard_client_connections 0\n"),
             "{text}"
         );
+    }
+
+    /// The families only a server records are left out until one records
+    /// into the metrics (an application served by `axum::serve` never has
+    /// one), then written whatever was registered before.
+    #[test]
+    fn server_families_only_with_a_server() {
+        use prometheus_client::registry::Registry;
+
+        let metrics = Metrics::new();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let scrape = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+            text
+        };
+        let text = scrape(&registry);
+        assert!(
+            text.contains("# TYPE mcp_id_guard_request_duration_seconds histogram\n"),
+            "{text}"
+        );
+        for server_only in ["client_connections", "connections_closed", "client_resets"] {
+            assert!(!text.contains(server_only), "{server_only} in\n{text}");
+        }
+        metrics.record_connections();
+        let _open = metrics.connection();
+        let text = scrape(&registry);
+        for expected in [
+            "# HELP mcp_id_guard_client_connections Client connections open.\n\
+             # TYPE mcp_id_guard_client_connections gauge\n\
+             mcp_id_guard_client_connections 1\n",
+            "# TYPE mcp_id_guard_client_resets counter\nmcp_id_guard_client_resets_total 0\n",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        // No connection closed for a budget yet: no series, no descriptor.
+        assert!(!text.contains("connections_closed"), "{text}");
     }
 
     /// The guard's account of a POST labels the request counter and the
