@@ -173,6 +173,7 @@ async fn the_recommended_order_makes_one_trace_and_logs_that_join_it() -> anyhow
             assert!(decided.contains(&shown), "{shown} in {decided}");
         }
     }
+    readme_samples_match(&spans, &logs);
     // The response path logs inside the span too.
     let released = logs
         .lines()
@@ -202,4 +203,93 @@ async fn a_request_span_that_ignores_traceparent_leaves_the_trace() -> anyhow::R
         "{requests:#?}"
     );
     Ok(())
+}
+
+/// README.md's two samples of "### Traces" are what this run produced: the
+/// span's attributes (their names, and the values no run chooses), and the
+/// decision line, piece by piece between its `…`, with the session's tag and
+/// the server-side id's middle left to the run.
+fn readme_samples_match(spans: &[SpanData], logs: &str) {
+    let readme = include_str!("../../README.md");
+    let block = |after: &str| {
+        let start = readme
+            .find(after)
+            .unwrap_or_else(|| panic!("{after:?} in README.md"));
+        let text = &readme[start..];
+        let open = text.find("```text\n").expect("a text block") + "```text\n".len();
+        let close = text[open..].find("```").expect("its end");
+        text[open..open + close].to_owned()
+    };
+
+    let remapped = named(spans, "tools/call work", "")
+        .into_iter()
+        .find(|span| attribute(span, "mcp_id_guard.decision").as_deref() == Some("remapped"))
+        .expect("a remapped span");
+    let sample = block("A `tools/call` span:");
+    let pairs: Vec<(&str, &str)> = sample
+        .split_whitespace()
+        .filter_map(|pair| pair.split_once('='))
+        .collect();
+    let fixed = [
+        "mcp.method.name",
+        "gen_ai.operation.name",
+        "mcp_id_guard.decision",
+        "http.response.status_code",
+    ];
+    for (key, value) in &pairs {
+        let recorded = attribute(remapped, key)
+            .unwrap_or_else(|| panic!("the README's {key} is not on the span {remapped:#?}"));
+        if fixed.contains(key) {
+            assert_eq!(&recorded, value, "{key}");
+        }
+    }
+    let ours = [
+        "mcp.",
+        "jsonrpc.",
+        "gen_ai.",
+        "mcp_id_guard.",
+        "http.",
+        "error.",
+    ];
+    for kv in &remapped.attributes {
+        let key = kv.key.as_str();
+        if ours.iter().any(|prefix| key.starts_with(prefix)) {
+            assert!(
+                pairs.iter().any(|(shown, _)| *shown == key),
+                "{key} is on the span but not in the README's sample"
+            );
+        }
+    }
+
+    // The log line: the tag and the server-side id's middle are the run's.
+    let normal = |line: &str| {
+        let mut out = String::new();
+        for word in line.split_inclusive([' ', '=', ':', '"']) {
+            let bare = word.trim_end_matches([' ', '=', ':', '"']);
+            if bare.len() == 16 && bare.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+                out.push_str("<tag>");
+                out.push_str(&word[bare.len()..]);
+            } else {
+                out.push_str(word);
+            }
+        }
+        out
+    };
+    let sample = block("one line per message says what the guard decided");
+    let sample = normal(sample.trim());
+    let line = logs
+        .lines()
+        .find(|line| {
+            line.contains("guard decided method=\"tools/call\"")
+                && line.contains(" decision=\"remapped\"")
+        })
+        .expect("the remapped decision line");
+    let line = normal(&line[line.find("DEBUG").expect("a level")..]);
+    let mut rest = line.as_str();
+    for piece in sample.split('…') {
+        let at = rest
+            .find(piece)
+            .unwrap_or_else(|| panic!("the README's {piece:?} is not in {line:?} (in order)"));
+        rest = &rest[at + piece.len()..];
+    }
 }
