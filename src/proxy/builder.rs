@@ -96,7 +96,7 @@ impl ProxyBuilder {
     /// How long the upstream may take to answer a request with its response
     /// headers (default 300 s; `None` waits for ever). Past it, the client
     /// gets `504 Gateway Timeout` with a JSON-RPC `-32603` error carrying its
-    /// request id (as for `502`, see the [module docs](self)).
+    /// request id (as for `502`, see the [module docs](crate::proxy)).
     ///
     /// Servers that stream (SSE) send their headers at once, so this bounds
     /// only servers that answer a tool call with plain JSON: they send the
