@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::guard::body::RequestBody;
 use crate::guard::exchange::{
-    id_text, tool_label, Exchange, GuardDecision, WantsRequestIds, WantsToolNames,
+    id_text, tool_label, Exchange, GuardDecision, WantsRequestIds, WantsToolNames, MAX_DESCRIBED,
 };
 use crate::table::config::Config;
 use crate::table::{unzip, Decision, InlineVec, Log, Registration, Route, Table, Waiter};
@@ -160,34 +160,30 @@ pub(crate) fn admit<B>(
     admission
 }
 
-/// The most decision events one POST writes: a batch is the client's to
-/// size, up to the body limit, and the lines go to the operator's disk.
-const MAX_DECISION_EVENTS: usize = 16;
-
 /// One `DEBUG` event per message of the read POST, the first
-/// [`MAX_DECISION_EVENTS`] of a batch and a count of the rest.
+/// [`MAX_DESCRIBED`] of a batch and a count of the rest.
 fn log_decisions(exchange: &Exchange, headers: &RequestHeaders, table: &Table) {
     // `display` is in scope inside tracing's macros.
     let session = headers
         .session
         .as_ref()
         .map(|session| table.session_tag(session.as_bytes()));
-    let more = exchange.len().saturating_sub(MAX_DECISION_EVENTS);
+    let more = exchange.len().saturating_sub(MAX_DESCRIBED);
     if more > 0 {
         tracing::debug!(
             target: DECISIONS,
             session = session.map(display),
-            "a batch of {} messages: the decisions on the first {MAX_DECISION_EVENTS} follow",
+            "a batch of {} messages: the decisions on the first {MAX_DESCRIBED} follow",
             exchange.len()
         );
     }
-    for handled in exchange.iter().take(MAX_DECISION_EVENTS) {
+    for handled in exchange.iter().take(MAX_DESCRIBED) {
         tracing::debug!(
             target: DECISIONS,
             method = handled.method().as_str(),
             id = handled.request_id().map(|id| display(loggable(id))),
             decision = handled.decision().as_str(),
-            server_id = handled.server_id().map(display),
+            server_id = handled.server_id().map(|id| display(loggable(id))),
             session = session.map(display),
             "guard decided"
         );
@@ -291,7 +287,7 @@ fn judge<B>(
                 server_ids = InlineVec::from_iter(routes.iter().map(|route| match route {
                     Route::AsIs => None,
                     Route::Remapped { server_id, .. } => {
-                        Some(String::from_utf8_lossy(server_id).into())
+                        Some(id_text(&String::from_utf8_lossy(server_id)))
                     }
                 }));
             }
@@ -493,7 +489,7 @@ impl Asked<'_> {
                 }
                 tracing::debug!(
                     id = %loggable(id),
-                    server_id = %String::from_utf8_lossy(&server_id),
+                    server_id = %loggable(&String::from_utf8_lossy(&server_id)),
                     "forwarding with a server-side id"
                 );
                 pending.edits.push((range.clone(), server_id));

@@ -2,6 +2,9 @@
 //! response for the layers outside it (the metrics layer counts requests by
 //! method and decision from it).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::table::InlineVec;
 use crate::wire::method::McpMethod;
 
@@ -122,13 +125,21 @@ impl Handled {
     }
 
     /// The server-side id a [`Remapped`](GuardDecision::Remapped) request
-    /// went to the server with (JSON text), when request ids were asked for.
+    /// went to the server with (JSON text, cut as
+    /// [`request_id`](Self::request_id): it holds the client's id), when
+    /// request ids were asked for.
     /// A request queued under `rewrite_all_ids` gets its server-side id when
     /// its turn comes, after this account was written: it has none here.
     pub fn server_id(&self) -> Option<&str> {
         self.ids.as_ref().and_then(|ids| ids.server.as_deref())
     }
 }
+
+/// The most messages of one POST described one by one, in the guard's
+/// decision events and in the trace layer's spans: a batch is the client's
+/// to size, up to the body limit, and the lines and spans go to the
+/// operator's disk and trace store.
+pub(crate) const MAX_DESCRIBED: usize = 16;
 
 /// The most bytes of a request id's text an [`Exchange`] keeps
 /// ([`Handled::request_id`]): ids are the client's to choose, up to the body
@@ -156,17 +167,65 @@ pub(crate) struct WantsToolNames;
 /// `tools/call` or `prompts/get` names (the trace layer): a copy of at most
 /// [`MAX_ID_TEXT`] bytes per id, and a second pass over the call's `params`.
 ///
-/// The guard also tells `span` of the POST's first message as soon as it has
-/// decided on its read body (`describe`), not only on the response: what the
-/// server logs inside the span while it handles the request then shows the
-/// method, the id and the decision. A function the trace layer hands in, so
-/// the span's field names stay in one place and the guard imports nothing
-/// of the trace layer.
+/// It also carries the layer's span, which the guard describes by the POST's
+/// first message as soon as it has decided on the read body, not only on the
+/// response: what the server logs inside the span while it handles the
+/// request then shows the method, the id and the decision.
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-pub(crate) struct WantsRequestIds {
-    pub(crate) span: tracing::Span,
-    pub(crate) describe: fn(&tracing::Span, &Handled),
+pub(crate) struct WantsRequestIds(pub(crate) Arc<DecisionSpan>);
+
+/// The trace layer's span, shared with the guard until the span closes.
+///
+/// The span is held in a slot the trace layer empties as the span closes:
+/// a server that keeps a request's extensions (rmcp hands them to its tools,
+/// an app may keep an `initialize`'s) keeps only the empty slot, never the
+/// span open. `describe` is the trace layer's function, so the span's field
+/// names stay in one place and the guard imports nothing of the trace layer.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+pub(crate) struct DecisionSpan {
+    span: Mutex<Option<tracing::Span>>,
+    describe: fn(&tracing::Span, &Handled),
+    /// The first message was described: a field recorded twice shows
+    /// twice in a log line and may be exported twice.
+    described: AtomicBool,
+}
+
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+impl DecisionSpan {
+    pub(crate) fn new(span: tracing::Span, describe: fn(&tracing::Span, &Handled)) -> Arc<Self> {
+        Arc::new(Self {
+            span: Mutex::new(Some(span)),
+            describe,
+            described: AtomicBool::new(false),
+        })
+    }
+
+    /// Describes the span by `first`, once, while it is open.
+    fn tell(&self, first: &Handled) {
+        let span = self.span.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(span) = &*span {
+            if !self.described.swap(true, Ordering::Relaxed) {
+                (self.describe)(span, first);
+            }
+        }
+    }
+
+    /// Whether the guard described the span.
+    pub(crate) fn described(&self) -> bool {
+        self.described.load(Ordering::Relaxed)
+    }
+
+    /// The span closes: the slot lets go of it.
+    pub(crate) fn close(&self) {
+        let span = self
+            .span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(span);
+    }
 }
 
 /// Put in a request's extensions by a layer outside the guard that reads the
@@ -232,9 +291,6 @@ pub(crate) fn tool_label(name: &[u8]) -> Option<Box<str>> {
 pub struct Exchange {
     // Nearly every POST carries one message: kept inline, no allocation.
     handled: InlineVec<Handled>,
-    /// The first message was told to the trace layer's span when the guard
-    /// decided on it ([`WantsRequestIds`]).
-    told: bool,
     /// One message of unknown method in a POST without `Mcp-Session-Id`:
     /// an answer that starts a session makes it an `initialize`.
     may_open_session: bool,
@@ -250,7 +306,6 @@ impl Exchange {
                 name: None,
                 ids: None,
             }],
-            told: false,
             may_open_session: false,
         }
     }
@@ -276,21 +331,12 @@ impl Exchange {
         }
     }
 
-    /// Whether the trace layer's span was told of the first message when
-    /// the guard decided on it.
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    pub(crate) fn told(&self) -> bool {
-        self.told
-    }
-
-    /// Tells `wants`' span of the first message, once: not while its method
-    /// waits for the answer (a [`sessionless`](Self::sessionless) POST), so
-    /// the span is described once, as it closes.
-    pub(crate) fn tell(&mut self, wants: &WantsRequestIds) {
-        let ready = !self.told && !self.may_open_session;
-        if let Some(first) = self.handled.first().filter(|_| ready) {
-            (wants.describe)(&wants.span, first);
-            self.told = true;
+    /// Describes the trace layer's span by the first message: not while its
+    /// method waits for the answer (a [`sessionless`](Self::sessionless)
+    /// POST), so the span is described once, as it closes.
+    pub(crate) fn tell(&self, wants: &WantsRequestIds) {
+        if let Some(first) = self.handled.first().filter(|_| !self.may_open_session) {
+            wants.0.tell(first);
         }
     }
 

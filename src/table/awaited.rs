@@ -10,7 +10,7 @@ use super::inline::InlineVec;
 /// What a registration keeps of an awaited response: the table's keyed hash
 /// of the collision key (what its entries are found by; keeping the key
 /// itself would copy every id, up to the body limit, once more per request)
-/// and whether it comes back restored. The hasher's key is random per table,
+/// and whether it comes back restored. The hasher's key is random per process,
 /// so no client can make two of its ids meet here.
 pub(super) type Awaiting = (u64, bool);
 

@@ -68,7 +68,12 @@
 //! A POST with no message that has a method (only client responses), or
 //! whose response carries no `Exchange` (no guard inside), gets one span
 //! named `POST`. In a batch the first message's span opens with the
-//! request; the others open as the response arrives, as its siblings.
+//! request; the others open as the response arrives, as its siblings, 16
+//! spans at most: a batch is the client's to size, and the first span
+//! counts the messages left without one (`mcp_id_guard.batch.undescribed`).
+//! A span the guard described when it decided keeps that description
+//! whatever ends the exchange (the client gone, a layer between answering
+//! in the server's place).
 //! `GET` and `DELETE` get none and pass untouched.
 //!
 //! # Propagation

@@ -16,10 +16,12 @@ use crate::trace::service::warn_no_layer;
 /// the client's span, this request span, the guard's span (one per
 /// message), the tool's span ([`parent_context`](crate::trace::parent_context)).
 ///
-/// The span is tower-http's default one (`request`, with `method`, `uri` and
-/// `version`), at `INFO` (tower-http's is at `DEBUG`, which the usual log
-/// filter drops, leaving a gap in the tree), of kind `SERVER`, named by the
-/// method.
+/// The span is tower-http's default one (`request`, with `method` and
+/// `version`), with the target's `path` in place of its `uri`: a query may
+/// carry a key (`/mcp?api_key=…`), and this span is at `INFO` (tower-http's
+/// is at `DEBUG`, which the usual log filter drops, leaving a gap in the
+/// tree), written wherever the application's logs go. Of kind `SERVER`,
+/// named by the method.
 ///
 /// ```
 /// use mcp_id_guard::trace::{request_span, McpTraceLayer};
@@ -45,7 +47,7 @@ pub fn request_span<B>(request: &Request<B>) -> Span {
         otel.name = %request.method(),
         otel.kind = "server",
         method = %request.method(),
-        uri = %request.uri(),
+        path = request.uri().path(),
         version = ?request.version(),
     );
     if span.is_disabled() {

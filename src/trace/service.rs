@@ -1,6 +1,7 @@
 //! [`McpTrace`]: opens the span of each POST, continuing the client's
 //! trace, and hands the upstream the guard's span as its parent.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Method, Request, Response};
@@ -8,7 +9,7 @@ use tower_service::Service;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::guard::exchange::{WantsExchange, WantsRequestIds};
+use crate::guard::exchange::{DecisionSpan, WantsExchange, WantsRequestIds};
 use crate::table::SessionTag;
 use crate::trace::body::TracedBody;
 use crate::trace::future::TraceFuture;
@@ -119,13 +120,18 @@ where
         };
         started.note(&span);
         // The guard inside leaves its account of the POST, with ids, and
-        // describes the first message on the span as soon as it decides.
+        // describes the first message on the span as soon as it decides;
+        // a trace layer outside this one keeps that for its own span, and
+        // this one describes its span as it closes.
         request.extensions_mut().insert(WantsExchange);
-        request.extensions_mut().insert(WantsRequestIds {
-            span: span.clone(),
-            describe,
+        let decision = (request.extensions().get::<WantsRequestIds>().is_none()).then(|| {
+            let decision = DecisionSpan::new(span.clone(), describe);
+            request
+                .extensions_mut()
+                .insert(WantsRequestIds(Arc::clone(&decision)));
+            decision
         });
-        let span = OpenSpan::new(span, started);
+        let span = OpenSpan::new(span, started, decision);
         TraceFuture::new(self.inner.call(request), Some(span))
     }
 }

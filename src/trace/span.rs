@@ -9,6 +9,9 @@ use tracing::field::Empty;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use std::sync::Arc;
+
+use crate::guard::exchange::{DecisionSpan, MAX_DESCRIBED};
 use crate::guard::{Exchange, GuardDecision, Handled, McpMethod};
 use crate::table::SessionTag;
 
@@ -52,6 +55,7 @@ macro_rules! mcp_span {
             "gen_ai.prompt.name" = Empty,
             "mcp_id_guard.decision" = Empty,
             "mcp_id_guard.server_request_id" = Empty,
+            "mcp_id_guard.batch.undescribed" = Empty,
         )
     };
 }
@@ -98,6 +102,9 @@ pub(crate) struct OpenSpan {
     started: Started,
     /// The other messages of a batch, opened when the response came.
     siblings: Vec<Span>,
+    /// The first span as the guard sees it, when this layer handed it in:
+    /// whether the guard described it, and the slot emptied as it closes.
+    decision: Option<Arc<DecisionSpan>>,
     exchange: Option<Exchange>,
     status: Option<StatusCode>,
     /// The response body reached its end without an error.
@@ -105,11 +112,12 @@ pub(crate) struct OpenSpan {
 }
 
 impl OpenSpan {
-    pub(crate) fn new(span: Span, started: Started) -> Self {
+    pub(crate) fn new(span: Span, started: Started, decision: Option<Arc<DecisionSpan>>) -> Self {
         Self {
             span,
             started,
             siblings: Vec::new(),
+            decision,
             exchange: None,
             status: None,
             complete: false,
@@ -118,12 +126,17 @@ impl OpenSpan {
 
     /// The response arrived: its status and the guard's account of the
     /// POST. The other messages of a batch get their spans now, siblings
-    /// of the first under the same parent.
+    /// of the first under the same parent: at most [`MAX_DESCRIBED`] in all,
+    /// the first span counting the rest.
     pub(crate) fn responded(&mut self, status: StatusCode, exchange: Option<Exchange>) {
         self.status = Some(status);
-        let others = exchange
-            .as_ref()
-            .map_or(0, |e| e.iter().count().saturating_sub(1));
+        let messages = exchange.as_ref().map_or(0, Exchange::len);
+        if messages > MAX_DESCRIBED {
+            let undescribed = i64::try_from(messages - MAX_DESCRIBED).unwrap_or(i64::MAX);
+            self.span
+                .record("mcp_id_guard.batch.undescribed", undescribed);
+        }
+        let others = messages.clamp(1, MAX_DESCRIBED) - 1;
         for _ in 0..others {
             let sibling = match &self.started.outer {
                 Some(outer) => mcp_span!(parent: outer,),
@@ -159,11 +172,15 @@ impl OpenSpan {
         // The first message was described when the guard decided on it: a
         // field recorded twice shows twice in a log line and may be
         // exported twice.
-        let told = handled.told();
+        let told = self.decision.as_ref().is_some_and(|d| d.described());
         if handled.is_empty() {
             common(&self.span);
-            self.span.record("http.request.method", "POST");
-            name(&self.span, "POST");
+            // No account came back (the client went away, a layer between
+            // answered): a span the guard described keeps its name.
+            if !told {
+                self.span.record("http.request.method", "POST");
+                name(&self.span, "POST");
+            }
             error(&self.span, failed);
             return;
         }
@@ -250,6 +267,9 @@ fn id_as_text(json: &str) -> Box<str> {
 impl Drop for OpenSpan {
     fn drop(&mut self) {
         self.record();
+        if let Some(decision) = &self.decision {
+            decision.close();
+        }
     }
 }
 

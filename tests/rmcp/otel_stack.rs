@@ -61,7 +61,12 @@ async fn run(make_span: bool) -> anyhow::Result<(Vec<SpanData>, String)> {
     let lines = Lines::default();
     let writer = lines.clone();
     let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("app")))
+        // Each layer filtered on its own, as the README says.
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("app"))
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        )
         .with(
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
@@ -73,6 +78,10 @@ async fn run(make_span: bool) -> anyhow::Result<(Vec<SpanData>, String)> {
                 ),
         );
     let _default = tracing::subscriber::set_default(subscriber);
+    // `tracing` caches whether a callsite is enabled across every thread's
+    // subscriber; one set by another test at this moment may have cached the
+    // `DEBUG` decision events as disabled: count this one in again.
+    tracing::callsite::rebuild_interest_cache();
 
     let (mcp, mut started, gate) = traced_mcp();
     // The recommended order, with the request span `make` makes.
