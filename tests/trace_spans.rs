@@ -6,6 +6,9 @@
 //! description (`238f704`).
 #![cfg(feature = "otel")]
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,6 +28,8 @@ use tracing::Subscriber;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
+
+use support::lines::Lines;
 
 /// Every value recorded on each span, in order, and whether it closed.
 #[derive(Debug, Default, Clone)]
@@ -318,26 +323,6 @@ async fn the_recommended_subscriber_exports_no_decision_event() {
         .map(|event| event.name.to_string())
         .collect();
     assert!(events.is_empty(), "{events:?}");
-}
-
-/// Every line a fmt layer writes, as text.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
 }
 
 /// A remapped request's server-side id holds the client's id whole

@@ -5,9 +5,10 @@
 //! per process.
 #![cfg(feature = "otel")]
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::convert::Infallible;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,19 +17,7 @@ use http_body_util::{BodyExt, Full};
 use mcp_id_guard::trace::McpTraceLayer;
 use tower::{Layer, ServiceExt};
 
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use support::lines::Lines;
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_traceparent_without_a_matching_layer_warns_once_naming_the_versions() {
@@ -63,7 +52,7 @@ async fn a_traceparent_without_a_matching_layer_warns_once_naming_the_versions()
                 .unwrap();
         response.into_body().collect().await.unwrap();
     }
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     let warnings: Vec<&str> = text.lines().filter(|line| line.contains("WARN")).collect();
     assert_eq!(warnings.len(), 1, "one warning for three requests:\n{text}");
     assert!(

@@ -3,76 +3,16 @@
 //! as `id: 1`), so they are no warning, and every line a client can trigger
 //! per request comes at most once per interval, with a count of the rest.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
-use mcp_id_guard::{IdGuard, IdGuardLayer};
-use tower::{Layer, ServiceExt};
+use mcp_id_guard::IdGuardLayer;
+use tower::Layer;
 use tracing::Level;
 
-use crate::support::inner::{echo, Echo};
+use crate::support::inner::echo;
+use crate::support::lines::{self, call, send, Lines};
 use crate::support::wait::{assert_drained, within};
 
-/// Every line written, as text.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Lines {
-    fn matching(&self, level: &str, text: &str) -> usize {
-        let written = self.0.lock().unwrap();
-        String::from_utf8_lossy(&written)
-            .lines()
-            .filter(|line| line.contains(level) && line.contains(text))
-            .count()
-    }
-
-    fn at(&self, level: &str) -> usize {
-        self.matching(level, "")
-    }
-}
-
-impl Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A subscriber at `INFO` writing into `lines`, for this thread (the test
-/// runtime is single-threaded, so the spawned calls log here too).
 fn capture(lines: &Lines) -> tracing::subscriber::DefaultGuard {
-    let lines = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || lines.clone())
-        .finish();
-    tracing::subscriber::set_default(subscriber)
-}
-
-fn call(session: &str, id: &str, method: &str) -> Request<Full<Bytes>> {
-    Request::post("/mcp")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", session)
-        .body(Full::new(Bytes::from(format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{}}}}"#
-        ))))
-        .unwrap()
-}
-
-async fn send(service: &IdGuard<Echo>, request: Request<Full<Bytes>>) -> http::StatusCode {
-    let response = within(service.clone().oneshot(request)).await.unwrap();
-    let status = response.status();
-    within(response.into_body().collect()).await.unwrap();
-    status
+    lines::capture(lines, Level::INFO)
 }
 
 /// The seed's burst (12 calls with `id: 1` in flight in one session at

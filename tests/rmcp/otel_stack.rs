@@ -7,9 +7,6 @@
 //! the decision, and name the session by the tag the trace carries.
 //! Ordering as in [`super::otel_tree`].
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use mcp_id_guard::protect::metrics::{Metrics, MetricsLayer};
 use mcp_id_guard::trace::{request_span, McpTraceLayer};
 use mcp_id_guard::IdGuardLayer;
@@ -25,31 +22,8 @@ use super::otel_tree::{
     attribute, named, send, serve, spans_when, traced_mcp, CLIENT_SPAN, CLIENT_TRACE,
 };
 use crate::support::client::Session;
+use crate::support::lines::Lines;
 use crate::support::OK_TIMEOUT;
-
-/// The log lines, as a `fmt` layer writes them.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
-    }
-}
 
 /// The spans and the log lines of a held `id: 1` call and a duplicate sent
 /// while it is held, through the recommended stack.

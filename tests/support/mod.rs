@@ -10,6 +10,7 @@
 //! - [`ids`]: reading JSON-RPC ids and responses.
 //! - [`inner`]: an in-process JSON-RPC echo for the guard to wrap.
 //! - [`wait`]: bounding waits and checking the guard let go of everything.
+//! - [`lines`]: what a log subscriber wrote, and requests to log about.
 //!
 //! Ordering between a test and the server never relies on sleeps: the echo
 //! tool records when a call started, was cancelled and finished, held calls
@@ -22,6 +23,7 @@
 pub mod client;
 pub mod ids;
 pub mod inner;
+pub mod lines;
 #[cfg(feature = "cli")]
 pub mod process;
 #[cfg(feature = "proxy")]
