@@ -127,7 +127,7 @@ pub async fn touch(session: &str) -> Result<StatusCode, Box<dyn std::error::Erro
 
 /// `initialize` and `notifications/initialized`, through the guard: the
 /// session id.
-async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
+pub async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
     // Under faults (a restart, a held or partitioned link) a client tries
     // again, as real ones do, a second apart for longer than a link stays
     // down; without them the first failure counts.
@@ -187,9 +187,12 @@ pub enum Plan {
 }
 
 /// How a call ended, for what its conversation does next.
-struct Called {
+pub struct Called {
     /// The server no longer knows the session.
-    session_lost: bool,
+    pub session_lost: bool,
+    /// Its own answer reached the client (on its POST's stream, or on a
+    /// resumption): `Some(polls)`, the number of resumptions it took.
+    pub answered: Option<u32>,
     /// Answered on the POST's own stream after an event with this id: where
     /// a client resumes to have the answer replayed.
     replay_from: Option<String>,
@@ -203,7 +206,7 @@ fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
 }
 
 /// One `tools/call` with `id: 1` on a new connection, judged.
-async fn call(
+pub async fn call(
     setup: &Setup,
     quirks: &Quirks,
     session: &str,
@@ -214,6 +217,7 @@ async fn call(
 ) -> Called {
     let mut called = Called {
         session_lost: false,
+        answered: None,
         replay_from: None,
     };
     let message = json!({
@@ -356,7 +360,9 @@ async fn call(
             oracle.ended(marker, Outcome::Error(400));
         }
         (Ok(Ok((status, read, polls))), _) => {
-            judge(marker, status, &read, polls, oracle);
+            if judge(marker, status, &read, polls, oracle) {
+                called.answered = Some(polls);
+            }
             if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
                 called.replay_from = read.first_event;
             }
@@ -471,26 +477,28 @@ async fn read(
     Ok((status, read))
 }
 
-/// Whether the answer is the request's own: its id, its marker.
-fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) {
+/// Whether the answer is the request's own: its id, its marker. True when
+/// it is the server's result (an error here is a stand-in's or a refusal:
+/// the proxy's `502` leaves the id abandoned).
+fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) -> bool {
     let Some(answer) = &read.answer else {
         if oracle.was_cancelled(marker) {
             oracle.ended(marker, Outcome::CancelledByAnother);
-            return;
+            return false;
         }
         oracle.violation(format!(
             "{marker}: {status} with no answer after {polls} polls: {}",
             read.text
         ));
-        return;
+        return false;
     };
     if answer["id"] != json!(1) {
         oracle.violation(format!("{marker}: an answer with id {}", answer["id"]));
-        return;
+        return false;
     }
     if answer.get("error").is_some() {
         oracle.ended(marker, Outcome::Error(status.as_u16()));
-        return;
+        return false;
     }
     let got = answer["result"]["content"][0]["text"]
         .as_str()
@@ -499,11 +507,14 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
         oracle.violation(format!(
             "{marker}: cross-wired: received the answer to {got}"
         ));
-    } else if polls > 0 {
+        return false;
+    }
+    if polls > 0 {
         oracle.ended(marker, Outcome::Resumed);
     } else {
         oracle.ended(marker, Outcome::Answered);
     }
+    true
 }
 
 /// Each SSE event's id and the JSON message of its data (events without

@@ -18,6 +18,7 @@
 mod client;
 mod net;
 mod oracle;
+mod poller;
 mod upstream;
 mod world;
 

@@ -16,6 +16,11 @@
 //! sends a request of its own (sampling, ids counting from 1 like the
 //! clients'), whose answer must come back to it once and as sent.
 //!
+//! The calls of the sequential poller (see [`crate::poller`]) it always
+//! answers on SSE, sends progress every [`PROGRESS_EVERY`] while the tool
+//! runs, and closes early every time, resumed streams too (SEP-1699
+//! polling): the answer comes on some later resumption of a resumption.
+//!
 //! In some seeds (see [`Quirks`]) it labels answers with a `Content-Encoding`
 //! that is no coding (`identity`, `identity, identity`, empty), or leads
 //! bodies with a byte order mark and writes each event's `data:` first, so
@@ -42,6 +47,10 @@ use crate::oracle::Oracle;
 use crate::world::Quirks;
 
 pub const PORT: u16 = 8000;
+
+/// How often the server sends progress on a poller's stream: each resumed
+/// stream carries new event ids, the next resumption goes on from there.
+const PROGRESS_EVERY: Duration = Duration::from_millis(300);
 
 /// The header of the server's `404` for a session it does not know (as
 /// after a restart), which the clients answer with a new session.
@@ -78,6 +87,8 @@ struct Stream {
     /// The connection reading it now, if any: each event and whether it is
     /// the answer.
     live: Option<mpsc::UnboundedSender<(Bytes, bool)>>,
+    /// Every resumption of it is closed early too (the poller's calls).
+    always_close: bool,
 }
 
 /// One session's requests in progress, keyed as the buggy SDKs key them.
@@ -335,10 +346,11 @@ impl Upstream {
             .to_owned();
         let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
         let (cancel, cancelled) = oneshot::channel();
+        let polled = crate::poller::is_polled(&marker);
         let response = self.with(|state| {
-            state.oracle.server_started(&marker);
-            let sse = state.rng.random_bool(0.5);
-            let poll = sse && state.rng.random_bool(state.poll_rate);
+            state.oracle.server_started(&marker, &id);
+            let sse = state.rng.random_bool(0.5) || polled;
+            let poll = (sse && state.rng.random_bool(state.poll_rate)) || polled;
             let ask = sse && state.rng.random_bool(0.3);
             let dress = state.dress();
             let Some(entry) = state.sessions.get_mut(&session) else {
@@ -366,7 +378,13 @@ impl Upstream {
             }
             entry.next_stream += 1;
             let stream = entry.next_stream;
-            entry.streams.insert(stream, Stream::default());
+            entry.streams.insert(
+                stream,
+                Stream {
+                    always_close: polled,
+                    ..Stream::default()
+                },
+            );
             entry
                 .routes
                 .insert(key.clone(), running(Route::Stream(stream)));
@@ -395,6 +413,7 @@ impl Upstream {
             Ok(sse_stream(entry, stream, 0, poll, dress))
         });
         let upstream = self.clone();
+        let progress = (session.clone(), id.clone());
         let result = json!({
             "jsonrpc": "2.0",
             "id": id,
@@ -402,10 +421,17 @@ impl Upstream {
         })
         .to_string();
         tokio::spawn(async move {
+            let tool = async {
+                if polled {
+                    upstream.progress(&progress.0, &progress.1, ms).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            };
             tokio::select! {
                 // In order: tokio's branch choice is random (unseeded).
                 biased;
-                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = tool => {}
                 // Cancelled (its route replaced by a duplicate drops the
                 // sender instead, and the tool runs on).
                 Ok(()) = cancelled => return,
@@ -426,6 +452,36 @@ impl Upstream {
             });
         });
         response
+    }
+
+    /// Runs a poller's tool for `ms`, with progress on its stream every
+    /// [`PROGRESS_EVERY`] (to the stream its id routes to now).
+    async fn progress(&self, session: &str, id: &Value, ms: u64) {
+        let end = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let mut step = 1;
+        while tokio::time::Instant::now() + PROGRESS_EVERY < end {
+            tokio::time::sleep(PROGRESS_EVERY).await;
+            self.with(|state| {
+                let Some(entry) = state.sessions.get_mut(session) else {
+                    return;
+                };
+                if let Some(Running {
+                    route: Route::Stream(stream),
+                    ..
+                }) = entry.routes.get(&key_of(id))
+                {
+                    let stream = *stream;
+                    let progress = json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": {"progressToken": id, "progress": step}
+                    });
+                    entry.push(stream, &progress.to_string(), false);
+                }
+            });
+            step += 1;
+        }
+        tokio::time::sleep_until(end).await;
     }
 
     /// A client's response to one of the server's requests: it must answer
@@ -476,7 +532,7 @@ impl Upstream {
     /// the rest as they come (or closed early again, for the next poll).
     fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
         self.with(|state| {
-            let poll = state.rng.random_bool(state.poll_rate);
+            let mut poll = state.rng.random_bool(state.poll_rate);
             let dress = state.dress();
             state.oracle.note(&format!(
                 "server: GET after {last_event} (closing early: {poll})"
@@ -495,6 +551,7 @@ impl Upstream {
                         .get(&stream)
                         .is_some_and(|stream| !stream.ended) =>
                 {
+                    poll |= entry.streams[&stream].always_close;
                     sse_stream(entry, stream, index + 1, poll, dress)
                 }
                 _ => status(StatusCode::NOT_FOUND),

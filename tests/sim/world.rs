@@ -25,7 +25,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::net::{SimConnector, SimListener};
 use crate::oracle::{Oracle, Outcome};
-use crate::{client, upstream};
+use crate::{client, poller, upstream};
 
 pub const GUARD_HOST: &str = "guard";
 pub const GUARD_PORT: u16 = 8080;
@@ -102,6 +102,9 @@ pub struct Setup {
     /// its upstream connections reset part way through a response, while
     /// the server runs on.
     pub reset_rate: f64,
+    /// The share of seeds with the sequential poller (see
+    /// [`Quirks::repoll`]).
+    pub repoll_rate: f64,
 }
 
 impl Default for Setup {
@@ -135,6 +138,7 @@ impl Default for Setup {
             slow_bodies_rate: 0.3,
             partition_rate: 0.3,
             reset_rate: 0.3,
+            repoll_rate: 0.3,
         }
     }
 }
@@ -161,6 +165,11 @@ pub struct Quirks {
     /// just above the minimum rate, all the while the clients run (#42
     /// item 2): the clients' requests must keep flowing.
     pub slow_bodies: bool,
+    /// A client of its own session makes calls one after another, whose
+    /// streams the server closes early every time, resumed ones too (#42
+    /// item 3, see [`crate::poller`]): each answered call's id must be free
+    /// for the next.
+    pub repoll: bool,
 }
 
 impl Quirks {
@@ -177,6 +186,7 @@ impl Quirks {
             huge_ttl: rng.random_bool(setup.huge_ttl_rate),
             hiding: rng.random_bool(setup.hiding_rate),
             slow_bodies: rng.random_bool(setup.slow_bodies_rate),
+            repoll: rng.random_bool(setup.repoll_rate),
         }
     }
 }
@@ -385,6 +395,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             .abandoned_id_ttl(ttl)
             .restart_window(window);
         *current_guard.lock().unwrap() = Some(layer.clone());
+        guard_oracle.guard_started();
         let incarnation = guard_starts.get();
         guard_oracle.note(&format!("guard: start {incarnation}"));
         guard_starts.set(incarnation + 1);
@@ -443,6 +454,27 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
+    // The sequential poller counts as a client: the checker waits for it.
+    let clients = setup.clients + usize::from(quirks.repoll);
+    if quirks.repoll {
+        // From an RNG of its own: the seed's faults stay as they were.
+        let client_seed = StdRng::seed_from_u64(seed ^ 0x9011_e4ed).random();
+        let (setup, oracle, done, sessions) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&sessions),
+        );
+        sim.client(poller::NAME, async move {
+            let result = poller::run(setup, quirks, client_seed, oracle).await;
+            if let Ok(used) = &result {
+                sessions.lock().unwrap().extend(used.iter().cloned());
+            }
+            done.add_permits(1);
+            result.map(drop)
+        });
+    }
+
     // The slow-body attacker, for as long as the clients run.
     let clients_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if quirks.slow_bodies {
@@ -466,7 +498,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         let sessions = Arc::clone(&sessions);
         let clients_done = Arc::clone(&clients_done);
         sim.client("checker", async move {
-            let clients = u32::try_from(setup.clients).expect("a few clients");
+            let clients = u32::try_from(clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
             clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
             // The last bodies' ends reach the guard.
