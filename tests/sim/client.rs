@@ -22,9 +22,9 @@ use crate::world::{Quirks, Setup, GUARD_HOST, GUARD_PORT};
 
 /// The client's session, shared by its conversations, and every session it
 /// had (a restarted server forgets them: the client starts another).
-struct Sessions {
-    current: String,
-    all: Vec<String>,
+pub struct Sessions {
+    pub current: String,
+    pub all: Vec<String>,
 }
 
 /// One client: its session, then its conversations, all at once. Returns
@@ -88,6 +88,20 @@ pub async fn run(
                 let think = rng.random_range(0..setup.max_think_ms);
                 tokio::time::sleep(Duration::from_millis(think)).await;
             }
+        });
+    }
+    if quirks.batches {
+        // The batch conversation, in the same session: its `id: 1` members
+        // duplicate the conversations' calls in flight.
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
+        let seed = rng.random();
+        conversations.spawn_local(async move {
+            crate::batch::conversation(&name, &sessions, &setup, &quirks, seed, &oracle).await;
         });
     }
     while conversations.join_next().await.is_some() {}
@@ -201,7 +215,7 @@ pub struct Called {
 /// Whether `status` is the empty `408` of the timeout inside the guard
 /// (tower-http's), which answers in the server's place while the server
 /// runs on: an ending the stack's owner chose, not the guard's failure.
-fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
+pub fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
     quirks.inner_timeout.is_some() && status == StatusCode::REQUEST_TIMEOUT
 }
 
@@ -591,7 +605,7 @@ async fn resume(
 }
 
 /// POSTs `message` to the guard on a new connection.
-async fn post(
+pub async fn post(
     session: Option<&str>,
     message: &Value,
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {

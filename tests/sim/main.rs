@@ -15,6 +15,7 @@
 //!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
 //!   process of its own, as its replay does (see [`isolated`]).
 
+mod batch;
 mod client;
 mod net;
 mod oracle;
@@ -41,6 +42,11 @@ use world::{Report, Setup};
 ///   untracked, a `Connection` that hides a header not refused), the same
 ///   seed's hiding clients were cross-wired (11 of the first 60 seeds from
 ///   1000 failed so);
+///   With #42's resumption links reverted (c9be2cc: an answer on a
+///   resumption of a resumed stream frees nothing), the same seed's
+///   sequential poller (see [`poller`]) had its answered ids abandoned for
+///   the TTL, and its next call reached the server remapped (14 of the
+///   first 60 seeds from 1000 failed so);
 /// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
 ///   resumed stream went unread, and its client got a server-side id (item
 ///   4; a BOM-led JSON answer, the review's fix, the same);

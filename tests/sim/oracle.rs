@@ -55,6 +55,8 @@ struct Record {
     outcomes: BTreeMap<Outcome, u64>,
     /// Requests the simulated server started.
     started: u64,
+    /// Their markers.
+    started_markers: std::collections::BTreeSet<String>,
     /// The markers of the requests the server cancelled.
     cancelled: std::collections::BTreeSet<String>,
     /// How many times the guard's host started (a restart empties its
@@ -118,6 +120,7 @@ impl Oracle {
         self.with(|record| {
             Self::tell(record, &format!("{marker} started on the server"));
             record.started += 1;
+            record.started_markers.insert(marker.to_owned());
             if let Some((why, starts)) = record.free.remove(marker) {
                 // A guard restarted since has an empty table and remaps the
                 // sessions it did not see start, for its window.
@@ -160,6 +163,11 @@ impl Oracle {
             Self::tell(record, &format!("{marker} cancelled on the server"));
             record.cancelled.insert(marker.to_owned());
         });
+    }
+
+    /// Whether the server started `marker`'s request.
+    pub fn was_started(&self, marker: &str) -> bool {
+        self.with(|record| record.started_markers.contains(marker))
     }
 
     /// Whether the server cancelled `marker`'s request.

@@ -74,7 +74,7 @@ pub async fn run(
         let called = call(&setup, &quirks, &session, &marker, ms, Plan::Wait, &oracle).await;
         freed = match called.answered {
             Some(0) => Some(format!("{marker} was answered on its POST's stream")),
-            Some(polls) => Some(format!("{marker} was answered on its {polls}th resumption")),
+            Some(polls) => Some(format!("{marker} was answered on resumption {polls}")),
             None => None,
         };
         if called.session_lost {

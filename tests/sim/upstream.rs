@@ -16,6 +16,11 @@
 //! sends a request of its own (sampling, ids counting from 1 like the
 //! clients'), whose answer must come back to it once and as sent.
 //!
+//! A batch (a JSON array, 2025-03-26) it runs member by member, each routed
+//! by its id like any request, and answers as one JSON array once every
+//! member has answered (a member cancelled on the server has no answer; one
+//! whose route a duplicate took leaves the batch hanging, as in the SDKs).
+//!
 //! The calls of the sequential poller (see [`crate::poller`]) it always
 //! answers on SSE, sends progress every [`PROGRESS_EVERY`] while the tool
 //! runs, and closes early every time, resumed streams too (SEP-1699
@@ -62,6 +67,8 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 enum Route {
     /// The POST waiting to answer as JSON.
     Json(mpsc::UnboundedSender<Bytes>),
+    /// A batch's POST, waiting for each member's answer (empty: cancelled).
+    Batch(mpsc::UnboundedSender<Bytes>),
     /// An SSE stream of the session's event store.
     Stream(u64),
 }
@@ -276,6 +283,11 @@ impl Upstream {
             return status(StatusCode::BAD_REQUEST);
         };
         let method = message["method"].as_str().unwrap_or_default();
+        if let (Some(session), Value::Array(members)) = (&session, &message) {
+            if self.with(|s| s.sessions.contains_key(session)) {
+                return self.batch(session, members).await;
+            }
+        }
         match (session, method) {
             (None, "initialize") => self.initialize(&message),
             (None, _) => status(StatusCode::BAD_REQUEST),
@@ -287,7 +299,7 @@ impl Upstream {
                 self.answered(&session, &message)
             }
             (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
-            (Some(session), "tools/call") => match self.tool_call(session, message) {
+            (Some(session), "tools/call") => match self.tool_call(session, message, None) {
                 Ok(response) => response,
                 // As the SDKs do, the JSON answer's head goes with its body,
                 // once the tool has finished; a request whose route was
@@ -332,11 +344,48 @@ impl Upstream {
         response
     }
 
-    /// The SSE response at once, or where the JSON answer will come from.
+    /// A batch: each request member started (a `tools/call` on its tool, any
+    /// other answered at once), then the array of their answers once every
+    /// one has come; notifications are taken.
+    async fn batch(&self, session: &str, members: &[Value]) -> Response<Body> {
+        let (route, mut answers) = mpsc::unbounded_channel();
+        let mut requests = 0;
+        for member in members {
+            if member.get("id").is_none() {
+                continue;
+            }
+            requests += 1;
+            if member["method"] == "tools/call" {
+                let _ = self.tool_call(session.to_owned(), member.clone(), Some(route.clone()));
+            } else {
+                let answer = json!({"jsonrpc": "2.0", "id": member["id"], "result": {}});
+                let _ = route.send(Bytes::from(answer.to_string()));
+            }
+        }
+        if requests == 0 {
+            return status(StatusCode::ACCEPTED);
+        }
+        let mut array = Vec::new();
+        for _ in 0..requests {
+            match answers.recv().await {
+                Some(answer) if answer.is_empty() => {}
+                Some(answer) => array.push(String::from_utf8_lossy(&answer).into_owned()),
+                None => std::future::pending().await,
+            }
+        }
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!("[{}]", array.join(",")))).boxed_unsync())
+            .expect("a valid response")
+    }
+
+    /// The SSE response at once, or where the JSON answer will come from
+    /// (`batch`: the batch's route, always JSON).
     fn tool_call(
         &self,
         session: String,
         message: Value,
+        batch: Option<mpsc::UnboundedSender<Bytes>>,
     ) -> Result<Response<Body>, (mpsc::UnboundedReceiver<Bytes>, Dress)> {
         let id = message["id"].clone();
         let key = key_of(&id);
@@ -349,7 +398,7 @@ impl Upstream {
         let polled = crate::poller::is_polled(&marker);
         let response = self.with(|state| {
             state.oracle.server_started(&marker, &id);
-            let sse = state.rng.random_bool(0.5) || polled;
+            let sse = (state.rng.random_bool(0.5) || polled) && batch.is_none();
             let poll = (sse && state.rng.random_bool(state.poll_rate)) || polled;
             let ask = sse && state.rng.random_bool(0.3);
             let dress = state.dress();
@@ -368,6 +417,12 @@ impl Upstream {
                 marker: marker.clone(),
                 cancel,
             };
+            if let Some(route) = batch {
+                entry
+                    .routes
+                    .insert(key.clone(), running(Route::Batch(route)));
+                return Ok(status(StatusCode::ACCEPTED));
+            }
             if !sse {
                 let (route, answer) = mpsc::unbounded_channel();
                 // The bug: the latest request under an id takes its route.
@@ -443,7 +498,7 @@ impl Upstream {
                 entry.finished(&key);
                 // Whoever holds the route under this id now gets it.
                 match entry.routes.remove(&key).map(|running| running.route) {
-                    Some(Route::Json(route)) => {
+                    Some(Route::Json(route) | Route::Batch(route)) => {
                         let _ = route.send(Bytes::from(result));
                     }
                     Some(Route::Stream(stream)) => entry.push(stream, &result, true),
@@ -520,8 +575,13 @@ impl Upstream {
             };
             entry.finished(&key);
             let _ = running.cancel.send(());
-            if let Route::Stream(stream) = running.route {
-                entry.end(stream);
+            match running.route {
+                Route::Stream(stream) => entry.end(stream),
+                // The batch answers without it.
+                Route::Batch(route) => {
+                    let _ = route.send(Bytes::new());
+                }
+                Route::Json(_) => {}
             }
             state.oracle.server_cancelled(&running.marker);
         });

@@ -105,6 +105,9 @@ pub struct Setup {
     /// The share of seeds with the sequential poller (see
     /// [`Quirks::repoll`]).
     pub repoll_rate: f64,
+    /// The share of seeds whose clients send batches (see
+    /// [`Quirks::batches`]).
+    pub batches_rate: f64,
 }
 
 impl Default for Setup {
@@ -139,6 +142,7 @@ impl Default for Setup {
             partition_rate: 0.3,
             reset_rate: 0.3,
             repoll_rate: 0.3,
+            batches_rate: 0.3,
         }
     }
 }
@@ -170,6 +174,9 @@ pub struct Quirks {
     /// item 3, see [`crate::poller`]): each answered call's id must be free
     /// for the next.
     pub repoll: bool,
+    /// Each client also sends a few JSON-RPC batches into its session (see
+    /// [`crate::batch`]).
+    pub batches: bool,
 }
 
 impl Quirks {
@@ -187,6 +194,7 @@ impl Quirks {
             hiding: rng.random_bool(setup.hiding_rate),
             slow_bodies: rng.random_bool(setup.slow_bodies_rate),
             repoll: rng.random_bool(setup.repoll_rate),
+            batches: rng.random_bool(setup.batches_rate),
         }
     }
 }
@@ -435,11 +443,21 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     // One permit per client that has finished, and its session.
     let done = Arc::new(tokio::sync::Semaphore::new(0));
     let sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The clients know the policy they face (the batches' promises follow
+    // it); without the guard, nothing refuses.
+    let clients_setup = Setup {
+        policy: Some(if setup.guard {
+            policy
+        } else {
+            OnDuplicate::Remap
+        }),
+        ..setup.clone()
+    };
     for index in 0..setup.clients {
         let name = format!("client-{index}");
         let client_seed = rng.random();
         let (setup, oracle, done, sessions) = (
-            setup.clone(),
+            clients_setup.clone(),
             oracle.clone(),
             Arc::clone(&done),
             Arc::clone(&sessions),
