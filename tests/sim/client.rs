@@ -104,6 +104,19 @@ pub async fn run(
             crate::batch::conversation(&name, &sessions, &setup, &quirks, seed, &oracle).await;
         });
     }
+    if quirks.hostile {
+        // The hostile conversation, in the same session.
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
+        let seed = rng.random();
+        conversations.spawn_local(async move {
+            crate::hostile::conversation(&name, &sessions, &setup, &quirks, seed, &oracle).await;
+        });
+    }
     while conversations.join_next().await.is_some() {}
     let all = std::mem::take(&mut sessions.lock().await.all);
     Ok(all)
@@ -229,15 +242,43 @@ pub async fn call(
     plan: Plan,
     oracle: &Oracle,
 ) -> Called {
+    let message = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
+    });
+    let target = Target {
+        session,
+        id: &json!(1),
+        body: message.to_string(),
+    };
+    call_as(setup, quirks, target, marker, ms, plan, oracle).await
+}
+
+/// Where a call goes and what it is: its body as written (an id may be
+/// spelled as a hostile client spells it) and its id as read.
+pub struct Target<'a> {
+    pub session: &'a str,
+    pub id: &'a Value,
+    pub body: String,
+}
+
+/// One `tools/call` on a new connection, judged: its answer must carry
+/// `target.id` (as read) and its own marker.
+pub async fn call_as(
+    setup: &Setup,
+    quirks: &Quirks,
+    target: Target<'_>,
+    marker: &str,
+    ms: u64,
+    plan: Plan,
+    oracle: &Oracle,
+) -> Called {
+    let Target { session, id, body } = target;
     let mut called = Called {
         session_lost: false,
         answered: None,
         replay_from: None,
     };
-    let message = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
-    });
     // Some calls of a hiding client claim revision 2026-07-28 and name that
     // header in `Connection` (chosen by the marker, so the seed's other
     // draws stay as they were).
@@ -255,7 +296,7 @@ pub async fn call(
         &[]
     };
     let exchange = async {
-        let (status, mut got) = read(post_with(Some(session), &message, extra)).await?;
+        let (status, mut got) = read(post_raw(Some(session), body, extra)).await?;
         answer_server(session, &got.asked, quirks, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
@@ -374,7 +415,7 @@ pub async fn call(
             oracle.ended(marker, Outcome::Error(400));
         }
         (Ok(Ok((status, read, polls))), _) => {
-            if judge(marker, status, &read, polls, oracle) {
+            if judge(marker, id, status, &read, polls, oracle) {
                 called.answered = Some(polls);
             }
             if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
@@ -494,7 +535,14 @@ async fn read(
 /// Whether the answer is the request's own: its id, its marker. True when
 /// it is the server's result (an error here is a stand-in's or a refusal:
 /// the proxy's `502` leaves the id abandoned).
-fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) -> bool {
+fn judge(
+    marker: &str,
+    id: &Value,
+    status: StatusCode,
+    read: &Read,
+    polls: u32,
+    oracle: &Oracle,
+) -> bool {
     let Some(answer) = &read.answer else {
         if oracle.was_cancelled(marker) {
             oracle.ended(marker, Outcome::CancelledByAnother);
@@ -506,7 +554,7 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
         ));
         return false;
     };
-    if answer["id"] != json!(1) {
+    if answer["id"] != *id {
         oracle.violation(format!("{marker}: an answer with id {}", answer["id"]));
         return false;
     }
@@ -609,13 +657,13 @@ pub async fn post(
     session: Option<&str>,
     message: &Value,
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
-    post_with(session, message, &[]).await
+    post_raw(session, message.to_string(), &[]).await
 }
 
-/// [`post`] with `extra` headers.
-async fn post_with(
+/// POSTs `body` as written, with `extra` headers.
+pub async fn post_raw(
     session: Option<&str>,
-    message: &Value,
+    body: String,
     extra: &[(&str, &str)],
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
     let mut request = Request::post("/mcp")
@@ -628,7 +676,7 @@ async fn post_with(
     for (name, value) in extra {
         request = request.header(*name, *value);
     }
-    send(request.body(Full::new(Bytes::from(message.to_string())))?).await
+    send(request.body(Full::new(Bytes::from(body)))?).await
 }
 
 /// Sends `request` to the guard on a new connection, closed when the
@@ -641,48 +689,4 @@ async fn send(
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::task::spawn_local(connection);
     Ok(sender.send_request(request).await?)
-}
-
-/// How many bodies the slow-body attacker holds at once: together they
-/// announce the guard's whole 64 MiB body budget.
-const ATTACKERS: usize = 16;
-
-/// The slow-body attacker: [`ATTACKERS`] connections, each a POST announcing
-/// the 4 MiB size cap and sending 250 bytes a second (above the body pace's
-/// minimum rate), opened again whenever the guard closes one, until
-/// `clients_done`. While a `Content-Length` was held for up front, these
-/// bodies held the whole budget and every client request got `503`.
-pub async fn hold_bodies(clients_done: &std::sync::atomic::AtomicBool, oracle: &Oracle) {
-    let mut attackers = tokio::task::JoinSet::new();
-    for attacker in 0..ATTACKERS {
-        attackers.spawn_local(hold_one_body(attacker));
-    }
-    while !clients_done.load(std::sync::atomic::Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    attackers.abort_all();
-    while attackers.join_next().await.is_some() {}
-    oracle.note("attacker: stopped");
-}
-
-/// One attacking connection after another, each sending its body slowly
-/// until the guard closes it.
-async fn hold_one_body(attacker: usize) {
-    use tokio::io::AsyncWriteExt as _;
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {GUARD_HOST}:{GUARD_PORT}\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\nmcp-session-id: attack-{attacker}\r\n\
-         content-length: {}\r\n\r\n{{",
-        4 * 1024 * 1024
-    );
-    loop {
-        if let Ok(mut stream) = turmoil::net::TcpStream::connect((GUARD_HOST, GUARD_PORT)).await {
-            if stream.write_all(head.as_bytes()).await.is_ok() {
-                while stream.write_all(&[b' '; 250]).await.is_ok() {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }

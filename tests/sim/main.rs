@@ -15,8 +15,10 @@
 //!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
 //!   process of its own, as its replay does (see [`isolated`]).
 
+mod attacker;
 mod batch;
 mod client;
+mod hostile;
 mod net;
 mod oracle;
 mod poller;

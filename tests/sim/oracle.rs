@@ -62,6 +62,9 @@ struct Record {
     /// How many times the guard's host started (a restart empties its
     /// table and remaps unseen sessions for its window).
     guard_starts: u32,
+    /// The server-side ids the server runs requests under now, by session:
+    /// what a server that echoes ids (a progress token, a log line) leaks.
+    leaked: BTreeMap<String, Vec<serde_json::Value>>,
     /// The requests that must reach the server under the client's own id,
     /// why, and the guard's starts when that was known.
     free: BTreeMap<String, (String, u32)>,
@@ -145,6 +148,30 @@ impl Oracle {
             Self::tell(record, &format!("{marker} must reach the server as 1"));
             record.free.insert(marker.to_owned(), (why, starts));
         });
+    }
+
+    /// The server runs a request under `id` in `session` (`running`), or
+    /// no longer does; a server-side id is leaked meanwhile.
+    pub fn leak(&self, session: &str, id: &serde_json::Value, running: bool) {
+        if !id
+            .as_str()
+            .is_some_and(|id| id.starts_with("mcp-id-guard:"))
+        {
+            return;
+        }
+        self.with(|record| {
+            let ids = record.leaked.entry(session.to_owned()).or_default();
+            if running {
+                ids.push(id.clone());
+            } else if let Some(at) = ids.iter().position(|leaked| leaked == id) {
+                ids.remove(at);
+            }
+        });
+    }
+
+    /// A server-side id the server runs a request of `session` under now.
+    pub fn leaked(&self, session: &str) -> Option<serde_json::Value> {
+        self.with(|record| record.leaked.get(session)?.first().cloned())
     }
 
     /// The guard's host (re)started.

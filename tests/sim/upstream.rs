@@ -298,7 +298,10 @@ impl Upstream {
             (Some(session), "") if message.get("result").is_some() => {
                 self.answered(&session, &message)
             }
-            (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
+            // `id: null` is no request (JSON-RPC reserves it): a notification.
+            (Some(_), _) if message.get("id").is_none_or(Value::is_null) => {
+                status(StatusCode::ACCEPTED)
+            }
             (Some(session), "tools/call") => match self.tool_call(session, message, None) {
                 Ok(response) => response,
                 // As the SDKs do, the JSON answer's head goes with its body,
@@ -398,6 +401,7 @@ impl Upstream {
         let polled = crate::poller::is_polled(&marker);
         let response = self.with(|state| {
             state.oracle.server_started(&marker, &id);
+            state.oracle.leak(&session, &id, true);
             let sse = (state.rng.random_bool(0.5) || polled) && batch.is_none();
             let poll = (sse && state.rng.random_bool(state.poll_rate)) || polled;
             let ask = sse && state.rng.random_bool(0.3);
@@ -492,6 +496,7 @@ impl Upstream {
                 Ok(()) = cancelled => return,
             }
             upstream.with(|state| {
+                state.oracle.leak(&session, &id, false);
                 let Some(entry) = state.sessions.get_mut(&session) else {
                     return;
                 };
@@ -660,10 +665,18 @@ fn sse_stream(
     )
 }
 
-/// How python-sdk keys a request: `str(id)`, so `1` and `"1"` are one key.
+/// How the SDKs key a request, all at once: python-sdk's `str(id)`, so `1`
+/// and `"1"` are one key; and a number by its value, as JavaScript and rmcp
+/// read it, so `1.0`, `1e0` and `1` are one, and `-0` is `0`.
 fn key_of(id: &Value) -> String {
     match id {
         Value::String(text) => text.clone(),
+        Value::Number(number) => match number.as_f64() {
+            Some(value) if value.fract() == 0.0 && value.abs() < 9.0e15 => {
+                format!("{}", value as i64)
+            }
+            _ => number.to_string(),
+        },
         other => other.to_string(),
     }
 }

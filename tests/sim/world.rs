@@ -25,7 +25,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::net::{SimConnector, SimListener};
 use crate::oracle::{Oracle, Outcome};
-use crate::{client, poller, upstream};
+use crate::{attacker, client, poller, upstream};
 
 pub const GUARD_HOST: &str = "guard";
 pub const GUARD_PORT: u16 = 8080;
@@ -108,6 +108,9 @@ pub struct Setup {
     /// The share of seeds whose clients send batches (see
     /// [`Quirks::batches`]).
     pub batches_rate: f64,
+    /// The share of seeds whose clients send hostile ids (see
+    /// [`Quirks::hostile`]).
+    pub hostile_rate: f64,
 }
 
 impl Default for Setup {
@@ -143,6 +146,7 @@ impl Default for Setup {
             reset_rate: 0.3,
             repoll_rate: 0.3,
             batches_rate: 0.3,
+            hostile_rate: 0.3,
         }
     }
 }
@@ -177,6 +181,9 @@ pub struct Quirks {
     /// Each client also sends a few JSON-RPC batches into its session (see
     /// [`crate::batch`]).
     pub batches: bool,
+    /// Each client also sends calls with hostile ids into its session (see
+    /// [`crate::hostile`]).
+    pub hostile: bool,
 }
 
 impl Quirks {
@@ -195,6 +202,7 @@ impl Quirks {
             slow_bodies: rng.random_bool(setup.slow_bodies_rate),
             repoll: rng.random_bool(setup.repoll_rate),
             batches: rng.random_bool(setup.batches_rate),
+            hostile: rng.random_bool(setup.hostile_rate),
         }
     }
 }
@@ -498,7 +506,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     if quirks.slow_bodies {
         let (oracle, clients_done) = (oracle.clone(), Arc::clone(&clients_done));
         sim.client("attacker", async move {
-            client::hold_bodies(&clients_done, &oracle).await;
+            attacker::hold_bodies(&clients_done, &oracle).await;
             Ok(())
         });
     }
