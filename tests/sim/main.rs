@@ -22,6 +22,7 @@ mod hostile;
 mod net;
 mod oracle;
 mod poller;
+mod relay;
 mod upstream;
 mod world;
 

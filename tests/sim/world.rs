@@ -25,6 +25,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::net::{SimConnector, SimListener};
 use crate::oracle::{Oracle, Outcome};
+use crate::relay::{self, RELAY_HOST, RELAY_PORT};
 use crate::{attacker, client, poller, upstream};
 
 pub const GUARD_HOST: &str = "guard";
@@ -111,6 +112,9 @@ pub struct Setup {
     /// The share of seeds whose clients send hostile ids (see
     /// [`Quirks::hostile`]).
     pub hostile_rate: f64,
+    /// The share of seeds whose guard reaches the server through a relay
+    /// (see [`Quirks::series`]).
+    pub series_rate: f64,
 }
 
 impl Default for Setup {
@@ -147,6 +151,7 @@ impl Default for Setup {
             repoll_rate: 0.3,
             batches_rate: 0.3,
             hostile_rate: 0.3,
+            series_rate: 0.3,
         }
     }
 }
@@ -184,6 +189,9 @@ pub struct Quirks {
     /// Each client also sends calls with hostile ids into its session (see
     /// [`crate::hostile`]).
     pub hostile: bool,
+    /// The guard's proxy reaches the server through a second proxy, without
+    /// a guard, whose stand-ins cross HTTP (see [`crate::relay`]).
+    pub series: bool,
 }
 
 impl Quirks {
@@ -203,6 +211,7 @@ impl Quirks {
             repoll: rng.random_bool(setup.repoll_rate),
             batches: rng.random_bool(setup.batches_rate),
             hostile: rng.random_bool(setup.hostile_rate),
+            series: rng.random_bool(setup.series_rate),
         }
     }
 }
@@ -220,7 +229,14 @@ enum Fault {
 
 /// The faults of a run, in time order; the partitions from an RNG of their
 /// own (`cuts`), so that the other faults of a seed stay as they were.
-fn faults(rng: &mut StdRng, cuts: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
+/// `gateway`: the host whose link to the upstream is held (the guard's, or
+/// the relay's).
+fn faults(
+    rng: &mut StdRng,
+    cuts: &mut StdRng,
+    setup: &Setup,
+    gateway: &str,
+) -> Vec<(Duration, Fault)> {
     let mut faults = Vec::new();
     if !setup.faults {
         return faults;
@@ -231,7 +247,7 @@ fn faults(rng: &mut StdRng, cuts: &mut StdRng, setup: &Setup) -> Vec<(Duration, 
         let held = setup.max_hold.mul_f64(rng.random());
         let pick = rng.random_range(0..=setup.clients);
         let (a, b) = if pick == setup.clients {
-            (GUARD_HOST.to_owned(), UPSTREAM_HOST.to_owned())
+            (gateway.to_owned(), UPSTREAM_HOST.to_owned())
         } else {
             (format!("client-{pick}"), GUARD_HOST.to_owned())
         };
@@ -417,16 +433,22 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         guard_starts.set(incarnation + 1);
         let guard = use_guard.then_some(layer);
         async move {
+            // Through the relay, the relay's connections are the ones reset.
+            let (target, resets) = if quirks.series {
+                (format!("http://{RELAY_HOST}:{RELAY_PORT}"), 0.0)
+            } else {
+                (format!("http://{UPSTREAM_HOST}:{}", upstream::PORT), reset_rate)
+            };
             let proxy = Proxy::builder()
                 .connector(SimConnector::new(
                     StdRng::seed_from_u64(reset_seed ^ u64::from(incarnation)),
-                    reset_rate,
+                    resets,
                 ))
                 .connect_timeout(Duration::from_secs(5))
                 .response_timeout(Some(upstream_timeout))
                 .idle_timeout(Some(upstream_timeout))
                 .max_connections(Some(256))
-                .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
+                .build(&target)?;
             let metrics = Metrics::new();
             let service = stack(proxy, guard, quirks.inner_timeout, &metrics);
             let server = Server::builder()
@@ -447,6 +469,27 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             Ok(())
         }
     });
+
+    if quirks.series {
+        let relay_starts = std::cell::Cell::new(0u64);
+        let relay_oracle = oracle.clone();
+        sim.host(RELAY_HOST, move || {
+            let incarnation = relay_starts.get();
+            relay_starts.set(incarnation + 1);
+            relay_oracle.note(&format!("relay: start {incarnation}"));
+            let connector = SimConnector::new(
+                StdRng::seed_from_u64(reset_seed ^ 0x4e1a ^ incarnation),
+                reset_rate,
+            );
+            // Its 504 comes before the guard's proxy would give up.
+            let timeout = upstream_timeout.saturating_sub(Duration::from_secs(5));
+            relay::serve(
+                format!("http://{UPSTREAM_HOST}:{}", upstream::PORT),
+                connector,
+                timeout,
+            )
+        });
+    }
 
     // One permit per client that has finished, and its session.
     let done = Arc::new(tokio::sync::Semaphore::new(0));
@@ -587,7 +630,12 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
-    let faults = faults(&mut rng, &mut cuts, setup);
+    let gateway = if quirks.series {
+        RELAY_HOST
+    } else {
+        GUARD_HOST
+    };
+    let faults = faults(&mut rng, &mut cuts, setup, gateway);
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
@@ -598,8 +646,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             ));
             match fault {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
-                Fault::Partition => sim.partition(GUARD_HOST, UPSTREAM_HOST),
-                Fault::Repair => sim.repair(GUARD_HOST, UPSTREAM_HOST),
+                Fault::Partition => sim.partition(gateway, UPSTREAM_HOST),
+                Fault::Repair => sim.repair(gateway, UPSTREAM_HOST),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
                 Fault::RestartGuard => sim.bounce(GUARD_HOST),
