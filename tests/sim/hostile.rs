@@ -26,7 +26,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::client::{call_as, post_raw, Plan, Sessions, Target};
+use crate::client::{call_as, post_raw, timed_out_inside, Plan, Sessions, Target};
 use crate::oracle::{Oracle, Outcome};
 use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Quirks, Setup};
@@ -86,7 +86,7 @@ pub async fn conversation(
         .to_string()
         .replacen(r#""ID""#, &text, 1);
         if refused || id.is_null() {
-            not_run(setup, &session, body, &marker, refused, oracle).await;
+            not_run(setup, quirks, &session, body, &marker, refused, oracle).await;
             continue;
         }
         let target = Target {
@@ -103,6 +103,7 @@ pub async fn conversation(
 /// (`202`); the server never starts it.
 async fn not_run(
     setup: &Setup,
+    quirks: &Quirks,
     session: &str,
     body: String,
     marker: &str,
@@ -129,6 +130,9 @@ async fn not_run(
             if status.is_server_error() && setup.faults {
                 // The proxy's stand-in for an unreachable upstream.
                 oracle.ended(marker, Outcome::Broken);
+            } else if timed_out_inside(quirks, status) && !refused {
+                // The timeout inside the guard, slower than a held link.
+                oracle.ended(marker, Outcome::TimedOut);
             } else if status == StatusCode::NOT_FOUND && unknown && !refused {
                 // A restarted server forgot the session (the guard let the
                 // notification pass).

@@ -437,7 +437,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             let (target, resets) = if quirks.series {
                 (format!("http://{RELAY_HOST}:{RELAY_PORT}"), 0.0)
             } else {
-                (format!("http://{UPSTREAM_HOST}:{}", upstream::PORT), reset_rate)
+                (
+                    format!("http://{UPSTREAM_HOST}:{}", upstream::PORT),
+                    reset_rate,
+                )
             };
             let proxy = Proxy::builder()
                 .connector(SimConnector::new(
@@ -472,15 +475,26 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
 
     if quirks.series {
         let relay_starts = std::cell::Cell::new(0u64);
-        let relay_oracle = oracle.clone();
+        let (relay_oracle, faults_on) = (oracle.clone(), setup.faults);
         sim.host(RELAY_HOST, move || {
             let incarnation = relay_starts.get();
             relay_starts.set(incarnation + 1);
             relay_oracle.note(&format!("relay: start {incarnation}"));
+            // Besides the seed's resets mid-response, under faults a fifth of
+            // its connections is reset before a response head completes:
+            // its `502` for a request the server runs on.
+            let (rate, within) = if reset_rate > 0.0 {
+                (reset_rate, 2_000)
+            } else if faults_on {
+                (0.2, 64)
+            } else {
+                (0.0, 0)
+            };
             let connector = SimConnector::new(
                 StdRng::seed_from_u64(reset_seed ^ 0x4e1a ^ incarnation),
-                reset_rate,
-            );
+                rate,
+            )
+            .within(within.max(1));
             // Its 504 comes before the guard's proxy would give up.
             let timeout = upstream_timeout.saturating_sub(Duration::from_secs(5));
             relay::serve(
