@@ -25,7 +25,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::client::{post, timed_out_inside, Sessions};
+use crate::client::{post, timed_out_inside, within_read_timeout, Sessions};
 use crate::oracle::{Oracle, Outcome};
 use crate::upstream::{BOM, UNKNOWN_SESSION};
 use crate::world::{Quirks, Setup};
@@ -78,7 +78,9 @@ pub async fn conversation(
             let response = post(Some(&session), &message).await?;
             let status = response.status();
             let unknown = response.headers().contains_key(UNKNOWN_SESSION);
-            let bytes = response.into_body().collect().await?.to_bytes();
+            let bytes = within_read_timeout(response.into_body().collect())
+                .await??
+                .to_bytes();
             Ok::<_, Box<dyn std::error::Error>>((status, unknown, bytes))
         };
         let markers = || requests.iter().map(|(_, marker)| marker.as_str());

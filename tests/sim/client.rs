@@ -393,7 +393,10 @@ pub async fn call_as(
             setup.client_bound
         )),
         // A connection broken by a fault (a held link, a restart).
-        (Ok(Err(_)), _) if setup.faults => oracle.ended(marker, Outcome::Broken),
+        (Ok(Err(error)), _) if setup.faults => {
+            oracle.note(&format!("{marker}: broken: {error}"));
+            oracle.ended(marker, Outcome::Broken);
+        }
         (Ok(Ok((_, read, _))), _) if read.answer.is_none() && read.cut && setup.faults => {
             oracle.ended(marker, Outcome::Broken);
         }
@@ -478,10 +481,27 @@ struct Read {
 }
 
 /// Reads a response to its end (or its cut): its answer and last event id.
+/// How long a client waits for the next byte of a response (its head, or
+/// the next frame) before it gives up and drops the connection: a read
+/// timeout, past every timeout of the guard's (the proxy's 30 s, a link
+/// held 20 s on the way). A connection cut by a partition between the
+/// client and the guard stalls for good (turmoil loses what was sent
+/// meanwhile), and only this ends it.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `what`, unless it is silent for [`READ_TIMEOUT`].
+pub async fn within_read_timeout<T>(
+    what: impl std::future::Future<Output = T>,
+) -> Result<T, Box<dyn std::error::Error>> {
+    tokio::time::timeout(READ_TIMEOUT, what)
+        .await
+        .map_err(|_| format!("read timeout: nothing for {READ_TIMEOUT:?}").into())
+}
+
 async fn read(
     response: impl std::future::Future<Output = Result<Response<Incoming>, Box<dyn std::error::Error>>>,
 ) -> Result<(StatusCode, Read), Box<dyn std::error::Error>> {
-    let response = response.await?;
+    let response = within_read_timeout(response).await??;
     let status = response.status();
     let sse = response
         .headers()
@@ -492,7 +512,7 @@ async fn read(
     let mut bytes = Vec::new();
     // A cut stream keeps what arrived before the cut.
     let mut cut = false;
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = within_read_timeout(body.frame()).await? {
         match frame {
             Ok(frame) => {
                 if let Some(data) = frame.data_ref() {
@@ -688,5 +708,5 @@ async fn send(
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::task::spawn_local(connection);
-    Ok(sender.send_request(request).await?)
+    Ok(within_read_timeout(sender.send_request(request)).await??)
 }

@@ -26,7 +26,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::client::{call_as, post_raw, timed_out_inside, Plan, Sessions, Target};
+use crate::client::{
+    call_as, post_raw, timed_out_inside, within_read_timeout, Plan, Sessions, Target,
+};
 use crate::oracle::{Oracle, Outcome};
 use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Quirks, Setup};
@@ -114,7 +116,9 @@ async fn not_run(
         let response = post_raw(Some(session), body, &[]).await?;
         let status = response.status();
         let unknown = response.headers().contains_key(UNKNOWN_SESSION);
-        let bytes = response.into_body().collect().await?.to_bytes();
+        let bytes = within_read_timeout(response.into_body().collect())
+            .await??
+            .to_bytes();
         Ok::<_, Box<dyn std::error::Error>>((status, unknown, bytes))
     };
     match tokio::time::timeout(setup.client_bound, exchange).await {

@@ -115,6 +115,11 @@ pub struct Setup {
     /// The share of seeds whose guard reaches the server through a relay
     /// (see [`Quirks::series`]).
     pub series_rate: f64,
+    /// Under faults, the share of seeds that partition a client from the
+    /// guard for up to `max_hold`: the connections open then stall for good,
+    /// the client gives up on them after its read timeout and goes on
+    /// (reusing `id: 1`), while the guard may still be sending the answer.
+    pub client_cut_rate: f64,
 }
 
 impl Default for Setup {
@@ -152,6 +157,7 @@ impl Default for Setup {
             batches_rate: 0.3,
             hostile_rate: 0.3,
             series_rate: 0.3,
+            client_cut_rate: 0.3,
         }
     }
 }
@@ -223,6 +229,9 @@ enum Fault {
     Release(String, String),
     Partition,
     Repair,
+    /// A client partitioned from the guard, and healed.
+    Cut(String),
+    Heal(String),
     RestartUpstream,
     RestartGuard,
 }
@@ -232,6 +241,7 @@ enum Fault {
 /// `gateway`: the host whose link to the upstream is held (the guard's, or
 /// the relay's).
 fn faults(
+    seed: u64,
     rng: &mut StdRng,
     cuts: &mut StdRng,
     setup: &Setup,
@@ -266,6 +276,17 @@ fn faults(
         let at = window.mul_f64(cuts.random());
         faults.push((at, Fault::Partition));
         faults.push((at + setup.max_hold.mul_f64(cuts.random()), Fault::Repair));
+    }
+    // From an RNG of its own, so that the other faults of a seed stay.
+    let mut clients = StdRng::seed_from_u64(seed ^ 0xc11e_c075);
+    if clients.random_bool(setup.client_cut_rate) {
+        let at = window.mul_f64(clients.random());
+        let client = format!("client-{}", clients.random_range(0..setup.clients));
+        faults.push((at, Fault::Cut(client.clone())));
+        faults.push((
+            at + setup.max_hold.mul_f64(clients.random()),
+            Fault::Heal(client),
+        ));
     }
     faults.sort_by_key(|(at, _)| *at);
     faults
@@ -649,7 +670,7 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     } else {
         GUARD_HOST
     };
-    let faults = faults(&mut rng, &mut cuts, setup, gateway);
+    let faults = faults(seed, &mut rng, &mut cuts, setup, gateway);
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
@@ -662,6 +683,8 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
                 Fault::Partition => sim.partition(gateway, UPSTREAM_HOST),
                 Fault::Repair => sim.repair(gateway, UPSTREAM_HOST),
+                Fault::Cut(client) => sim.partition(client.as_str(), GUARD_HOST),
+                Fault::Heal(client) => sim.repair(client.as_str(), GUARD_HOST),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
                 Fault::RestartGuard => sim.bounce(GUARD_HOST),
