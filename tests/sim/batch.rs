@@ -25,9 +25,11 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::client::{post, timed_out_inside, within_read_timeout, Sessions};
+use crate::client::{post, timed_out_inside, Sessions};
 use crate::oracle::{Oracle, Outcome};
-use crate::upstream::{BOM, UNKNOWN_SESSION};
+use crate::read::within_read_timeout;
+use crate::respond::BOM;
+use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Quirks, Setup};
 
 /// How many batches a client sends.

@@ -26,10 +26,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::client::{
-    call_as, post_raw, timed_out_inside, within_read_timeout, Plan, Sessions, Target,
-};
+use crate::client::{call_as, post_raw, timed_out_inside, Plan, Sessions, Target};
 use crate::oracle::{Oracle, Outcome};
+use crate::read::within_read_timeout;
 use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Quirks, Setup};
 
@@ -80,7 +79,10 @@ pub async fn conversation(
             other => other.to_owned(),
         };
         let id: Value = serde_json::from_str(&text).expect("ids are JSON");
-        oracle.note(&format!("{marker}: id {text}"));
+        // A leaked id's counter starts at a random point: not in the story.
+        let leaked = spelling == "leaked" && text != SPELLINGS[1].0;
+        let told = if leaked { "a leaked one" } else { &text };
+        oracle.note(&format!("{marker}: id {told}"));
         let body = json!({
             "jsonrpc": "2.0", "id": "ID", "method": "tools/call",
             "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}

@@ -27,11 +27,14 @@
 mod attacker;
 mod batch;
 mod client;
+mod faults;
 mod hostile;
 mod net;
 mod oracle;
 mod poller;
+mod read;
 mod relay;
+mod respond;
 mod upstream;
 mod world;
 

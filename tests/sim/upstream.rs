@@ -39,7 +39,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
@@ -49,6 +48,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::oracle::Oracle;
+use crate::respond::{json_body, json_response, status, unknown_session, Body, Dress, NO_CODINGS};
 use crate::world::Quirks;
 
 pub const PORT: u16 = 8000;
@@ -60,8 +60,6 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(300);
 /// The header of the server's `404` for a session it does not know (as
 /// after a restart), which the clients answer with a new session.
 pub const UNKNOWN_SESSION: &str = "x-sim-unknown-session";
-
-type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Where the answer to a running request goes.
 enum Route {
@@ -170,19 +168,6 @@ struct State {
     dress_rng: StdRng,
 }
 
-/// How one response is dressed, in the seeds whose server does so.
-#[derive(Clone, Copy, Default)]
-struct Dress {
-    /// A `Content-Encoding` that is no coding.
-    coding: Option<&'static str>,
-    /// A byte order mark leads the body.
-    bom: bool,
-}
-
-/// `Content-Encoding` values that name no coding (RFC 9110 §8.4: a list,
-/// `identity` is none, empty elements allowed).
-const NO_CODINGS: [&str; 4] = ["identity", "identity, identity", "", "Identity ,"];
-
 impl State {
     fn dress(&mut self) -> Dress {
         let coding = (self.quirks.codings && self.dress_rng.random_bool(0.5))
@@ -191,26 +176,6 @@ impl State {
         Dress { coding, bom }
     }
 }
-
-impl Dress {
-    fn apply(self, mut response: Response<Body>) -> Response<Body> {
-        if let Some(coding) = self.coding {
-            response.headers_mut().insert(
-                http::header::CONTENT_ENCODING,
-                http::HeaderValue::from_static(coding),
-            );
-        }
-        response
-    }
-
-    /// The mark, when the body has one.
-    fn lead(self) -> Option<Bytes> {
-        self.bom.then_some(Bytes::from_static(BOM))
-    }
-}
-
-/// A UTF-8 byte order mark.
-pub const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The server's state: kept across its connections.
 #[derive(Clone)]
@@ -679,38 +644,4 @@ fn key_of(id: &Value) -> String {
         },
         other => other.to_string(),
     }
-}
-
-fn unknown_session() -> Response<Body> {
-    let mut response = status(StatusCode::NOT_FOUND);
-    response
-        .headers_mut()
-        .insert(UNKNOWN_SESSION, http::HeaderValue::from_static("1"));
-    response
-}
-
-fn status(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
-    *response.status_mut() = status;
-    response
-}
-
-fn json_response(message: &Value) -> Response<Body> {
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(message.to_string())).boxed_unsync())
-        .expect("a valid response")
-}
-
-fn json_body(answer: Bytes, dress: Dress) -> Response<Body> {
-    let body = match dress.lead() {
-        Some(bom) => Bytes::from([bom, answer].concat()),
-        None => answer,
-    };
-    dress.apply(
-        Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(body).boxed_unsync())
-            .expect("a valid response"),
-    )
 }
