@@ -64,17 +64,23 @@ pub fn faults(
         faults.push((at, Fault::Partition));
         faults.push((at + setup.max_hold.mul_f64(cuts.random()), Fault::Repair));
     }
-    // From an RNG of its own, so that the other faults of a seed stay.
-    let mut clients = StdRng::seed_from_u64(seed ^ 0xc11e_c075);
-    if clients.random_bool(setup.client_cut_rate) {
-        let at = window.mul_f64(clients.random());
-        let client = format!("client-{}", clients.random_range(0..setup.clients));
+    if let Some((at, until, client)) = client_cut(seed, setup) {
         faults.push((at, Fault::Cut(client.clone())));
-        faults.push((
-            at + setup.max_hold.mul_f64(clients.random()),
-            Fault::Heal(client),
-        ));
+        faults.push((until, Fault::Heal(client)));
     }
     faults.sort_by_key(|(at, _)| *at);
     faults
+}
+
+/// Under faults, the seed's partition of a client from the guard, if any:
+/// when, until when, and which client. From an RNG of its own, so that the
+/// other faults of a seed stay as they were.
+pub fn client_cut(seed: u64, setup: &Setup) -> Option<(Duration, Duration, String)> {
+    let mut clients = StdRng::seed_from_u64(seed ^ 0xc11e_c075);
+    if !setup.faults || !clients.random_bool(setup.client_cut_rate) {
+        return None;
+    }
+    let at = Duration::from_secs(60).mul_f64(clients.random());
+    let client = format!("client-{}", clients.random_range(0..setup.clients));
+    Some((at, at + setup.max_hold.mul_f64(clients.random()), client))
 }

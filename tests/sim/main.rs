@@ -68,12 +68,12 @@ use world::{Report, Setup};
 ///   it hold for queued ones too), a server-side id the server leaked, sent
 ///   back by a hostile client, reached the server as it was while the
 ///   request it was issued for still ran: the server ran two requests under
-///   it, and the hostile client got that request's answer (15 of the first
+///   it, and the hostile client got that request's answer (14 of the first
 ///   60 seeds from 1000 failed so);
 /// - 1005 (#42's batches, see [`batch`]): with the check of a batch's
 ///   repeated ids dropped (`mark_collisions`' `repeated`), `id: 1` twice in
 ///   one batch reached the server twice, and a batch with a duplicate was
-///   not refused under `Reject` or `Queue` (8 of the first 60 seeds from
+///   not refused under `Reject` or `Queue` (7 of the first 60 seeds from
 ///   1000 failed so);
 /// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
 ///   resumed stream went unread, and its client got a server-side id (item

@@ -23,7 +23,7 @@ use tower::util::BoxCloneService;
 use tower::BoxError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use crate::faults::{faults, Fault};
+use crate::faults::{self, faults, Fault};
 use crate::net::{SimConnector, SimListener};
 use crate::oracle::{Oracle, Outcome};
 use crate::relay::{self, RELAY_HOST, RELAY_PORT};
@@ -532,12 +532,21 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         );
         let sessions = Arc::clone(&sessions);
         let clients_done = Arc::clone(&clients_done);
+        let cut = faults::client_cut(seed, &setup).is_some();
         sim.client("checker", async move {
             let clients = u32::try_from(clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
             clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
-            // The last bodies' ends reach the guard.
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The last bodies' ends reach the guard. A client cut off from
+            // the guard left requests the guard cannot know were given up
+            // (the connection's end was lost): they end with the server's
+            // answer, or the proxy's timeouts.
+            let settle = if cut {
+                setup.upstream_timeout + Duration::from_secs(1)
+            } else {
+                Duration::from_secs(1)
+            };
+            tokio::time::sleep(settle).await;
             // The guard running now (a restarted one's table starts empty).
             let guard = stats_of.lock().unwrap().clone().filter(|_| setup.guard);
             if let Some(guard) = guard {
