@@ -17,14 +17,15 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::oracle::{Oracle, Outcome};
-use crate::upstream::{BOM, UNKNOWN_SESSION};
+use crate::read::{read, within_read_timeout, Read};
+use crate::upstream::UNKNOWN_SESSION;
 use crate::world::{Quirks, Setup, GUARD_HOST, GUARD_PORT};
 
 /// The client's session, shared by its conversations, and every session it
 /// had (a restarted server forgets them: the client starts another).
-struct Sessions {
-    current: String,
-    all: Vec<String>,
+pub struct Sessions {
+    pub current: String,
+    pub all: Vec<String>,
 }
 
 /// One client: its session, then its conversations, all at once. Returns
@@ -90,6 +91,33 @@ pub async fn run(
             }
         });
     }
+    if quirks.batches {
+        // The batch conversation, in the same session: its `id: 1` members
+        // duplicate the conversations' calls in flight.
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
+        let seed = rng.random();
+        conversations.spawn_local(async move {
+            crate::batch::conversation(&name, &sessions, &setup, &quirks, seed, &oracle).await;
+        });
+    }
+    if quirks.hostile {
+        // The hostile conversation, in the same session.
+        let (name, sessions, setup, oracle) = (
+            name.clone(),
+            Rc::clone(&sessions),
+            setup.clone(),
+            oracle.clone(),
+        );
+        let seed = rng.random();
+        conversations.spawn_local(async move {
+            crate::hostile::conversation(&name, &sessions, &setup, &quirks, seed, &oracle).await;
+        });
+    }
     while conversations.join_next().await.is_some() {}
     let all = std::mem::take(&mut sessions.lock().await.all);
     Ok(all)
@@ -127,7 +155,7 @@ pub async fn touch(session: &str) -> Result<StatusCode, Box<dyn std::error::Erro
 
 /// `initialize` and `notifications/initialized`, through the guard: the
 /// session id.
-async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
+pub async fn initialize(name: &str, setup: &Setup, oracle: &Oracle) -> turmoil::Result<String> {
     // Under faults (a restart, a held or partitioned link) a client tries
     // again, as real ones do, a second apart for longer than a link stays
     // down; without them the first failure counts.
@@ -187,9 +215,12 @@ pub enum Plan {
 }
 
 /// How a call ended, for what its conversation does next.
-struct Called {
+pub struct Called {
     /// The server no longer knows the session.
-    session_lost: bool,
+    pub session_lost: bool,
+    /// Its own answer reached the client (on its POST's stream, or on a
+    /// resumption): `Some(polls)`, the number of resumptions it took.
+    pub answered: Option<u32>,
     /// Answered on the POST's own stream after an event with this id: where
     /// a client resumes to have the answer replayed.
     replay_from: Option<String>,
@@ -198,12 +229,12 @@ struct Called {
 /// Whether `status` is the empty `408` of the timeout inside the guard
 /// (tower-http's), which answers in the server's place while the server
 /// runs on: an ending the stack's owner chose, not the guard's failure.
-fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
+pub fn timed_out_inside(quirks: &Quirks, status: StatusCode) -> bool {
     quirks.inner_timeout.is_some() && status == StatusCode::REQUEST_TIMEOUT
 }
 
 /// One `tools/call` with `id: 1` on a new connection, judged.
-async fn call(
+pub async fn call(
     setup: &Setup,
     quirks: &Quirks,
     session: &str,
@@ -212,14 +243,43 @@ async fn call(
     plan: Plan,
     oracle: &Oracle,
 ) -> Called {
-    let mut called = Called {
-        session_lost: false,
-        replay_from: None,
-    };
     let message = json!({
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "slow", "arguments": {"marker": marker, "ms": ms}}
     });
+    let target = Target {
+        session,
+        id: &json!(1),
+        body: message.to_string(),
+    };
+    call_as(setup, quirks, target, marker, ms, plan, oracle).await
+}
+
+/// Where a call goes and what it is: its body as written (an id may be
+/// spelled as a hostile client spells it) and its id as read.
+pub struct Target<'a> {
+    pub session: &'a str,
+    pub id: &'a Value,
+    pub body: String,
+}
+
+/// One `tools/call` on a new connection, judged: its answer must carry
+/// `target.id` (as read) and its own marker.
+pub async fn call_as(
+    setup: &Setup,
+    quirks: &Quirks,
+    target: Target<'_>,
+    marker: &str,
+    ms: u64,
+    plan: Plan,
+    oracle: &Oracle,
+) -> Called {
+    let Target { session, id, body } = target;
+    let mut called = Called {
+        session_lost: false,
+        answered: None,
+        replay_from: None,
+    };
     // Some calls of a hiding client claim revision 2026-07-28 and name that
     // header in `Connection` (chosen by the marker, so the seed's other
     // draws stay as they were).
@@ -237,7 +297,7 @@ async fn call(
         &[]
     };
     let exchange = async {
-        let (status, mut got) = read(post_with(Some(session), &message, extra)).await?;
+        let (status, mut got) = read(post_raw(Some(session), body, extra)).await?;
         answer_server(session, &got.asked, quirks, oracle).await;
         oracle.note(&format!(
             "{marker}: POST: {status}, last event {:?}, answer {}",
@@ -334,7 +394,10 @@ async fn call(
             setup.client_bound
         )),
         // A connection broken by a fault (a held link, a restart).
-        (Ok(Err(_)), _) if setup.faults => oracle.ended(marker, Outcome::Broken),
+        (Ok(Err(error)), _) if setup.faults => {
+            oracle.note(&format!("{marker}: broken: {error}"));
+            oracle.ended(marker, Outcome::Broken);
+        }
         (Ok(Ok((_, read, _))), _) if read.answer.is_none() && read.cut && setup.faults => {
             oracle.ended(marker, Outcome::Broken);
         }
@@ -356,7 +419,9 @@ async fn call(
             oracle.ended(marker, Outcome::Error(400));
         }
         (Ok(Ok((status, read, polls))), _) => {
-            judge(marker, status, &read, polls, oracle);
+            if judge(marker, id, status, &read, polls, oracle) {
+                called.answered = Some(polls);
+            }
             if polls == 0 && read.answer.is_some() && read.first_event != read.last_event {
                 called.replay_from = read.first_event;
             }
@@ -397,100 +462,35 @@ async fn replay_answer(setup: &Setup, session: &str, marker: &str, from: &str, o
     }
 }
 
-/// What a response carried.
-#[derive(Default)]
-struct Read {
-    /// The JSON-RPC response in it, if any.
-    answer: Option<Value>,
-    /// The last SSE event id it carried.
-    last_event: Option<String>,
-    /// The first SSE event id it carried.
-    first_event: Option<String>,
-    /// The start of the body, for the record.
-    text: String,
-    /// The server said it does not know the session.
-    unknown_session: bool,
-    /// The body was cut, not ended.
-    cut: bool,
-    /// The ids of the server's requests it carried (sampling).
-    asked: Vec<Value>,
-}
-
-/// Reads a response to its end (or its cut): its answer and last event id.
-async fn read(
-    response: impl std::future::Future<Output = Result<Response<Incoming>, Box<dyn std::error::Error>>>,
-) -> Result<(StatusCode, Read), Box<dyn std::error::Error>> {
-    let response = response.await?;
-    let status = response.status();
-    let sse = response
-        .headers()
-        .get("content-type")
-        .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
-    let unknown_session = response.headers().contains_key(UNKNOWN_SESSION);
-    let mut body = response.into_body();
-    let mut bytes = Vec::new();
-    // A cut stream keeps what arrived before the cut.
-    let mut cut = false;
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(_) => {
-                cut = true;
-                break;
-            }
-        }
-    }
-    let mut read = Read {
-        text: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
-        unknown_session: unknown_session && status == StatusCode::NOT_FOUND,
-        cut,
-        ..Read::default()
-    };
-    if sse {
-        for (id, message) in sse_events(&bytes) {
-            if id.is_some() {
-                if read.first_event.is_none() {
-                    read.first_event.clone_from(&id);
-                }
-                read.last_event = id;
-            }
-            if message.get("method").is_some() && message.get("id").is_some() {
-                read.asked.push(message["id"].clone());
-            } else if message.get("result").is_some() || message.get("error").is_some() {
-                read.answer = Some(message);
-            }
-        }
-    } else {
-        // As `fetch`'s `json()` does, a leading byte order mark is skipped.
-        read.answer = serde_json::from_slice(bytes.strip_prefix(BOM).unwrap_or(&bytes)).ok();
-    }
-    Ok((status, read))
-}
-
-/// Whether the answer is the request's own: its id, its marker.
-fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Oracle) {
+/// Whether the answer is the request's own: its id, its marker. True when
+/// it is the server's result (an error here is a stand-in's or a refusal:
+/// the proxy's `502` leaves the id abandoned).
+fn judge(
+    marker: &str,
+    id: &Value,
+    status: StatusCode,
+    read: &Read,
+    polls: u32,
+    oracle: &Oracle,
+) -> bool {
     let Some(answer) = &read.answer else {
         if oracle.was_cancelled(marker) {
             oracle.ended(marker, Outcome::CancelledByAnother);
-            return;
+            return false;
         }
         oracle.violation(format!(
             "{marker}: {status} with no answer after {polls} polls: {}",
             read.text
         ));
-        return;
+        return false;
     };
-    if answer["id"] != json!(1) {
+    if answer["id"] != *id {
         oracle.violation(format!("{marker}: an answer with id {}", answer["id"]));
-        return;
+        return false;
     }
     if answer.get("error").is_some() {
         oracle.ended(marker, Outcome::Error(status.as_u16()));
-        return;
+        return false;
     }
     let got = answer["result"]["content"][0]["text"]
         .as_str()
@@ -499,40 +499,14 @@ fn judge(marker: &str, status: StatusCode, read: &Read, polls: u32, oracle: &Ora
         oracle.violation(format!(
             "{marker}: cross-wired: received the answer to {got}"
         ));
-    } else if polls > 0 {
+        return false;
+    }
+    if polls > 0 {
         oracle.ended(marker, Outcome::Resumed);
     } else {
         oracle.ended(marker, Outcome::Answered);
     }
-}
-
-/// Each SSE event's id and the JSON message of its data (events without
-/// data, such as the priming event, count for their id). A byte order mark
-/// leading the stream is no part of the first field (the SSE standard's
-/// decoder drops it). As in a WHATWG client, an event counts once its blank
-/// line has come: the tail of a stream cut inside an event sets no last
-/// event id (resuming from it would skip the event).
-fn sse_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
-    let text = String::from_utf8_lossy(body.strip_prefix(BOM).unwrap_or(body));
-    let mut events: Vec<&str> = text.split("\n\n").collect();
-    // What follows the last blank line: an event not dispatched (or "").
-    events.pop();
-    events
-        .into_iter()
-        .map(|event| {
-            let id = event
-                .lines()
-                .find_map(|line| line.strip_prefix("id:"))
-                .map(|id| id.trim().to_owned());
-            let data: Vec<&str> = event
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .map(str::trim_start)
-                .collect();
-            let message = serde_json::from_str(&data.join("\n")).unwrap_or(Value::Null);
-            (id, message)
-        })
-        .collect()
+    true
 }
 
 /// Answers the server's requests (in its id space, where `1` is not the
@@ -580,17 +554,17 @@ async fn resume(
 }
 
 /// POSTs `message` to the guard on a new connection.
-async fn post(
+pub async fn post(
     session: Option<&str>,
     message: &Value,
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
-    post_with(session, message, &[]).await
+    post_raw(session, message.to_string(), &[]).await
 }
 
-/// [`post`] with `extra` headers.
-async fn post_with(
+/// POSTs `body` as written, with `extra` headers.
+pub async fn post_raw(
     session: Option<&str>,
-    message: &Value,
+    body: String,
     extra: &[(&str, &str)],
 ) -> Result<Response<Incoming>, Box<dyn std::error::Error>> {
     let mut request = Request::post("/mcp")
@@ -603,7 +577,7 @@ async fn post_with(
     for (name, value) in extra {
         request = request.header(*name, *value);
     }
-    send(request.body(Full::new(Bytes::from(message.to_string())))?).await
+    send(request.body(Full::new(Bytes::from(body)))?).await
 }
 
 /// Sends `request` to the guard on a new connection, closed when the
@@ -615,49 +589,5 @@ async fn send(
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::task::spawn_local(connection);
-    Ok(sender.send_request(request).await?)
-}
-
-/// How many bodies the slow-body attacker holds at once: together they
-/// announce the guard's whole 64 MiB body budget.
-const ATTACKERS: usize = 16;
-
-/// The slow-body attacker: [`ATTACKERS`] connections, each a POST announcing
-/// the 4 MiB size cap and sending 250 bytes a second (above the body pace's
-/// minimum rate), opened again whenever the guard closes one, until
-/// `clients_done`. While a `Content-Length` was held for up front, these
-/// bodies held the whole budget and every client request got `503`.
-pub async fn hold_bodies(clients_done: &std::sync::atomic::AtomicBool, oracle: &Oracle) {
-    let mut attackers = tokio::task::JoinSet::new();
-    for attacker in 0..ATTACKERS {
-        attackers.spawn_local(hold_one_body(attacker));
-    }
-    while !clients_done.load(std::sync::atomic::Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    attackers.abort_all();
-    while attackers.join_next().await.is_some() {}
-    oracle.note("attacker: stopped");
-}
-
-/// One attacking connection after another, each sending its body slowly
-/// until the guard closes it.
-async fn hold_one_body(attacker: usize) {
-    use tokio::io::AsyncWriteExt as _;
-    let head = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {GUARD_HOST}:{GUARD_PORT}\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\nmcp-session-id: attack-{attacker}\r\n\
-         content-length: {}\r\n\r\n{{",
-        4 * 1024 * 1024
-    );
-    loop {
-        if let Ok(mut stream) = turmoil::net::TcpStream::connect((GUARD_HOST, GUARD_PORT)).await {
-            if stream.write_all(head.as_bytes()).await.is_ok() {
-                while stream.write_all(&[b' '; 250]).await.is_ok() {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    Ok(within_read_timeout(sender.send_request(request)).await??)
 }

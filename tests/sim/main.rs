@@ -6,6 +6,15 @@
 //! that send every call with `id: 1`. One seed chooses everything; the
 //! [`oracle`] checks every run.
 //!
+//! Besides the conversations, a seed may bring (#42, each in about a third
+//! of the seeds, from RNGs of their own): clients that hide a header behind
+//! `Connection` and a slow-body attacker ([`attacker`]); a sequential
+//! [`poller`] whose streams the server closes every time, resumed ones too,
+//! with the liveness oracle (an answered id is free for the next call);
+//! [`batch`]es; [`hostile`] ids; a [`relay`] (a second proxy, without a
+//! guard) between the guard and the server; and, under faults, a client
+//! partitioned from the guard, whose reads give up after a read timeout.
+//!
 //! - `cargo test --features proxy,server --test sim`: a short fixed set of
 //!   seeds, and the control (no guard: the oracle must see the cross-wire).
 //! - `SEEDS=1000` or `DURATION=600` (seconds) with `-- --ignored long_run`
@@ -15,9 +24,17 @@
 //!   (`SIM_TRACE=1` prints it). Every seed but the controls' runs in a
 //!   process of its own, as its replay does (see [`isolated`]).
 
+mod attacker;
+mod batch;
 mod client;
+mod faults;
+mod hostile;
 mod net;
 mod oracle;
+mod poller;
+mod read;
+mod relay;
+mod respond;
 mod upstream;
 mod world;
 
@@ -40,14 +57,37 @@ use world::{Report, Setup};
 ///   untracked, a `Connection` that hides a header not refused), the same
 ///   seed's hiding clients were cross-wired (11 of the first 60 seeds from
 ///   1000 failed so);
+///   With #42's resumption links reverted (c9be2cc: an answer on a
+///   resumption of a resumed stream frees nothing), the same seed's
+///   sequential poller (see [`poller`]) had its answered ids abandoned for
+///   the TTL, and its next call reached the server remapped (14 of the
+///   first 60 seeds from 1000 failed so);
+/// - 1005 (#42's batches, see [`batch`]): with the check of a batch's
+///   repeated ids dropped (`mark_collisions`' `repeated`), `id: 1` twice in
+///   one batch reached the server twice, and a batch with a duplicate was
+///   not refused under `Reject` or `Queue` (7 of the first 60 seeds from
+///   1000 failed so);
 /// - 1007 (bodies led by a byte order mark, `data:` first): the answer on a
 ///   resumed stream went unread, and its client got a server-side id (item
 ///   4; a BOM-led JSON answer, the review's fix, the same);
 /// - 1008 (a TTL of `u64::MAX` s, codings and marks too): abandoned ids
 ///   were forgotten at once, and the server ran two requests under `id: 1`
-///   (item 5);
+///   (item 5).
+///   With the rule that a client id in the reserved `mcp-id-guard:`
+///   namespace is always rewritten dropped for lone requests (the core's
+///   rule since 3c111dd; ac7989c made it hold for queued ones too), the
+///   same seed's hostile ids (see [`hostile`]) found it: a server-side id
+///   the server leaked, sent back by a hostile client, reached the server
+///   as it was while the request it was issued for still ran, the server
+///   ran two requests under it, and the hostile client got that request's
+///   answer (14 of the first 60 seeds from 1000 failed so, 1004 first);
 /// - 1013: an old answer replayed on a resumed stream freed another
 ///   request's abandoned id, and the server ran two under `id: 1` (item 2).
+///   With the gateway rule reverted (699d1f8: a `502`/`504` read as the
+///   server's answer when no `Unanswered` mark comes with it), the same
+///   seed's relay (see [`relay`]) answered `502` for a request the server
+///   ran on, the guard freed its id, and the server ran two under `id: 1`
+///   (4 of the first 200 seeds from 1000 failed so, 1013 first).
 ///   With #42's body-budget fix reverted (a body's `Content-Length` held up
 ///   front, no reserve for small bodies), its slow-body attacker held the
 ///   budget and clients got `503` (10 of the first 40 seeds from 1000
@@ -56,7 +96,7 @@ use world::{Report, Setup};
 ///   held for 20 s released more connections at once than turmoil's default
 ///   listener queue holds, and turmoil panicked (the simulation's limit, not
 ///   the guard's; see `tcp_capacity` in `world::run`).
-const SHORT_SEEDS: [u64; 11] = [0, 1, 2, 3, 10, 14, 1000, 1007, 1008, 1013, 19150];
+const SHORT_SEEDS: [u64; 12] = [0, 1, 2, 3, 10, 14, 1000, 1005, 1007, 1008, 1013, 19150];
 
 fn replay_command(seed: u64, setup: &Setup) -> String {
     let control = if setup.guard { "" } else { "CONTROL=1 " };
@@ -184,6 +224,7 @@ short_seeds! {
     seed_10_is_clean: 10,
     seed_14_is_clean: 14,
     seed_1000_is_clean: 1000,
+    seed_1005_is_clean: 1005,
     seed_1007_is_clean: 1007,
     seed_1008_is_clean: 1008,
     seed_1013_is_clean: 1013,

@@ -39,13 +39,24 @@ impl Listener for SimListener {
 #[derive(Clone)]
 pub struct SimConnector {
     resets: Arc<Mutex<(StdRng, f64)>>,
+    /// Resets come within this many bytes read.
+    within: usize,
 }
 
 impl SimConnector {
     pub fn new(rng: StdRng, rate: f64) -> Self {
         Self {
             resets: Arc::new(Mutex::new((rng, rate))),
+            // Past a response head and an SSE stream's first events.
+            within: 2_000,
         }
+    }
+
+    /// Resets within the first `bytes` read: before a response head
+    /// completes, where a proxy answers `502` for the server.
+    pub fn within(mut self, bytes: usize) -> Self {
+        self.within = bytes;
+        self
     }
 
     /// After how many bytes read the next connection is reset, if it is.
@@ -53,8 +64,8 @@ impl SimConnector {
         let mut resets = self.resets.lock().unwrap_or_else(|p| p.into_inner());
         let (rng, rate) = &mut *resets;
         let rate = *rate;
-        // Past a response head and an SSE stream's first events.
-        rng.random_bool(rate).then(|| rng.random_range(0..2_000))
+        rng.random_bool(rate)
+            .then(|| rng.random_range(0..self.within))
     }
 }
 

@@ -9,7 +9,10 @@
 //!   the guard), within the client's bound;
 //! - once traffic has stopped and the abandoned-id TTL has passed, the
 //!   guard's table holds nothing (under a TTL of `u64::MAX` s: nothing in
-//!   flight).
+//!   flight);
+//! - liveness: an id whose answer reached its client is free again, not
+//!   abandoned for the TTL: the next request that reuses it, alone in its
+//!   session, reaches the server under it (see [`Oracle::expect_free`]).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -52,8 +55,19 @@ struct Record {
     outcomes: BTreeMap<Outcome, u64>,
     /// Requests the simulated server started.
     started: u64,
+    /// Their markers.
+    started_markers: std::collections::BTreeSet<String>,
     /// The markers of the requests the server cancelled.
     cancelled: std::collections::BTreeSet<String>,
+    /// How many times the guard's host started (a restart empties its
+    /// table and remaps unseen sessions for its window).
+    guard_starts: u32,
+    /// The server-side ids the server runs requests under now, by session:
+    /// what a server that echoes ids (a progress token, a log line) leaks.
+    leaked: BTreeMap<String, Vec<serde_json::Value>>,
+    /// The requests that must reach the server under the client's own id,
+    /// why, and the guard's starts when that was known.
+    free: BTreeMap<String, (String, u32)>,
 }
 
 /// The run's record, shared by every actor (turmoil runs them all on one
@@ -103,13 +117,71 @@ impl Oracle {
         });
     }
 
-    /// The server started `marker`'s request (under an id that is the
-    /// guard's to choose, from a random point: not part of the story).
-    pub fn server_started(&self, marker: &str) {
+    /// The server started `marker`'s request under `id` (the guard's to
+    /// choose, from a random point: not part of the story).
+    pub fn server_started(&self, marker: &str, id: &serde_json::Value) {
         self.with(|record| {
             Self::tell(record, &format!("{marker} started on the server"));
             record.started += 1;
+            record.started_markers.insert(marker.to_owned());
+            if let Some((why, starts)) = record.free.remove(marker) {
+                // A guard restarted since has an empty table and remaps the
+                // sessions it did not see start, for its window.
+                if *id != serde_json::json!(1) && starts == record.guard_starts {
+                    let what = format!(
+                        "{marker} reached the server as {id}, not 1: {why} (an id abandoned for the TTL, not freed)"
+                    );
+                    Self::tell(record, &format!("VIOLATION {what}"));
+                    record.violations.push(what);
+                }
+            }
         });
+    }
+
+    /// `marker`'s request carries the client's `id: 1` in a session where
+    /// no other request has it (`why` says what freed it last): the guard
+    /// has nothing to remap it past, so it must reach the server as `1`,
+    /// unless the guard has restarted since it had started `starts` times
+    /// (before the session began: [`Oracle::guard_starts`]).
+    pub fn expect_free(&self, marker: &str, why: String, starts: u32) {
+        self.with(|record| {
+            Self::tell(record, &format!("{marker} must reach the server as 1"));
+            record.free.insert(marker.to_owned(), (why, starts));
+        });
+    }
+
+    /// The server runs a request under `id` in `session` (`running`), or
+    /// no longer does; a server-side id is leaked meanwhile.
+    pub fn leak(&self, session: &str, id: &serde_json::Value, running: bool) {
+        if !id
+            .as_str()
+            .is_some_and(|id| id.starts_with("mcp-id-guard:"))
+        {
+            return;
+        }
+        self.with(|record| {
+            let ids = record.leaked.entry(session.to_owned()).or_default();
+            if running {
+                ids.push(id.clone());
+            } else if let Some(at) = ids.iter().position(|leaked| leaked == id) {
+                ids.remove(at);
+            }
+        });
+    }
+
+    /// A server-side id the server runs a request of `session` under now.
+    pub fn leaked(&self, session: &str) -> Option<serde_json::Value> {
+        self.with(|record| record.leaked.get(session)?.first().cloned())
+    }
+
+    /// The guard's host (re)started.
+    pub fn guard_started(&self) {
+        self.with(|record| record.guard_starts += 1);
+    }
+
+    /// How many times the guard's host has started so far.
+    pub fn guard_starts(&self) -> u32 {
+        self.with(|record| record.guard_starts)
     }
 
     /// The server cancelled `marker`'s request.
@@ -118,6 +190,11 @@ impl Oracle {
             Self::tell(record, &format!("{marker} cancelled on the server"));
             record.cancelled.insert(marker.to_owned());
         });
+    }
+
+    /// Whether the server started `marker`'s request.
+    pub fn was_started(&self, marker: &str) -> bool {
+        self.with(|record| record.started_markers.contains(marker))
     }
 
     /// Whether the server cancelled `marker`'s request.

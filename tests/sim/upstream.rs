@@ -16,6 +16,16 @@
 //! sends a request of its own (sampling, ids counting from 1 like the
 //! clients'), whose answer must come back to it once and as sent.
 //!
+//! A batch (a JSON array, 2025-03-26) it runs member by member, each routed
+//! by its id like any request, and answers as one JSON array once every
+//! member has answered (a member cancelled on the server has no answer; one
+//! whose route a duplicate took leaves the batch hanging, as in the SDKs).
+//!
+//! The calls of the sequential poller (see [`crate::poller`]) it always
+//! answers on SSE, sends progress every [`PROGRESS_EVERY`] while the tool
+//! runs, and closes early every time, resumed streams too (SEP-1699
+//! polling): the answer comes on some later resumption of a resumption.
+//!
 //! In some seeds (see [`Quirks`]) it labels answers with a `Content-Encoding`
 //! that is no coding (`identity`, `identity, identity`, empty), or leads
 //! bodies with a byte order mark and writes each event's `data:` first, so
@@ -29,7 +39,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
@@ -39,20 +48,25 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::oracle::Oracle;
+use crate::respond::{json_body, json_response, status, unknown_session, Body, Dress, NO_CODINGS};
 use crate::world::Quirks;
 
 pub const PORT: u16 = 8000;
+
+/// How often the server sends progress on a poller's stream: each resumed
+/// stream carries new event ids, the next resumption goes on from there.
+const PROGRESS_EVERY: Duration = Duration::from_millis(300);
 
 /// The header of the server's `404` for a session it does not know (as
 /// after a restart), which the clients answer with a new session.
 pub const UNKNOWN_SESSION: &str = "x-sim-unknown-session";
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
-
 /// Where the answer to a running request goes.
 enum Route {
     /// The POST waiting to answer as JSON.
     Json(mpsc::UnboundedSender<Bytes>),
+    /// A batch's POST, waiting for each member's answer (empty: cancelled).
+    Batch(mpsc::UnboundedSender<Bytes>),
     /// An SSE stream of the session's event store.
     Stream(u64),
 }
@@ -78,6 +92,8 @@ struct Stream {
     /// The connection reading it now, if any: each event and whether it is
     /// the answer.
     live: Option<mpsc::UnboundedSender<(Bytes, bool)>>,
+    /// Every resumption of it is closed early too (the poller's calls).
+    always_close: bool,
 }
 
 /// One session's requests in progress, keyed as the buggy SDKs key them.
@@ -152,19 +168,6 @@ struct State {
     dress_rng: StdRng,
 }
 
-/// How one response is dressed, in the seeds whose server does so.
-#[derive(Clone, Copy, Default)]
-struct Dress {
-    /// A `Content-Encoding` that is no coding.
-    coding: Option<&'static str>,
-    /// A byte order mark leads the body.
-    bom: bool,
-}
-
-/// `Content-Encoding` values that name no coding (RFC 9110 §8.4: a list,
-/// `identity` is none, empty elements allowed).
-const NO_CODINGS: [&str; 4] = ["identity", "identity, identity", "", "Identity ,"];
-
 impl State {
     fn dress(&mut self) -> Dress {
         let coding = (self.quirks.codings && self.dress_rng.random_bool(0.5))
@@ -173,26 +176,6 @@ impl State {
         Dress { coding, bom }
     }
 }
-
-impl Dress {
-    fn apply(self, mut response: Response<Body>) -> Response<Body> {
-        if let Some(coding) = self.coding {
-            response.headers_mut().insert(
-                http::header::CONTENT_ENCODING,
-                http::HeaderValue::from_static(coding),
-            );
-        }
-        response
-    }
-
-    /// The mark, when the body has one.
-    fn lead(self) -> Option<Bytes> {
-        self.bom.then_some(Bytes::from_static(BOM))
-    }
-}
-
-/// A UTF-8 byte order mark.
-pub const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The server's state: kept across its connections.
 #[derive(Clone)]
@@ -265,6 +248,11 @@ impl Upstream {
             return status(StatusCode::BAD_REQUEST);
         };
         let method = message["method"].as_str().unwrap_or_default();
+        if let (Some(session), Value::Array(members)) = (&session, &message) {
+            if self.with(|s| s.sessions.contains_key(session)) {
+                return self.batch(session, members).await;
+            }
+        }
         match (session, method) {
             (None, "initialize") => self.initialize(&message),
             (None, _) => status(StatusCode::BAD_REQUEST),
@@ -275,8 +263,11 @@ impl Upstream {
             (Some(session), "") if message.get("result").is_some() => {
                 self.answered(&session, &message)
             }
-            (Some(_), _) if message.get("id").is_none() => status(StatusCode::ACCEPTED),
-            (Some(session), "tools/call") => match self.tool_call(session, message) {
+            // `id: null` is no request (JSON-RPC reserves it): a notification.
+            (Some(_), _) if message.get("id").is_none_or(Value::is_null) => {
+                status(StatusCode::ACCEPTED)
+            }
+            (Some(session), "tools/call") => match self.tool_call(session, message, None) {
                 Ok(response) => response,
                 // As the SDKs do, the JSON answer's head goes with its body,
                 // once the tool has finished; a request whose route was
@@ -321,11 +312,48 @@ impl Upstream {
         response
     }
 
-    /// The SSE response at once, or where the JSON answer will come from.
+    /// A batch: each request member started (a `tools/call` on its tool, any
+    /// other answered at once), then the array of their answers once every
+    /// one has come; notifications are taken.
+    async fn batch(&self, session: &str, members: &[Value]) -> Response<Body> {
+        let (route, mut answers) = mpsc::unbounded_channel();
+        let mut requests = 0;
+        for member in members {
+            if member.get("id").is_none() {
+                continue;
+            }
+            requests += 1;
+            if member["method"] == "tools/call" {
+                let _ = self.tool_call(session.to_owned(), member.clone(), Some(route.clone()));
+            } else {
+                let answer = json!({"jsonrpc": "2.0", "id": member["id"], "result": {}});
+                let _ = route.send(Bytes::from(answer.to_string()));
+            }
+        }
+        if requests == 0 {
+            return status(StatusCode::ACCEPTED);
+        }
+        let mut array = Vec::new();
+        for _ in 0..requests {
+            match answers.recv().await {
+                Some(answer) if answer.is_empty() => {}
+                Some(answer) => array.push(String::from_utf8_lossy(&answer).into_owned()),
+                None => std::future::pending().await,
+            }
+        }
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!("[{}]", array.join(",")))).boxed_unsync())
+            .expect("a valid response")
+    }
+
+    /// The SSE response at once, or where the JSON answer will come from
+    /// (`batch`: the batch's route, always JSON).
     fn tool_call(
         &self,
         session: String,
         message: Value,
+        batch: Option<mpsc::UnboundedSender<Bytes>>,
     ) -> Result<Response<Body>, (mpsc::UnboundedReceiver<Bytes>, Dress)> {
         let id = message["id"].clone();
         let key = key_of(&id);
@@ -335,10 +363,12 @@ impl Upstream {
             .to_owned();
         let ms = message["params"]["arguments"]["ms"].as_u64().unwrap_or(0);
         let (cancel, cancelled) = oneshot::channel();
+        let polled = crate::poller::is_polled(&marker);
         let response = self.with(|state| {
-            state.oracle.server_started(&marker);
-            let sse = state.rng.random_bool(0.5);
-            let poll = sse && state.rng.random_bool(state.poll_rate);
+            state.oracle.server_started(&marker, &id);
+            state.oracle.leak(&session, &id, true);
+            let sse = (state.rng.random_bool(0.5) || polled) && batch.is_none();
+            let poll = (sse && state.rng.random_bool(state.poll_rate)) || polled;
             let ask = sse && state.rng.random_bool(0.3);
             let dress = state.dress();
             let Some(entry) = state.sessions.get_mut(&session) else {
@@ -356,6 +386,12 @@ impl Upstream {
                 marker: marker.clone(),
                 cancel,
             };
+            if let Some(route) = batch {
+                entry
+                    .routes
+                    .insert(key.clone(), running(Route::Batch(route)));
+                return Ok(status(StatusCode::ACCEPTED));
+            }
             if !sse {
                 let (route, answer) = mpsc::unbounded_channel();
                 // The bug: the latest request under an id takes its route.
@@ -366,7 +402,13 @@ impl Upstream {
             }
             entry.next_stream += 1;
             let stream = entry.next_stream;
-            entry.streams.insert(stream, Stream::default());
+            entry.streams.insert(
+                stream,
+                Stream {
+                    always_close: polled,
+                    ..Stream::default()
+                },
+            );
             entry
                 .routes
                 .insert(key.clone(), running(Route::Stream(stream)));
@@ -395,6 +437,7 @@ impl Upstream {
             Ok(sse_stream(entry, stream, 0, poll, dress))
         });
         let upstream = self.clone();
+        let progress = (session.clone(), id.clone());
         let result = json!({
             "jsonrpc": "2.0",
             "id": id,
@@ -402,22 +445,30 @@ impl Upstream {
         })
         .to_string();
         tokio::spawn(async move {
+            let tool = async {
+                if polled {
+                    upstream.progress(&progress.0, &progress.1, ms).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            };
             tokio::select! {
                 // In order: tokio's branch choice is random (unseeded).
                 biased;
-                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = tool => {}
                 // Cancelled (its route replaced by a duplicate drops the
                 // sender instead, and the tool runs on).
                 Ok(()) = cancelled => return,
             }
             upstream.with(|state| {
+                state.oracle.leak(&session, &id, false);
                 let Some(entry) = state.sessions.get_mut(&session) else {
                     return;
                 };
                 entry.finished(&key);
                 // Whoever holds the route under this id now gets it.
                 match entry.routes.remove(&key).map(|running| running.route) {
-                    Some(Route::Json(route)) => {
+                    Some(Route::Json(route) | Route::Batch(route)) => {
                         let _ = route.send(Bytes::from(result));
                     }
                     Some(Route::Stream(stream)) => entry.push(stream, &result, true),
@@ -426,6 +477,36 @@ impl Upstream {
             });
         });
         response
+    }
+
+    /// Runs a poller's tool for `ms`, with progress on its stream every
+    /// [`PROGRESS_EVERY`] (to the stream its id routes to now).
+    async fn progress(&self, session: &str, id: &Value, ms: u64) {
+        let end = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let mut step = 1;
+        while tokio::time::Instant::now() + PROGRESS_EVERY < end {
+            tokio::time::sleep(PROGRESS_EVERY).await;
+            self.with(|state| {
+                let Some(entry) = state.sessions.get_mut(session) else {
+                    return;
+                };
+                if let Some(Running {
+                    route: Route::Stream(stream),
+                    ..
+                }) = entry.routes.get(&key_of(id))
+                {
+                    let stream = *stream;
+                    let progress = json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": {"progressToken": id, "progress": step}
+                    });
+                    entry.push(stream, &progress.to_string(), false);
+                }
+            });
+            step += 1;
+        }
+        tokio::time::sleep_until(end).await;
     }
 
     /// A client's response to one of the server's requests: it must answer
@@ -464,8 +545,13 @@ impl Upstream {
             };
             entry.finished(&key);
             let _ = running.cancel.send(());
-            if let Route::Stream(stream) = running.route {
-                entry.end(stream);
+            match running.route {
+                Route::Stream(stream) => entry.end(stream),
+                // The batch answers without it.
+                Route::Batch(route) => {
+                    let _ = route.send(Bytes::new());
+                }
+                Route::Json(_) => {}
             }
             state.oracle.server_cancelled(&running.marker);
         });
@@ -476,7 +562,7 @@ impl Upstream {
     /// the rest as they come (or closed early again, for the next poll).
     fn resume(&self, session: &str, last_event: &str) -> Response<Body> {
         self.with(|state| {
-            let poll = state.rng.random_bool(state.poll_rate);
+            let mut poll = state.rng.random_bool(state.poll_rate);
             let dress = state.dress();
             state.oracle.note(&format!(
                 "server: GET after {last_event} (closing early: {poll})"
@@ -495,6 +581,7 @@ impl Upstream {
                         .get(&stream)
                         .is_some_and(|stream| !stream.ended) =>
                 {
+                    poll |= entry.streams[&stream].always_close;
                     sse_stream(entry, stream, index + 1, poll, dress)
                 }
                 _ => status(StatusCode::NOT_FOUND),
@@ -543,44 +630,18 @@ fn sse_stream(
     )
 }
 
-/// How python-sdk keys a request: `str(id)`, so `1` and `"1"` are one key.
+/// How the SDKs key a request, all at once: python-sdk's `str(id)`, so `1`
+/// and `"1"` are one key; and a number by its value, as JavaScript and rmcp
+/// read it, so `1.0`, `1e0` and `1` are one, and `-0` is `0`.
 fn key_of(id: &Value) -> String {
     match id {
         Value::String(text) => text.clone(),
+        Value::Number(number) => match number.as_f64() {
+            Some(value) if value.fract() == 0.0 && value.abs() < 9.0e15 => {
+                format!("{}", value as i64)
+            }
+            _ => number.to_string(),
+        },
         other => other.to_string(),
     }
-}
-
-fn unknown_session() -> Response<Body> {
-    let mut response = status(StatusCode::NOT_FOUND);
-    response
-        .headers_mut()
-        .insert(UNKNOWN_SESSION, http::HeaderValue::from_static("1"));
-    response
-}
-
-fn status(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
-    *response.status_mut() = status;
-    response
-}
-
-fn json_response(message: &Value) -> Response<Body> {
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(message.to_string())).boxed_unsync())
-        .expect("a valid response")
-}
-
-fn json_body(answer: Bytes, dress: Dress) -> Response<Body> {
-    let body = match dress.lead() {
-        Some(bom) => Bytes::from([bom, answer].concat()),
-        None => answer,
-    };
-    dress.apply(
-        Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(body).boxed_unsync())
-            .expect("a valid response"),
-    )
 }

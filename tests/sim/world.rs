@@ -23,13 +23,15 @@ use tower::util::BoxCloneService;
 use tower::BoxError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
+use crate::faults::{self, faults, Fault};
 use crate::net::{SimConnector, SimListener};
 use crate::oracle::{Oracle, Outcome};
-use crate::{client, upstream};
+use crate::relay::{self, RELAY_HOST, RELAY_PORT};
+use crate::{attacker, client, poller, upstream};
 
 pub const GUARD_HOST: &str = "guard";
 pub const GUARD_PORT: u16 = 8080;
-const UPSTREAM_HOST: &str = "upstream";
+pub const UPSTREAM_HOST: &str = "upstream";
 
 /// What a run is made of; the seed picks everything else.
 #[derive(Clone, Debug)]
@@ -102,6 +104,23 @@ pub struct Setup {
     /// its upstream connections reset part way through a response, while
     /// the server runs on.
     pub reset_rate: f64,
+    /// The share of seeds with the sequential poller (see
+    /// [`Quirks::repoll`]).
+    pub repoll_rate: f64,
+    /// The share of seeds whose clients send batches (see
+    /// [`Quirks::batches`]).
+    pub batches_rate: f64,
+    /// The share of seeds whose clients send hostile ids (see
+    /// [`Quirks::hostile`]).
+    pub hostile_rate: f64,
+    /// The share of seeds whose guard reaches the server through a relay
+    /// (see [`Quirks::series`]).
+    pub series_rate: f64,
+    /// Under faults, the share of seeds that partition a client from the
+    /// guard for up to `max_hold`: the connections open then stall for good,
+    /// the client gives up on them after its read timeout and goes on
+    /// (reusing `id: 1`), while the guard may still be sending the answer.
+    pub client_cut_rate: f64,
 }
 
 impl Default for Setup {
@@ -135,6 +154,11 @@ impl Default for Setup {
             slow_bodies_rate: 0.3,
             partition_rate: 0.3,
             reset_rate: 0.3,
+            repoll_rate: 0.3,
+            batches_rate: 0.3,
+            hostile_rate: 0.3,
+            series_rate: 0.3,
+            client_cut_rate: 0.3,
         }
     }
 }
@@ -161,6 +185,20 @@ pub struct Quirks {
     /// just above the minimum rate, all the while the clients run (#42
     /// item 2): the clients' requests must keep flowing.
     pub slow_bodies: bool,
+    /// A client of its own session makes calls one after another, whose
+    /// streams the server closes early every time, resumed ones too (#42
+    /// item 3, see [`crate::poller`]): each answered call's id must be free
+    /// for the next.
+    pub repoll: bool,
+    /// Each client also sends a few JSON-RPC batches into its session (see
+    /// [`crate::batch`]).
+    pub batches: bool,
+    /// Each client also sends calls with hostile ids into its session (see
+    /// [`crate::hostile`]).
+    pub hostile: bool,
+    /// The guard's proxy reaches the server through a second proxy, without
+    /// a guard, whose stand-ins cross HTTP (see [`crate::relay`]).
+    pub series: bool,
 }
 
 impl Quirks {
@@ -177,56 +215,12 @@ impl Quirks {
             huge_ttl: rng.random_bool(setup.huge_ttl_rate),
             hiding: rng.random_bool(setup.hiding_rate),
             slow_bodies: rng.random_bool(setup.slow_bodies_rate),
+            repoll: rng.random_bool(setup.repoll_rate),
+            batches: rng.random_bool(setup.batches_rate),
+            hostile: rng.random_bool(setup.hostile_rate),
+            series: rng.random_bool(setup.series_rate),
         }
     }
-}
-
-/// A fault, at its simulated time.
-#[derive(Debug, Clone)]
-enum Fault {
-    Hold(String, String),
-    Release(String, String),
-    Partition,
-    Repair,
-    RestartUpstream,
-    RestartGuard,
-}
-
-/// The faults of a run, in time order; the partitions from an RNG of their
-/// own (`cuts`), so that the other faults of a seed stay as they were.
-fn faults(rng: &mut StdRng, cuts: &mut StdRng, setup: &Setup) -> Vec<(Duration, Fault)> {
-    let mut faults = Vec::new();
-    if !setup.faults {
-        return faults;
-    }
-    let window = Duration::from_secs(60);
-    for _ in 0..rng.random_range(0..=3) {
-        let at = window.mul_f64(rng.random());
-        let held = setup.max_hold.mul_f64(rng.random());
-        let pick = rng.random_range(0..=setup.clients);
-        let (a, b) = if pick == setup.clients {
-            (GUARD_HOST.to_owned(), UPSTREAM_HOST.to_owned())
-        } else {
-            (format!("client-{pick}"), GUARD_HOST.to_owned())
-        };
-        faults.push((at, Fault::Hold(a.clone(), b.clone())));
-        faults.push((at + held, Fault::Release(a, b)));
-    }
-    if rng.random_bool(0.5) {
-        faults.push((window.mul_f64(rng.random()), Fault::RestartUpstream));
-    }
-    if rng.random_bool(0.3) {
-        faults.push((window.mul_f64(rng.random()), Fault::RestartGuard));
-    }
-    if cuts.random_bool(setup.partition_rate) {
-        // A hold on the same link meanwhile ends with whichever heals first
-        // (turmoil keeps one state per link).
-        let at = window.mul_f64(cuts.random());
-        faults.push((at, Fault::Partition));
-        faults.push((at + setup.max_hold.mul_f64(cuts.random()), Fault::Repair));
-    }
-    faults.sort_by_key(|(at, _)| *at);
-    faults
 }
 
 /// What one run did.
@@ -385,21 +379,31 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             .abandoned_id_ttl(ttl)
             .restart_window(window);
         *current_guard.lock().unwrap() = Some(layer.clone());
+        guard_oracle.guard_started();
         let incarnation = guard_starts.get();
         guard_oracle.note(&format!("guard: start {incarnation}"));
         guard_starts.set(incarnation + 1);
         let guard = use_guard.then_some(layer);
         async move {
+            // Through the relay, the relay's connections are the ones reset.
+            let (target, resets) = if quirks.series {
+                (format!("http://{RELAY_HOST}:{RELAY_PORT}"), 0.0)
+            } else {
+                (
+                    format!("http://{UPSTREAM_HOST}:{}", upstream::PORT),
+                    reset_rate,
+                )
+            };
             let proxy = Proxy::builder()
                 .connector(SimConnector::new(
                     StdRng::seed_from_u64(reset_seed ^ u64::from(incarnation)),
-                    reset_rate,
+                    resets,
                 ))
                 .connect_timeout(Duration::from_secs(5))
                 .response_timeout(Some(upstream_timeout))
                 .idle_timeout(Some(upstream_timeout))
                 .max_connections(Some(256))
-                .build(&format!("http://{UPSTREAM_HOST}:{}", upstream::PORT))?;
+                .build(&target)?;
             let metrics = Metrics::new();
             let service = stack(proxy, guard, quirks.inner_timeout, &metrics);
             let server = Server::builder()
@@ -421,14 +425,56 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         }
     });
 
+    if quirks.series {
+        let relay_starts = std::cell::Cell::new(0u64);
+        let (relay_oracle, faults_on) = (oracle.clone(), setup.faults);
+        sim.host(RELAY_HOST, move || {
+            let incarnation = relay_starts.get();
+            relay_starts.set(incarnation + 1);
+            relay_oracle.note(&format!("relay: start {incarnation}"));
+            // Besides the seed's resets mid-response, under faults a fifth of
+            // its connections is reset before a response head completes:
+            // its `502` for a request the server runs on.
+            let (rate, within) = if reset_rate > 0.0 {
+                (reset_rate, 2_000)
+            } else if faults_on {
+                (0.2, 64)
+            } else {
+                (0.0, 0)
+            };
+            let connector = SimConnector::new(
+                StdRng::seed_from_u64(reset_seed ^ 0x4e1a ^ incarnation),
+                rate,
+            )
+            .within(within.max(1));
+            // Its 504 comes before the guard's proxy would give up.
+            let timeout = upstream_timeout.saturating_sub(Duration::from_secs(5));
+            relay::serve(
+                format!("http://{UPSTREAM_HOST}:{}", upstream::PORT),
+                connector,
+                timeout,
+            )
+        });
+    }
+
     // One permit per client that has finished, and its session.
     let done = Arc::new(tokio::sync::Semaphore::new(0));
     let sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The clients know the policy they face (the batches' promises follow
+    // it); without the guard, nothing refuses.
+    let clients_setup = Setup {
+        policy: Some(if setup.guard {
+            policy
+        } else {
+            OnDuplicate::Remap
+        }),
+        ..setup.clone()
+    };
     for index in 0..setup.clients {
         let name = format!("client-{index}");
         let client_seed = rng.random();
         let (setup, oracle, done, sessions) = (
-            setup.clone(),
+            clients_setup.clone(),
             oracle.clone(),
             Arc::clone(&done),
             Arc::clone(&sessions),
@@ -443,12 +489,33 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
+    // The sequential poller counts as a client: the checker waits for it.
+    let clients = setup.clients + usize::from(quirks.repoll);
+    if quirks.repoll {
+        // From an RNG of its own: the seed's faults stay as they were.
+        let client_seed = StdRng::seed_from_u64(seed ^ 0x9011_e4ed).random();
+        let (setup, oracle, done, sessions) = (
+            setup.clone(),
+            oracle.clone(),
+            Arc::clone(&done),
+            Arc::clone(&sessions),
+        );
+        sim.client(poller::NAME, async move {
+            let result = poller::run(setup, quirks, client_seed, oracle).await;
+            if let Ok(used) = &result {
+                sessions.lock().unwrap().extend(used.iter().cloned());
+            }
+            done.add_permits(1);
+            result.map(drop)
+        });
+    }
+
     // The slow-body attacker, for as long as the clients run.
     let clients_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if quirks.slow_bodies {
         let (oracle, clients_done) = (oracle.clone(), Arc::clone(&clients_done));
         sim.client("attacker", async move {
-            client::hold_bodies(&clients_done, &oracle).await;
+            attacker::hold_bodies(&clients_done, &oracle).await;
             Ok(())
         });
     }
@@ -465,12 +532,21 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         );
         let sessions = Arc::clone(&sessions);
         let clients_done = Arc::clone(&clients_done);
+        let cut = faults::client_cut(seed, &setup).is_some();
         sim.client("checker", async move {
-            let clients = u32::try_from(setup.clients).expect("a few clients");
+            let clients = u32::try_from(clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
             clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
-            // The last bodies' ends reach the guard.
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The last bodies' ends reach the guard. A client cut off from
+            // the guard left requests the guard cannot know were given up
+            // (the connection's end was lost): they end with the server's
+            // answer, or the proxy's timeouts.
+            let settle = if cut {
+                setup.upstream_timeout + Duration::from_secs(1)
+            } else {
+                Duration::from_secs(1)
+            };
+            tokio::time::sleep(settle).await;
             // The guard running now (a restarted one's table starts empty).
             let guard = stats_of.lock().unwrap().clone().filter(|_| setup.guard);
             if let Some(guard) = guard {
@@ -529,7 +605,12 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         });
     }
 
-    let faults = faults(&mut rng, &mut cuts, setup);
+    let gateway = if quirks.series {
+        RELAY_HOST
+    } else {
+        GUARD_HOST
+    };
+    let faults = faults(seed, &mut rng, &mut cuts, setup, gateway);
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
@@ -540,8 +621,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
             ));
             match fault {
                 Fault::Hold(a, b) => sim.hold(a.as_str(), b.as_str()),
-                Fault::Partition => sim.partition(GUARD_HOST, UPSTREAM_HOST),
-                Fault::Repair => sim.repair(GUARD_HOST, UPSTREAM_HOST),
+                Fault::Partition => sim.partition(gateway, UPSTREAM_HOST),
+                Fault::Repair => sim.repair(gateway, UPSTREAM_HOST),
+                Fault::Cut(client) => sim.partition(client.as_str(), GUARD_HOST),
+                Fault::Heal(client) => sim.repair(client.as_str(), GUARD_HOST),
                 Fault::Release(a, b) => sim.release(a.as_str(), b.as_str()),
                 Fault::RestartUpstream => sim.bounce(UPSTREAM_HOST),
                 Fault::RestartGuard => sim.bounce(GUARD_HOST),
