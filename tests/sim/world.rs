@@ -523,6 +523,10 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
     // Once every client is done: nothing in flight; once the TTL has
     // passed, nothing left at all.
     let final_stats = Arc::new(std::sync::Mutex::new(None));
+    // When the last hold of a client's link to the guard lets go (the
+    // faults are drawn below, after the hosts, so that each seed's draws
+    // stay as they were).
+    let clients_heal = Arc::new(std::sync::Mutex::new(Duration::ZERO));
     {
         let (setup, oracle, done, final_stats) = (
             setup.clone(),
@@ -533,10 +537,17 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         let sessions = Arc::clone(&sessions);
         let clients_done = Arc::clone(&clients_done);
         let cut = faults::client_cut(seed, &setup).is_some();
+        let clients_heal = Arc::clone(&clients_heal);
         sim.client("checker", async move {
+            let started = tokio::time::Instant::now();
             let clients = u32::try_from(clients).expect("a few clients");
             let _all = done.acquire_many(clients).await?;
             clients_done.store(true, std::sync::atomic::Ordering::Relaxed);
+            // A client's link to the guard still held keeps what the client
+            // sent last (the end of a connection it gave up) from the guard
+            // until the link lets go: wait for that first.
+            let heal = *clients_heal.lock().unwrap();
+            tokio::time::sleep_until(started + heal).await;
             // The last bodies' ends reach the guard. A client cut off from
             // the guard left requests the guard cannot know were given up
             // (the connection's end was lost): they end with the server's
@@ -611,6 +622,14 @@ pub fn run(seed: u64, setup: &Setup) -> Report {
         GUARD_HOST
     };
     let faults = faults(seed, &mut rng, &mut cuts, setup, gateway);
+    *clients_heal.lock().unwrap() = faults
+        .iter()
+        .filter_map(|(at, fault)| match fault {
+            Fault::Release(_, to) if to == GUARD_HOST => Some(*at),
+            _ => None,
+        })
+        .max()
+        .unwrap_or_default();
     let mut next = 0;
     loop {
         while let Some((_, fault)) = faults.get(next).filter(|(at, _)| sim.elapsed() >= *at) {
